@@ -1,0 +1,28 @@
+// kvattn/core/cuda_runtime_api.h — the few CUDA runtime calls host code needs, behind plain
+// C++ declarations.  Implemented in src/core/cuda/ when built with CUDA; otherwise every
+// call except cuda_available()/cuda_device_count() throws Unsupported.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace kvattn::cuda {
+
+// True when this build has CUDA support compiled in.
+bool built_with_cuda() noexcept;
+// True when built with CUDA *and* a device is present and usable.
+bool available() noexcept;
+int device_count() noexcept;
+// Name and compute capability (major*10+minor) of device `index`.
+std::string device_name(int index);
+int compute_capability(int index);
+int multiprocessor_count(int index);
+
+void* malloc(std::size_t bytes, int device);
+void free(void* p, int device) noexcept;
+// Copy kinds resolved from the pointer attributes (cudaMemcpyDefault).
+void memcpy(void* dst, const void* src, std::size_t bytes);
+void memset(void* dst, int value, std::size_t bytes);
+void synchronize();
+
+}  // namespace kvattn::cuda
