@@ -1,9 +1,9 @@
-# Warning and sanitizer flags shared by every kvattn target.  nvcc does not honour
-# CMAKE_CUDA_STANDARD 20 with Debian's CMake, so -std=c++20 is passed to CUDA sources here.
+# Warning and sanitizer flags shared by every kvattn target.  (C++20 for nvcc is set up in
+# the top-level CMakeLists.txt, where CUDA is enabled.)
 function(kvattn_set_flags target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
-    $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
   if(KVATTN_SANITIZE)
     target_compile_options(${target} PRIVATE
       $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer>)

@@ -1,4 +1,5 @@
-// CUDA runtime entry points (compiled only when KVATTN_CUDA is on).
+// CUDA runtime entry points (compiled only when KVATTN_CUDA is on; plain C++ against the
+// CUDA runtime API, so g++ compiles it and fmt's compile-time format checks work).
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
