@@ -1,0 +1,29 @@
+// The attention kernel compiled for AVX2 + FMA + F16C (chosen at run time when the CPU has
+// them).  Every header is included before the target pragma, so only this file's own
+// (internal-linkage) functions carry AVX2 code.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "ops/cpu/cpu_ops.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace kvattn::ops::cpu {
+
+#define KVATTN_KERNEL_ENTRY attention_items_avx2
+#define kvattn_fma8(a, b, c) ((v8f)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define kvattn_cvt_f16_8(p) ((v8f)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))
+#include "ops/cpu/attention_kernel_impl.h"
+
+}  // namespace kvattn::ops::cpu
+#pragma GCC pop_options
+
+namespace kvattn::ops::cpu {
+bool cpu_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+}  // namespace kvattn::ops::cpu
+#endif

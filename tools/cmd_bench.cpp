@@ -1,0 +1,200 @@
+// `kvattn bench`: time the attention ops on realistic shapes and report achieved bandwidth /
+// FLOP rate next to the memory-copy bandwidth measured in the same run.
+//
+//   kvattn bench --device cpu --op decode --batch 64 --kv-len 4096
+//
+// Decode: one query token per request; bandwidth = bytes of K and V read / median time.
+// Prefill: causal, query = the last q_len tokens of kv_len; GFLOP/s = 4 D Hq pairs / time.
+// Cache: bf16 (or --kv-dtype), pages of --page-size tokens as [num_pages, 2, page, Hkv, D]
+// (K and V of a page adjacent, NHD interior: vLLM's default), page ids a random permutation
+// of the pool, values uniform in (-1, 1).
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "command_registry.h"
+#include "kvattn/core/cuda_runtime_api.h"
+#include "kvattn/core/tensor.h"
+#include "kvattn/ops/bench.h"
+#include "kvattn/ops/ops.h"
+
+namespace kvattn::tools {
+namespace {
+
+struct BenchOptions {
+  std::string device = "cpu";
+  std::string op = "all";
+  int64_t batch = -1, kv_len = -1, q_len = -1;
+  int64_t num_qo_heads = 32, num_kv_heads = 8, head_dim = 128, page_size = 16;
+  std::string dtype = "bf16", kv_dtype = "";
+  int threads = 0;
+  int64_t copy_mib = 1024;
+  double min_seconds = 1.0;
+  bool json = false;
+};
+
+// Fast fill with uniform(-1, 1) values of `dt`: a table of random codes indexed by a cheap
+// generator, in parallel slices.
+void fill_random(const Tensor& t, uint64_t seed, int threads) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<double> u(-1, 1);
+  const int64_t es = t.element_size();
+  std::vector<uint8_t> table(static_cast<size_t>(4096 * es));
+  for (int i = 0; i < 4096; ++i) store_from_double(table.data() + i * es, t.dtype(), u(rng));
+  const int64_t n = t.numel();
+  char* p = static_cast<char*>(t.data());
+  const int64_t slice = (n + threads - 1) / threads;
+  std::vector<std::thread> ts;
+  for (int w = 0; w < threads; ++w)
+    ts.emplace_back([&, w] {
+      uint64_t x = seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(w) + 1;
+      for (int64_t i = w * slice; i < std::min(n, (w + 1) * slice); ++i) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        std::memcpy(p + i * es, table.data() + (x & 4095) * es, static_cast<size_t>(es));
+      }
+    });
+  for (auto& th : ts) th.join();
+}
+
+// A host tensor backed by 2 MiB-aligned memory with transparent huge pages requested: the
+// attention kernel walks pages scattered over a multi-GB pool, and 4 KiB pages would turn
+// that walk into a TLB-miss benchmark.
+Tensor host_tensor_hugepages(const Dims& shape, DType dt) {
+  const size_t bytes = static_cast<size_t>(shape.product() * dtype_size(dt));
+  const size_t align = size_t{2} << 20, rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
+  if (p == nullptr) throw OutOfMemory(fmt::format("bench: could not allocate {} bytes for the KV cache", rounded));
+#ifdef MADV_HUGEPAGE
+  madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  auto buf = Buffer::wrap(p, rounded, Device::cpu(), [p] { std::free(p); });
+  return Tensor::from_buffer(buf, 0, shape, contiguous_strides(shape), dt);
+}
+
+struct Setup {
+  Tensor cache;          // [num_pages, 2, page, Hkv, D]
+  ops::PagedAttentionArgs args;
+  double bytes = 0, flops = 0;
+};
+
+Setup make_setup(const BenchOptions& o, int64_t batch, int64_t q_len, int64_t kv_len, Device dev, int threads) {
+  const DType dt = parse_dtype(o.dtype);
+  const DType kvdt = o.kv_dtype.empty() ? dt : parse_dtype(o.kv_dtype);
+  const int64_t pages_per_req = (kv_len + o.page_size - 1) / o.page_size;
+  const int64_t num_pages = batch * pages_per_req + 1;  // page 0 = the null block
+  Setup s;
+  const Dims cache_shape{num_pages, 2, o.page_size, o.num_kv_heads, o.head_dim};
+  const Tensor cache = dev.is_cpu() ? host_tensor_hugepages(cache_shape, kvdt) : Tensor::empty(cache_shape, kvdt);
+  fill_random(cache, 1, threads);
+  const Tensor q = Tensor::empty({batch * q_len, o.num_qo_heads, o.head_dim}, dt);
+  fill_random(q, 2, threads);
+  std::vector<int32_t> perm(static_cast<size_t>(num_pages - 1));
+  std::iota(perm.begin(), perm.end(), 1);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(3));
+  std::vector<int32_t> qo(static_cast<size_t>(batch + 1)), ip(static_cast<size_t>(batch + 1)),
+      last(static_cast<size_t>(batch));
+  for (int64_t r = 0; r <= batch; ++r) {
+    qo[r] = static_cast<int32_t>(r * q_len);
+    ip[r] = static_cast<int32_t>(r * pages_per_req);
+  }
+  for (int64_t r = 0; r < batch; ++r) last[r] = static_cast<int32_t>(kv_len - (pages_per_req - 1) * o.page_size);
+  const auto on = [&](const Tensor& t) { return dev.is_cpu() ? t : t.to(dev); };
+  s.cache = on(cache);
+  ops::PagedAttentionArgs& a = s.args;
+  a.query = on(q);
+  a.k_cache = s.cache.select(1, 0);
+  a.v_cache = s.cache.select(1, 1);
+  a.qo_indptr = on(Tensor::from_vector(qo));
+  a.paged_kv_indptr = on(Tensor::from_vector(ip));
+  a.paged_kv_indices = on(Tensor::from_vector(perm));
+  a.paged_kv_last_page_len = on(Tensor::from_vector(last));
+  a.out = Tensor::empty(a.query.shape(), dt, dev);
+  a.causal = true;
+  s.bytes = static_cast<double>(batch * kv_len * o.num_kv_heads * o.head_dim * 2 * dtype_size(kvdt));
+  s.flops = ops::bench::attention_flops(static_cast<double>(batch) * ops::bench::causal_pairs(q_len, kv_len),
+                                        o.head_dim, o.num_qo_heads);
+  return s;
+}
+
+std::function<int()> setup_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  app.add_option("--device", o->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--op", o->op, "decode, prefill or all")->check(CLI::IsMember({"decode", "prefill", "all"}));
+  app.add_option("--batch", o->batch, "requests (default: decode 64, prefill 2)");
+  app.add_option("--kv-len", o->kv_len, "KV tokens per request (default: decode 4096, prefill 1024)");
+  app.add_option("--q-len", o->q_len, "prefill query tokens per request (default: = kv-len)");
+  app.add_option("--threads", o->threads, "CPU threads (default: hardware concurrency)");
+  app.add_option("--num-qo-heads", o->num_qo_heads, "query heads (default 32)");
+  app.add_option("--num-kv-heads", o->num_kv_heads, "KV heads (default 8)");
+  app.add_option("--head-dim", o->head_dim, "head size (default 128)");
+  app.add_option("--page-size", o->page_size, "tokens per page (default 16)");
+  app.add_option("--dtype", o->dtype, "query/output dtype (default bf16)");
+  app.add_option("--kv-dtype", o->kv_dtype, "KV-cache dtype (default: --dtype; fp8_e4m3, fp8_e5m2)");
+  app.add_option("--copy-mib", o->copy_mib, "size of the memory-copy reference (MiB, default 1024)");
+  app.add_option("--min-seconds", o->min_seconds, "minimum timed seconds per case (default 1)");
+  app.add_flag("--json", o->json, "print one JSON object instead of text");
+  return [o]() -> int {
+    const Device dev = o->device == "cuda" ? Device::cuda(0) : Device::cpu();
+    if (dev.is_cuda() && !(ops::cuda_ops_available() && cuda::available()))
+      throw Unsupported(fmt::format("bench --device cuda: {}; run with --device cpu",
+                                    ops::cuda_ops_available() ? "no CUDA device is visible"
+                                                              : "this kvattn was built without the CUDA ops "
+                                                                "(rebuild with -DKVATTN_CUDA=ON)"));
+    const int threads = o->threads > 0 ? o->threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    ops::set_cpu_num_threads(threads);
+    nlohmann::json report;
+    report["device"] = dev.str();
+    report["threads"] = threads;
+    report["shape"] = {{"num_qo_heads", o->num_qo_heads}, {"num_kv_heads", o->num_kv_heads},
+                       {"head_dim", o->head_dim}, {"page_size", o->page_size}, {"dtype", o->dtype},
+                       {"kv_dtype", o->kv_dtype.empty() ? o->dtype : o->kv_dtype}};
+    double copy_bw = 0;
+    if (dev.is_cpu()) {
+      copy_bw = ops::bench::measure_cpu_copy_bandwidth(o->copy_mib << 20, threads);
+      report["copy_GBps"] = copy_bw / 1e9;
+      if (!o->json)
+        fmt::print("memory copy ({} MiB, {} threads, read + write): {:.2f} GB/s\n", o->copy_mib, threads, copy_bw / 1e9);
+    }
+    const auto sync = [dev] { if (dev.is_cuda()) cuda::synchronize(); };
+    const auto run_case = [&](const char* name, int64_t batch, int64_t q_len, int64_t kv_len) {
+      Setup s = make_setup(*o, batch, q_len, kv_len, dev, threads);
+      const auto st = ops::bench::time_kernel([&] { ops::paged_attention(s.args); }, sync, 1, 3, o->min_seconds);
+      const double gbps = s.bytes / st.median_s / 1e9, gflops = s.flops / st.median_s / 1e9;
+      nlohmann::json j = {{"batch", batch}, {"q_len", q_len}, {"kv_len", kv_len}, {"median_ms", st.median_s * 1e3},
+                          {"min_ms", st.min_s * 1e3}, {"cpu_ms_per_call", st.cpu_mean_s * 1e3}, {"iters", st.iters}, {"kv_GBps", gbps}, {"GFLOPps", gflops}};
+      if (copy_bw > 0) j["ratio_to_copy"] = gbps * 1e9 / copy_bw;
+      report[name] = j;
+      if (!o->json) {
+        fmt::print("{:8} batch {} x q {} x kv {}: median {:.3f} ms (min {:.3f}, {} iters), KV read {:.2f} GB/s, "
+                   "{:.2f} GFLOP/s",
+                   name, batch, q_len, kv_len, st.median_s * 1e3, st.min_s * 1e3, st.iters, gbps, gflops);
+        if (copy_bw > 0) fmt::print(", {:.0f}% of copy bandwidth", 100.0 * gbps * 1e9 / copy_bw);
+        fmt::print(" [CPU time {:.1f} ms/call]\n", st.cpu_mean_s * 1e3);
+      }
+    };
+    if (o->op == "decode" || o->op == "all")
+      run_case("decode", o->batch > 0 ? o->batch : 64, 1, o->kv_len > 0 ? o->kv_len : 4096);
+    if (o->op == "prefill" || o->op == "all") {
+      const int64_t kv = o->kv_len > 0 && o->op == "prefill" ? o->kv_len : 1024;
+      const int64_t q = o->q_len > 0 ? std::min(o->q_len, kv) : kv;
+      run_case("prefill", o->batch > 0 && o->op == "prefill" ? o->batch : 2, q, kv);
+    }
+    if (o->json) fmt::print("{}\n", report.dump(2));
+    return 0;
+  };
+}
+
+const bool registered =
+    register_command({"bench", "Time the attention ops (CPU; CUDA when built) against memory-copy bandwidth",
+                      &setup_bench, 800});
+
+}  // namespace
+}  // namespace kvattn::tools
