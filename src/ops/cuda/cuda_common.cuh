@@ -1,0 +1,57 @@
+// src/ops/cuda/cuda_common.cuh — device helpers shared by the ops kernels (CUDA sources only).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kvattn/core/dtype.h"
+#include "ops/cuda/kernels.h"
+
+namespace kvattn::ops::cuda_impl::k {
+
+__device__ __forceinline__ int64_t load_idx(const Idx& x, int64_t i) {
+  if (x.is64) return static_cast<const int64_t*>(x.ptr)[i * x.s0];
+  return static_cast<const int32_t*>(x.ptr)[i * x.s0];
+}
+__device__ __forceinline__ int64_t load_idx2(const Idx& x, int64_t r, int64_t c) {
+  if (x.is64) return static_cast<const int64_t*>(x.ptr)[r * x.s0 + c * x.s1];
+  return static_cast<const int32_t*>(x.ptr)[r * x.s0 + c * x.s1];
+}
+__device__ __forceinline__ void store_idx(const Idx& x, int64_t i, int64_t v) {
+  if (x.is64) const_cast<int64_t*>(static_cast<const int64_t*>(x.ptr))[i * x.s0] = v;
+  else const_cast<int32_t*>(static_cast<const int32_t*>(x.ptr))[i * x.s0] = static_cast<int32_t>(v);
+}
+__device__ __forceinline__ void store_idx2(const Idx& x, int64_t r, int64_t c, int64_t v) {
+  if (x.is64) const_cast<int64_t*>(static_cast<const int64_t*>(x.ptr))[r * x.s0 + c * x.s1] = v;
+  else const_cast<int32_t*>(static_cast<const int32_t*>(x.ptr))[r * x.s0 + c * x.s1] = static_cast<int32_t>(v);
+}
+
+// Scalar element load/store of a runtime float type (exact, via kvattn's conversions).
+__device__ __forceinline__ float load_elt(const void* p, int64_t i, Elt t) {
+  switch (t) {
+    case Elt::f32: return static_cast<const float*>(p)[i];
+    case Elt::f16: return __half2float(static_cast<const __half*>(p)[i]);
+    case Elt::bf16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case Elt::e4m3: return fp8_e4m3_bits_to_f32(static_cast<const uint8_t*>(p)[i]);
+    case Elt::e5m2: return fp8_e5m2_bits_to_f32(static_cast<const uint8_t*>(p)[i]);
+  }
+  return 0.f;
+}
+__device__ __forceinline__ void store_elt(void* p, int64_t i, Elt t, float v) {
+  switch (t) {
+    case Elt::f32: static_cast<float*>(p)[i] = v; break;
+    case Elt::f16: static_cast<uint16_t*>(p)[i] = f32_to_f16_bits(v); break;
+    case Elt::bf16: static_cast<uint16_t*>(p)[i] = f32_to_bf16_bits(v); break;
+    case Elt::e4m3: static_cast<uint8_t*>(p)[i] = f32_to_fp8_e4m3_bits(v); break;
+    case Elt::e5m2: static_cast<uint8_t*>(p)[i] = f32_to_fp8_e5m2_bits(v); break;
+  }
+}
+
+inline int elt_size(Elt t) { return (t == Elt::f32) ? 4 : (t == Elt::f16 || t == Elt::bf16) ? 2 : 1; }
+
+inline int64_t cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace kvattn::ops::cuda_impl::k

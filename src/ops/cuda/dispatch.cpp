@@ -1,0 +1,340 @@
+// src/ops/cuda/dispatch.cpp — the CUDA side of the ops/ entry points (see
+// src/ops/cuda_dispatch.h): Tensors -> kernel parameter blocks, errors -> typed exceptions.
+// Plain C++ (g++), so fmt's checked format strings work here; kernels live in the .cu files.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kvattn/core/buffer.h"
+#include "kvattn/core/cuda_runtime_api.h"
+#include "ops/common.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda_dispatch.h"
+
+namespace kvattn::ops::cuda_impl {
+namespace {
+
+void check_launch(int err, const char* op) {
+  if (err == 0) return;
+  const auto e = static_cast<cudaError_t>(err);
+  throw InternalError(fmt::format("{}: CUDA kernel launch failed: error {} ({}); if this follows an earlier "
+                                  "failure the context may be corrupted — run under compute-sanitizer",
+                                  op, err, cudaGetErrorString(e)));
+}
+
+// Makes the tensor's device current for the launch.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const Tensor& t) {
+    cudaGetDevice(&prev_);
+    if (t.device().index != prev_) cudaSetDevice(t.device().index);
+    cur_ = t.device().index;
+  }
+  ~DeviceGuard() {
+    if (cur_ != prev_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0, cur_ = 0;
+};
+
+k::Elt elt_of(DType t, const char* op, const char* name) {
+  switch (t) {
+    case DType::f32: return k::Elt::f32;
+    case DType::f16: return k::Elt::f16;
+    case DType::bf16: return k::Elt::bf16;
+    case DType::fp8_e4m3: return k::Elt::e4m3;
+    case DType::fp8_e5m2: return k::Elt::e5m2;
+    default: break;
+  }
+  throw Unsupported(fmt::format("{}: `{}` has dtype {}, which the CUDA kernels do not read", op, name, dtype_name(t)));
+}
+
+k::Idx idx_of(const Tensor& t) {
+  k::Idx x;
+  if (!t.defined()) return x;
+  x.ptr = t.data();
+  x.is64 = t.dtype() == DType::i64;
+  x.s0 = t.dim() >= 1 ? t.stride(0) : 1;
+  x.s1 = t.dim() >= 2 ? t.stride(1) : 1;
+  return x;
+}
+
+// The persistent workspace of paged_attention, one per device: grown (never shrunk) when a
+// call needs more.  A call inside CUDA-graph capture must not grow it: run one step of the
+// largest shape before capturing (as FlashInfer's plan() is run before capture).
+struct Workspace {
+  std::mutex mu;
+  std::shared_ptr<Buffer> buf[16];
+};
+Workspace& workspace() {
+  static Workspace w;
+  return w;
+}
+void* workspace_for(int device, int64_t bytes) {
+  Workspace& w = workspace();
+  std::lock_guard<std::mutex> lock(w.mu);
+  auto& b = w.buf[device & 15];
+  if (!b || static_cast<int64_t>(b->size()) < bytes) {
+    b.reset();
+    const int64_t grow = std::max<int64_t>(bytes, int64_t(1) << 20);
+    b = Buffer::allocate(static_cast<size_t>(grow + grow / 4), Device::cuda(device));
+  }
+  return b->data();
+}
+
+int sm_count(int device) {
+  static int cached[16] = {0};
+  int& c = cached[device & 15];
+  if (c == 0) c = kvattn::cuda::multiprocessor_count(device);
+  return c;
+}
+
+}  // namespace
+
+bool available() noexcept { return true; }
+
+// ---- reshape_and_cache_flash -----------------------------------------------------------------
+void reshape_and_cache_flash(const ReshapeAndCacheArgs& a) {
+  static constexpr const char* op = "reshape_and_cache_flash";
+  const detail::CacheWriteDims d = detail::validate_reshape_and_cache(a);
+  DeviceGuard guard(a.key);
+  k::CacheWriteParams p;
+  p.key = a.key.data();
+  p.value = a.value.data();
+  p.k_st = a.key.stride(0); p.k_sh = a.key.stride(1); p.k_sd = a.key.stride(2);
+  p.v_st = a.value.stride(0); p.v_sh = a.value.stride(1); p.v_sd = a.value.stride(2);
+  p.src = elt_of(a.key.dtype(), op, "key");
+  p.key_cache = a.key_cache.data();
+  p.value_cache = a.value_cache.data();
+  p.kc_sb = a.key_cache.stride(0); p.kc_so = a.key_cache.stride(1); p.kc_sh = a.key_cache.stride(2);
+  p.kc_sd = a.key_cache.stride(3);
+  p.vc_sb = a.value_cache.stride(0); p.vc_so = a.value_cache.stride(1); p.vc_sh = a.value_cache.stride(2);
+  p.vc_sd = a.value_cache.stride(3);
+  p.dst = elt_of(d.cache_dtype, op, "key_cache");
+  p.slots = idx_of(a.slot_mapping);
+  p.num_tokens = d.num_tokens;
+  p.num_heads = d.num_heads;
+  p.head_size = d.head_size;
+  p.block_size = d.block_size;
+  p.num_blocks = d.num_blocks;
+  if (a.kv_cache_dtype != KVCacheDType::Auto) {
+    p.k_scale = static_cast<const float*>(a.k_scale.data());
+    p.v_scale = static_cast<const float*>(a.v_scale.data());
+    p.per_head_scale = d.per_head_scale;
+    if (d.per_head_scale && (a.k_scale.stride(0) != 1 || a.v_scale.stride(0) != 1))
+      throw Unsupported(fmt::format("{}: per-head k_scale/v_scale must be contiguous on CUDA (stride {} / {}); "
+                                    "pass .contiguous() copies", op, a.k_scale.stride(0), a.v_scale.stride(0)));
+  }
+  check_launch(k::launch_reshape_and_cache(p), op);
+}
+
+// ---- paged_attention ---------------------------------------------------------------------------------
+void paged_attention(const PagedAttentionArgs& a) {
+  static constexpr const char* op = "paged_attention";
+  const detail::AttnDims d = detail::validate_paged_attention(a);
+  DeviceGuard guard(a.query);
+  k::AttnParams p;
+  p.q = a.query.data();
+  p.q_st = a.query.stride(0); p.q_sh = a.query.stride(1); p.q_sd = a.query.stride(2);
+  p.q_t = elt_of(a.query.dtype(), op, "query");
+  p.kv_t = elt_of(a.k_cache.dtype(), op, "k_cache");
+  const int64_t es = a.k_cache.element_size();
+  for (const auto& [t, name] : {std::pair{&a.k_cache, "k_cache"}, std::pair{&a.v_cache, "v_cache"}}) {
+    const bool ok = t->stride(3) == 1 && (reinterpret_cast<uintptr_t>(t->data()) % 16) == 0 &&
+                    (t->stride(0) * es) % 16 == 0 && (t->stride(1) * es) % 16 == 0 && (t->stride(2) * es) % 16 == 0 &&
+                    (d.head_dim * es) % 16 == 0;
+    if (!ok)
+      throw Unsupported(fmt::format(
+          "{}: the CUDA kernel streams 16-byte rows, so `{}` needs head_dim contiguous (stride 1) and 16-byte "
+          "aligned page/slot/head strides; got {}. Every KVCacheLayout of vLLM satisfies this — make a "
+          "contiguous copy of an unusual view", op, name, t->str()));
+  }
+  p.k = a.k_cache.data();
+  p.v = a.v_cache.data();
+  p.k_sb = a.k_cache.stride(0) * es; p.k_so = a.k_cache.stride(1) * es; p.k_sh = a.k_cache.stride(2) * es;
+  p.v_sb = a.v_cache.stride(0) * es; p.v_so = a.v_cache.stride(1) * es; p.v_sh = a.v_cache.stride(2) * es;
+  p.out = a.out.data();
+  p.o_st = a.out.stride(0); p.o_sh = a.out.stride(1); p.o_sd = a.out.stride(2);
+  p.out_t = elt_of(a.out.dtype(), op, "out");
+  auto vec16 = [](const Tensor& t) {
+    return t.element_size() == 2 && t.stride(2) == 1 && (reinterpret_cast<uintptr_t>(t.data()) % 16) == 0 &&
+           (t.stride(0) * 2) % 16 == 0 && (t.stride(1) * 2) % 16 == 0;
+  };
+  p.q_vec = vec16(a.query);
+  p.o_vec = vec16(a.out);
+  if (a.lse.defined()) {
+    p.lse = static_cast<float*>(a.lse.data());
+    p.lse_st = a.lse.stride(0);
+    p.lse_sh = a.lse.stride(1);
+  }
+  p.lse_natural = a.lse_base == LseBase::E;
+  p.qo_indptr = idx_of(a.qo_indptr);
+  p.paged_form = d.paged_form;
+  if (d.paged_form) {
+    p.kv_indptr = idx_of(a.paged_kv_indptr);
+    p.kv_indices = idx_of(a.paged_kv_indices);
+    p.last_page_len = idx_of(a.paged_kv_last_page_len);
+  } else {
+    p.block_table = idx_of(a.block_table);
+    p.seq_lens = idx_of(a.seq_lens);
+    p.max_blocks = a.block_table.size(1);
+  }
+  p.batch = static_cast<int>(d.batch);
+  p.num_tokens = d.num_tokens;
+  p.hq = static_cast<int>(d.num_qo_heads);
+  p.hkv = static_cast<int>(d.num_kv_heads);
+  p.group = static_cast<int>(d.num_qo_heads / d.num_kv_heads);
+  p.head_dim = static_cast<int>(d.head_dim);
+  p.page_size = static_cast<int>(d.page_size);
+  if ((d.page_size & (d.page_size - 1)) == 0) {
+    int sh = 0;
+    while ((int64_t(1) << sh) < d.page_size) ++sh;
+    p.page_shift = sh;
+  }
+  p.num_pages = d.num_pages;
+  p.causal = a.causal;
+  p.window_left = a.window_left;
+  p.soft_cap = a.logits_soft_cap > 0 ? static_cast<float>(a.logits_soft_cap) : 0.f;
+  p.sm_scale = static_cast<float>(d.sm_scale * a.q_scale * a.k_scale);
+  p.v_scale = static_cast<float>(a.v_scale);
+  if (a.sinks.defined()) {
+    p.sinks = static_cast<const float*>(a.sinks.data());
+    p.sinks_s = a.sinks.stride(0);
+  }
+  if (a.mm_prefix_ranges.defined()) {
+    p.mm = static_cast<const int32_t*>(a.mm_prefix_ranges.data());
+    p.mm_s0 = a.mm_prefix_ranges.stride(0);
+    p.mm_s1 = a.mm_prefix_ranges.stride(1);
+  }
+  if (a.xqa_draft_mask.defined()) {
+    p.xqa = static_cast<const int32_t*>(a.xqa_draft_mask.data());
+    p.xqa_s0 = a.xqa_draft_mask.stride(0);
+    p.xqa_s1 = a.xqa_draft_mask.stride(1);
+  }
+  if (p.batch == 0 || p.num_tokens == 0) return;
+  const int dev = a.query.device().index;
+  k::AttnPlanShape shape;
+  const char* why = nullptr;
+  check_launch(k::plan_paged_attention(p, sm_count(dev), &shape, &why), op);
+  if (why != nullptr)
+    throw Unsupported(fmt::format("{}: {} (head_dim {}, query {}, cache {}); use CPU tensors for this case", op, why,
+                                  d.head_dim, dtype_name(a.query.dtype()), dtype_name(a.k_cache.dtype())));
+  void* ws = workspace_for(dev, shape.workspace_bytes);
+  check_launch(k::launch_paged_attention(p, shape, ws), op);
+}
+
+// ---- merge_attn_states / mask_empty_context_lse -----------------------------------------------------
+void merge_attn_states(const MergeAttnStatesArgs& a) {
+  static constexpr const char* op = "merge_attn_states";
+  const detail::MergeDims d = detail::validate_merge(a);
+  DeviceGuard guard(a.output);
+  k::MergeParams p;
+  p.out = a.output.data();
+  p.o_st = a.output.stride(0); p.o_sh = a.output.stride(1); p.o_sd = a.output.stride(2);
+  p.out_t = elt_of(a.output.dtype(), op, "output");
+  p.prefix = a.prefix_output.data();
+  p.p_st = a.prefix_output.stride(0); p.p_sh = a.prefix_output.stride(1); p.p_sd = a.prefix_output.stride(2);
+  p.suffix = a.suffix_output.data();
+  p.s_st = a.suffix_output.stride(0); p.s_sh = a.suffix_output.stride(1); p.s_sd = a.suffix_output.stride(2);
+  p.in_t = elt_of(a.prefix_output.dtype(), op, "prefix_output");
+  p.prefix_lse = static_cast<const float*>(a.prefix_lse.data());
+  p.pl_sh = a.prefix_lse.stride(0); p.pl_st = a.prefix_lse.stride(1);
+  p.suffix_lse = static_cast<const float*>(a.suffix_lse.data());
+  p.sl_sh = a.suffix_lse.stride(0); p.sl_st = a.suffix_lse.stride(1);
+  if (a.output_lse.defined()) {
+    p.out_lse = static_cast<float*>(a.output_lse.data());
+    p.ol_sh = a.output_lse.stride(0); p.ol_st = a.output_lse.stride(1);
+  }
+  p.prefill_tokens_with_context = a.prefill_tokens_with_context ? std::max<int64_t>(*a.prefill_tokens_with_context, 0) : -1;
+  if (a.output_scale.defined()) p.output_scale = static_cast<const float*>(a.output_scale.data());
+  p.num_tokens = d.num_tokens;
+  p.num_heads = d.num_heads;
+  p.head_dim = d.head_dim;
+  check_launch(k::launch_merge_attn_states(p), op);
+}
+
+void mask_empty_context_lse(const Tensor& lse, const Tensor& query_start_loc, const Tensor& context_start_loc) {
+  DeviceGuard guard(lse);
+  const int64_t R = query_start_loc.size(0) - 1;
+  check_launch(k::launch_mask_empty_context_lse(static_cast<float*>(lse.data()), lse.stride(0), lse.stride(1),
+                                                lse.size(0), lse.size(1), idx_of(query_start_loc),
+                                                idx_of(context_start_loc), R),
+               "mask_empty_context_lse");
+}
+
+// ---- small ops -----------------------------------------------------------------------------------------
+void zero_kv_blocks(const Tensor& seg_addrs, const Tensor& seg_block_strides, const Tensor& seg_page_sizes,
+                    const Tensor& block_ids) {
+  static constexpr const char* op = "zero_kv_blocks";
+  DeviceGuard guard(block_ids);
+  for (const auto& [t, name] : {std::pair{&seg_addrs, "seg_addrs"}, std::pair{&seg_block_strides, "seg_block_strides"},
+                                std::pair{&seg_page_sizes, "seg_page_sizes"}})
+    if (t->stride(0) != 1)
+      throw Unsupported(fmt::format("{}: `{}` must be contiguous on CUDA, got stride {}", op, name, t->stride(0)));
+  // The launch grid needs the largest page; the table is built once (KVBlockZeroer), so read
+  // the sizes back here (one small D2H copy) unless the caller's table is tiny.
+  const int64_t S = seg_addrs.size(0);
+  if (S == 0 || block_ids.size(0) == 0) return;
+  std::vector<int64_t> pages(static_cast<size_t>(S));
+  kvattn::cuda::memcpy(pages.data(), seg_page_sizes.data(), static_cast<size_t>(S) * 8);
+  int64_t max_page = 0;
+  for (int64_t v : pages) max_page = std::max(max_page, v);
+  check_launch(k::launch_zero_kv_blocks(static_cast<const int64_t*>(seg_addrs.data()),
+                                        static_cast<const int64_t*>(seg_block_strides.data()),
+                                        static_cast<const int64_t*>(seg_page_sizes.data()), S, idx_of(block_ids),
+                                        block_ids.size(0), max_page),
+               op);
+}
+
+void copy_page_indices(const Tensor& paged_kv_indices, const Tensor& block_table, const Tensor& paged_kv_indptr) {
+  DeviceGuard guard(paged_kv_indices);
+  check_launch(k::launch_copy_page_indices(idx_of(paged_kv_indices), idx_of(block_table), idx_of(paged_kv_indptr),
+                                           block_table.size(0)),
+               "copy_page_indices");
+}
+
+void mamba_align_block_table(const Tensor& out, const Tensor& block_table, const Tensor& seq_lens, int64_t block_size) {
+  DeviceGuard guard(out);
+  check_launch(k::launch_mamba_align(idx_of(out), idx_of(block_table), idx_of(seq_lens), out.size(0), out.size(1),
+                                     block_table.size(1), block_size),
+               "mamba_align_block_table");
+}
+
+void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables, const Tensor& k_scale,
+                   const Tensor& v_scale, const Tensor& out_k_cache, const Tensor& out_v_cache) {
+  static constexpr const char* op = "kvfp8_dequant";
+  DeviceGuard guard(k_cache);
+  k::Fp8DequantParams p;
+  p.k = static_cast<const uint8_t*>(k_cache.data());
+  p.v = static_cast<const uint8_t*>(v_cache.data());
+  p.k_sb = k_cache.stride(0); p.k_so = k_cache.stride(1); p.k_sh = k_cache.stride(2); p.k_sd = k_cache.stride(3);
+  p.v_sb = v_cache.stride(0); p.v_so = v_cache.stride(1); p.v_sh = v_cache.stride(2); p.v_sd = v_cache.stride(3);
+  p.src = elt_of(k_cache.dtype(), op, "k_cache");
+  p.ok = out_k_cache.data();
+  p.ov = out_v_cache.data();
+  p.ok_sb = out_k_cache.stride(0); p.ok_so = out_k_cache.stride(1); p.ok_sh = out_k_cache.stride(2);
+  p.ok_sd = out_k_cache.stride(3);
+  p.ov_sb = out_v_cache.stride(0); p.ov_so = out_v_cache.stride(1); p.ov_sh = out_v_cache.stride(2);
+  p.ov_sd = out_v_cache.stride(3);
+  p.dst = elt_of(out_k_cache.dtype(), op, "out_k_cache");
+  p.block_tables = idx_of(block_tables);
+  p.num_reqs = block_tables.size(0);
+  p.pages_per_req = block_tables.size(1);
+  p.page_size = k_cache.size(1);
+  p.num_heads = k_cache.size(2);
+  p.head_dim = k_cache.size(3);
+  p.num_pages = k_cache.size(0);
+  p.k_scale = static_cast<const float*>(k_scale.data());
+  p.v_scale = static_cast<const float*>(v_scale.data());
+  check_launch(k::launch_kvfp8_dequant(p), op);
+}
+
+}  // namespace kvattn::ops::cuda_impl

@@ -1,0 +1,1033 @@
+// src/ops/cuda/paged_attention.cu — paged attention (decode, multi-token decode, prefill) on
+// tensor cores (mma.sync m16n8k16, f32 accumulation), one source for sm_80 and sm_90a.
+//
+// Work decomposition (all on the device, so the launch is CUDA-graph safe and needs no host
+// copy of the lengths):
+//   1. plan kernel (one CTA): per request q_len, kv_len, row tiles; picks the KV chunk size
+//      from the total work and the number of resident CTAs; writes a work-item list
+//      (request, row tile, split) and, when a request is split, a token -> request map.
+//   2. attention kernel (persistent grid): work unit = (item, kv head).  A CTA processes the
+//      rows {(token, head-in-group)} of one KV head (GQA packing: row = token * group + h), so
+//      every KV byte is read once for all query heads of its group.  K/V tiles are streamed
+//      with 16-byte cp.async into a swizzled multi-stage shared-memory ring, page ids of the
+//      next tile are prefetched into registers one tile ahead.  fp8 pages are streamed as fp8
+//      bytes and widened to f16 in registers (e4m3: a bit shift, the 2^-8 folded into the
+//      scales; e5m2: the byte is the high half of an f16).
+//        decode config  (16 rows / CTA, 4 warps split each 64-key tile, combined at the end)
+//        prefill config (64 rows / CTA, 4 warps x 16 rows, each warp sees the whole tile)
+//   3. merge kernel (only when some request was split): combines the partial (O, LSE) of
+//      the splits, adds the sink term, writes out and LSE.
+#include "ops/cuda/cuda_common.cuh"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+namespace kvattn::ops::cuda_impl::k {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kPlanThreads = 1024;
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+template <bool BF16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+// Two fp8 bytes of x (chosen by `sel`, a __byte_perm selector that puts them in the high
+// bytes of the two halves) -> f16x2.  e5m2 is exactly the high byte of an f16; e4m3 becomes
+// value * 2^-8 (exact), which the caller folds into its scales.
+// On sm_89+ e4m3 uses the hardware cvt (exact, no 2^-8 factor): kE4m3Factor says which.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define KVATTN_HW_E4M3 1
+#endif
+#ifdef KVATTN_HW_E4M3
+constexpr float kE4m3Factor = 1.f;
+#else
+constexpr float kE4m3Factor = 256.f;
+#endif
+template <bool E4M3>
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x, uint32_t sel) {
+#ifdef KVATTN_HW_E4M3
+  if constexpr (E4M3) {
+    // gather the two bytes into the low 16 bits (byte order lo, hi), then cvt
+    const uint32_t pair = __byte_perm(x, 0u, ((sel >> 4) & 0xf) | (((sel >> 12) & 0xf) << 4) | 0x4400u);
+    uint32_t h;
+    asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(h) : "r"(pair));
+    return h;
+  }
+#endif
+  uint32_t h = __byte_perm(x, 0u, sel);
+  if constexpr (E4M3) h = ((h >> 1) & 0x3f803f80u) | (h & 0x80008000u);
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-request plan written by the plan kernel.
+struct ReqInfo {
+  int32_t q_start, q_len, kv_len, splits;
+};
+struct Item {
+  int32_t req, rtile, split, pad;
+};
+struct Plan {
+  ReqInfo* req;          // [batch]
+  int64_t* page_base;    // [batch] offset of the request's first page id (form A)
+  Item* items;           // [max_items]
+  int32_t* num_items;    // [1]
+  int32_t* chunk;        // [1] keys per split (multiple of the tile)
+  int32_t* counter;      // [1] dynamic work counter (reset by the plan kernel)
+  int32_t* tok2req;      // [num_tokens] (split runs only)
+  float* part_o;         // [S_max, num_tokens, hq, D]
+  float* part_lse;       // [S_max, num_tokens, hq] base 2
+};
+
+template <int ROWS, int TILE>
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan plan, int max_splits,
+                                                            int64_t max_items, int target_ctas,
+                                                            bool write_map) {
+  __shared__ int64_t s_red[32];
+  __shared__ int64_t s_red2[32];
+  __shared__ int32_t s_max[32];
+  __shared__ int64_t s_total;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  int64_t work = 0, rt_sum = 0;
+  int32_t kv_max = 0;
+  for (int r = tid; r < p.batch; r += blockDim.x) {
+    int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
+    qs = min(max(qs, int64_t(0)), p.num_tokens);
+    qe = min(max(qe, qs), p.num_tokens);
+    int64_t kv = 0, pb = 0;
+    if (p.paged_form) {
+      const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
+      const int64_t np = max(e - b, int64_t(0));
+      const int64_t last = np > 0 ? load_idx(p.last_page_len, r) : 0;
+      kv = max(np - 1, int64_t(0)) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size));
+      pb = b;
+    } else {
+      kv = load_idx(p.seq_lens, r);
+      kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
+    }
+    ReqInfo ri;
+    ri.q_start = static_cast<int32_t>(qs);
+    ri.q_len = static_cast<int32_t>(qe - qs);
+    ri.kv_len = static_cast<int32_t>(kv);
+    ri.splits = 1;
+    plan.req[r] = ri;
+    plan.page_base[r] = pb;
+    const int64_t rows = int64_t(ri.q_len) * p.group;
+    const int64_t rt = (rows + ROWS - 1) / ROWS;
+    rt_sum += rt;
+    work += rt * ((kv + TILE - 1) / TILE);
+    kv_max = max(kv_max, ri.kv_len);
+  }
+  // block reductions
+  for (int o = 16; o > 0; o >>= 1) {
+    work += __shfl_xor_sync(0xffffffffu, work, o);
+    rt_sum += __shfl_xor_sync(0xffffffffu, rt_sum, o);
+    kv_max = max(kv_max, __shfl_xor_sync(0xffffffffu, kv_max, o));
+  }
+  if (lane == 0) { s_red[warp] = work; s_red2[warp] = rt_sum; s_max[warp] = kv_max; }
+  __syncthreads();
+  if (tid == 0) {
+    int64_t W = 0, R = 0;
+    int32_t M = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) { W += s_red[w]; R += s_red2[w]; M = max(M, s_max[w]); }
+    const int64_t max_tiles = (M + TILE - 1) / TILE;
+    int64_t chunk_tiles = max_tiles > 0 ? max_tiles : 1;  // default: no split
+    if (max_splits > 1 && max_tiles > 1) {
+      // Units of about 1/8 of a CTA's fair share (at least 8 tiles) balance mixed lengths
+      // under the dynamic scheduler; small batches split down to one tile per unit.
+      // (v3 tried a waves x unit-length cost model: +2% at 64x4096, -7% on mixed lengths.)
+      const int64_t per_cta = (W * p.hkv + target_ctas - 1) / target_ctas;
+      int64_t want = per_cta <= 8 ? per_cta : max(int64_t(8), (per_cta + 7) / 8);
+      want = max(want, (max_tiles + max_splits - 1) / max_splits);
+      want = max(want, int64_t(1));
+      const int64_t nsplit = (max_tiles + want - 1) / want;
+      chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
+    }
+    (void)R;
+    plan.counter[0] = 0;
+    s_red[0] = chunk_tiles * TILE;
+    plan.chunk[0] = static_cast<int32_t>(chunk_tiles * TILE);
+  }
+  __syncthreads();
+  const int64_t chunk = s_red[0];
+  __syncthreads();
+  // items: exclusive scan over requests, in rounds of blockDim requests
+  int64_t base = 0;
+  for (int r0 = 0; r0 < p.batch; r0 += blockDim.x) {
+    const int r = r0 + tid;
+    int64_t n_items = 0, rt = 0, sp = 1;
+    if (r < p.batch) {
+      ReqInfo ri = plan.req[r];
+      sp = ri.kv_len > 0 ? (ri.kv_len + chunk - 1) / chunk : 1;
+      rt = (int64_t(ri.q_len) * p.group + ROWS - 1) / ROWS;
+      n_items = rt * sp;
+      ri.splits = static_cast<int32_t>(sp);
+      plan.req[r] = ri;
+    }
+    // inclusive warp scan
+    int64_t x = n_items;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) s_red[warp] = x;
+    __syncthreads();
+    if (tid == 0) {
+      int64_t acc = 0;
+      for (int w = 0; w < (int)(blockDim.x >> 5); ++w) { const int64_t t = s_red[w]; s_red2[w] = acc; acc += t; }
+      s_total = acc;
+    }
+    __syncthreads();
+    const int64_t off = base + s_red2[warp] + x - n_items;
+    if (r < p.batch) {
+      for (int64_t k = 0; k < n_items; ++k) {
+        const int64_t idx = off + k;
+        if (idx < max_items) {
+          Item it;
+          it.req = r;
+          it.rtile = static_cast<int32_t>(k / sp);
+          it.split = static_cast<int32_t>(k % sp);
+          it.pad = 0;
+          plan.items[idx] = it;
+        }
+      }
+    }
+    base += s_total;
+    __syncthreads();
+  }
+  if (tid == 0) plan.num_items[0] = static_cast<int32_t>(min(base, max_items));
+  if (write_map) {
+    for (int64_t t = tid; t < p.num_tokens; t += blockDim.x) plan.tok2req[t] = -1;
+    __syncthreads();
+    for (int r = 0; r < p.batch; ++r) {
+      const ReqInfo ri = plan.req[r];
+      for (int t = tid; t < ri.q_len; t += blockDim.x) plan.tok2req[ri.q_start + t] = r;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The attention kernel.
+template <typename KV>
+struct KVTraits;
+struct KVbf16 {};
+struct KVf16 {};
+struct KVe4m3 {};
+struct KVe5m2 {};
+template <> struct KVTraits<KVbf16> { static constexpr int kBytes = 2; static constexpr bool kFp8 = false, kBf16 = true, kE4m3 = false; };
+template <> struct KVTraits<KVf16> { static constexpr int kBytes = 2; static constexpr bool kFp8 = false, kBf16 = false, kE4m3 = false; };
+template <> struct KVTraits<KVe4m3> { static constexpr int kBytes = 1; static constexpr bool kFp8 = true, kBf16 = false, kE4m3 = true; };
+template <> struct KVTraits<KVe5m2> { static constexpr int kBytes = 1; static constexpr bool kFp8 = true, kBf16 = false, kE4m3 = false; };
+
+template <typename KV, int D, int WM, int WN>
+struct Cfg {
+  using T = KVTraits<KV>;
+  static constexpr int kWarps = WM * WN;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRows = 16 * WM;
+  // decode with fp8 pages: 128-key tiles (32 keys per warp) so each pipeline step moves as
+  // many bytes as a 16-bit tile
+  static constexpr int kTile = (WN > 1) ? ((T::kFp8 && D <= 128) ? 128 : 64) : (D <= 128 ? 64 : 32);
+  static constexpr int kNT = kTile / WN;  // keys per warp per tile (multiple of 16)
+  static constexpr int kRowBytes = D * T::kBytes;
+  static constexpr int kCPR = kRowBytes / 16;  // 16-byte chunks per key row
+  static constexpr int kStageBytes = kTile * kRowBytes;  // one of K or V
+  // decode: 3 CTAs / SM (2 stages for 16-bit pages, 3 for fp8); prefill: 2 CTAs / SM, 3 stages
+  static constexpr int kStages = (WN > 1) ? ((kStageBytes * 2 * 3 <= 72 * 1024) ? 3 : 2) : 3;
+  static constexpr int kMinBlocks = (WN > 1) ? 3 : 2;
+  static constexpr int kChunksPerThread = kTile * kCPR / kThreads;
+  static constexpr int kRowStepPerChunk = kThreads / kCPR;  // key rows between a thread's chunks
+  static constexpr int kEpiPitch = D + 4;
+  static constexpr int kEpiBytes = WN * kRows * kEpiPitch * 4 + 3 * WN * kRows * 4;
+  static constexpr int kPipeBytes = kStages * kStageBytes * 2;
+  static constexpr int kQBytes = kRows * (D + 4) * 4;
+  static constexpr int kSmemMain0 = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+  static constexpr int kSmemMain = ((kSmemMain0 > kQBytes ? kSmemMain0 : kQBytes) + 127) / 128 * 128;
+  static constexpr int kSmem = kSmemMain + kStages * 2 * kTile * 8;
+  static_assert(kNT % 16 == 0, "keys per warp must be a multiple of 16");
+  static_assert((kTile * kCPR) % kThreads == 0, "tile chunks must divide evenly");
+  static_assert(kThreads % kCPR == 0, "threads must cover whole rows");
+  static constexpr int kOffPer = (2 * kTile + kThreads - 1) / kThreads;  // offset slots / thread
+};
+
+// Swizzled byte offset of (key row, 16-byte chunk) inside one K or V stage.
+template <int CPR>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  int x;
+  if constexpr (CPR >= 8) x = row & 7;
+  else if constexpr (CPR == 4) x = (row >> 1) & 3;
+  else if constexpr (CPR == 2) x = (row >> 2) & 1;
+  else x = 0;
+  return row * (CPR * 16) + ((chunk ^ x) * 16);
+}
+
+__device__ __forceinline__ float load_q(const AttnParams& p, int64_t tok, int head, int d) {
+  return load_elt(p.q, tok * p.q_st + int64_t(head) * p.q_sh + int64_t(d) * p.q_sd, p.q_t);
+}
+
+struct RowInfo {
+  bool valid;
+  int64_t tok;    // global token index
+  int head;       // qo head
+  int qpos;
+  int mm_s, mm_e;
+};
+
+template <typename KV, int D, int WM, int WN>
+__global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
+    attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
+  using C = Cfg<KV, D, WM, WN>;
+  using TR = KVTraits<KV>;
+  constexpr bool kBf16 = TR::kBf16;
+  constexpr int kTile = C::kTile, kNT = C::kNT, kCPR = C::kCPR, kStages = C::kStages;
+  constexpr int kKSteps = D / 16;
+  constexpr int kNTilesS = kNT / 8;   // S n-tiles per warp
+  constexpr int kNTilesO = D / 8;     // O n-tiles
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* sK = smem;
+  unsigned char* sV = smem + kStages * C::kStageBytes;
+  int64_t* sOff = reinterpret_cast<int64_t*>(smem + C::kSmemMain);  // [kStages][2][kTile]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WN, wn = warp % WN;
+  const int g = lane >> 2, t4 = lane & 3;
+
+  const int total = plan.num_items[0] * p.hkv;
+  const int chunk = plan.chunk[0];
+  if constexpr (TR::kE4m3) { kv_logit_factor = kE4m3Factor; kv_out_factor = kE4m3Factor; }
+  const float scale_log2 = p.sm_scale * kv_logit_factor * kLog2e;
+  const float scale_lin = p.sm_scale * kv_logit_factor;
+  const bool softcap = p.soft_cap > 0.f;
+
+  __shared__ int s_work;
+  __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
+  for (;;) {
+    if (tid == 0) s_work = atomicAdd(plan.counter, 1);
+    __syncthreads();
+    const int w = s_work;
+    if (w >= total) break;
+    const Item it = plan.items[w / p.hkv];
+    const int hk = w % p.hkv;
+    const ReqInfo ri = plan.req[it.req];
+    const int rows_r = ri.q_len * p.group;
+    const int row0 = it.rtile * C::kRows;
+    // key range of this work unit
+    const int last_row = min(rows_r, row0 + C::kRows) - 1;
+    const int qpos_first = ri.kv_len - ri.q_len + row0 / p.group;
+    const int qpos_last = ri.kv_len - ri.q_len + last_row / p.group;
+    int hi = ri.kv_len;
+    if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi = min(hi, qpos_last + 1);
+    int lo = 0;
+    if (p.window_left >= 0) lo = max(0, qpos_first - static_cast<int>(p.window_left));
+    const int kstart = max(lo, it.split * chunk);
+    const int kend = min(hi, (it.split + 1) * chunk);
+    const int tile0 = (kstart / kTile) * kTile;
+    const int n_tiles = kend > kstart ? (kend - tile0 + kTile - 1) / kTile : 0;
+
+    // page table of this request
+    const int64_t pbase = plan.page_base[it.req];
+    auto page_of = [&](int blk) -> int64_t {
+      if (p.paged_form) return load_idx(p.kv_indices, pbase + blk);
+      return load_idx2(p.block_table, it.req, blk);
+    };
+
+    // ---- rows of this thread (g and g + 8 of the warp's 16) ----
+    RowInfo rinfo[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = row0 + wm * 16 + g + 8 * h;
+      RowInfo& R = rinfo[h];
+      R.valid = rr < rows_r;
+      const int tq = R.valid ? rr / p.group : 0;
+      R.tok = ri.q_start + tq;
+      R.head = hk * p.group + (R.valid ? rr % p.group : 0);
+      R.qpos = ri.kv_len - ri.q_len + tq;
+      R.mm_s = -1;
+      R.mm_e = -1;
+      if (p.mm != nullptr && R.valid) {
+        R.mm_s = p.mm[R.tok * p.mm_s0];
+        R.mm_e = p.mm[R.tok * p.mm_s0 + p.mm_s1];
+      }
+    }
+    // ---- per-row (token, head) table: no divisions in the Q / output loops ----
+    if (tid < C::kRows) {
+      const int rr = row0 + tid;
+      s_rtok[tid] = rr < rows_r ? ri.q_start + rr / p.group : -1;
+      s_rhead[tid] = hk * p.group + (rr < rows_r ? rr % p.group : 0);
+    }
+    __syncthreads();
+    // ---- Q: rows staged in smem as float (independent coalesced loads), then fragments ----
+    {
+      float* sQ = reinterpret_cast<float*>(smem);
+      constexpr int kQP = D + 4;
+      if (p.q_vec) {  // 16-bit query, 16-byte rows: one uint4 (8 dims) per step
+#pragma unroll 2
+        for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
+          const int row = idx / (D / 8), c = idx % (D / 8);
+          const int tok = s_rtok[row];
+          float x[8];
+          if (tok >= 0) {
+            const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + int64_t(tok) * p.q_st +
+                                                            int64_t(s_rhead[row]) * p.q_sh + c * 8);
+            const uint16_t* e = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = p.q_t == Elt::bf16 ? bf16_bits_to_f32(e[k]) : f16_bits_to_f32(e[k]);
+          } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = 0.f;
+          }
+          float4* dst = reinterpret_cast<float4*>(sQ + row * kQP + c * 8);
+          dst[0] = make_float4(x[0], x[1], x[2], x[3]);
+          dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+        }
+      } else {
+#pragma unroll 4
+        for (int idx = tid; idx < C::kRows * D; idx += C::kThreads) {
+          const int row = idx / D, d = idx % D;
+          const int tok = s_rtok[row];
+          sQ[row * kQP + d] = tok >= 0 ? load_q(p, tok, s_rhead[row], d) : 0.f;
+        }
+      }
+      __syncthreads();
+    }
+    uint32_t qf[kKSteps][4];
+    {
+      const float* sQ = reinterpret_cast<const float*>(smem);
+      constexpr int kQP = D + 4;
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
+          int d0;
+          if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
+          else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
+          const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
+          qf[s][r] = pack2<kBf16>(x.x, x.y);
+        }
+      }
+      __syncthreads();  // sQ aliases the pipeline buffers
+    }
+
+    float o[kNTilesO][4];
+#pragma unroll
+    for (int n = 0; n < kNTilesO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+
+    // ---- loader ----
+    // Row offsets (bytes from p.k / p.v) of each key row of a tile are computed once per
+    // tile by 2*kTile threads (K rows, then V rows) into a ring of kStages smem slots, from a
+    // page id fetched one tile earlier (so its latency hides behind a tile of compute).  The
+    // copy threads then only read the offset: thread chunks are (row = tid / CPR + i * step,
+    // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
+    const int my_chunk = tid % kCPR;
+    const int my_row0 = tid / kCPR;
+    // Offset slot k of this thread: index tid + k * kThreads over [K rows | V rows].
+    constexpr int kOffPer = C::kOffPer;
+    auto load_page = [&](int tile, int k) -> int64_t {
+      const int idx = tid + k * C::kThreads;
+      const int which = idx / kTile, row = idx % kTile;
+      if (which > 1 || tile >= n_tiles) return -1;
+      const int j = tile0 + tile * kTile + row;
+      if (j < kstart || j >= kend) return -1;
+      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+      const int64_t pg = page_of(blk);
+      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+    };
+    auto store_off = [&](int tile, int k, int64_t pg) {
+      const int idx = tid + k * C::kThreads;
+      const int which = idx / kTile, row = idx % kTile;
+      if (which > 1) return;
+      const int j = tile0 + tile * kTile + row;
+      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+      const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
+                                     : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+      sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+    };
+    auto issue = [&](int tile) {
+      const int st = tile % kStages;
+      const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
+      const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
+      const int64_t* offk = sOff + (st * 2) * kTile;
+      const int64_t* offv = offk + kTile;
+      const unsigned char* kb = static_cast<const unsigned char*>(p.k);
+      const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+#pragma unroll
+      for (int i = 0; i < C::kChunksPerThread; ++i) {
+        const int row = my_row0 + i * C::kRowStepPerChunk;
+        const int off = swz<kCPR>(row, my_chunk);
+        const int64_t ok = offk[row], ov = offv[row];
+        cp_async16(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
+        cp_async16(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+      }
+    };
+
+    int64_t pg_pref[kOffPer];
+#pragma unroll
+    for (int k = 0; k < kOffPer; ++k) pg_pref[k] = -1;
+    if (n_tiles > 0) {
+      // prologue: offsets of tiles 0..S-1, issue tiles 0..S-2
+      int64_t pgs[kStages][kOffPer];
+#pragma unroll
+      for (int t = 0; t < kStages; ++t)
+#pragma unroll
+        for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(t, k);
+#pragma unroll
+      for (int t = 0; t < kStages; ++t)
+#pragma unroll
+        for (int k = 0; k < kOffPer; ++k) store_off(t, k, pgs[t][k]);
+#pragma unroll
+      for (int k = 0; k < kOffPer; ++k) pg_pref[k] = load_page(kStages, k);
+      __syncthreads();
+#pragma unroll
+      for (int t = 0; t < kStages - 1; ++t) {
+        if (t < n_tiles) issue(t);
+        cp_async_commit();
+      }
+    }
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+      {
+        const int nt = tile + kStages - 1;
+        if (nt < n_tiles) issue(nt);
+        cp_async_commit();
+#pragma unroll
+        for (int k = 0; k < kOffPer; ++k) {
+          store_off(tile + kStages, k, pg_pref[k]);  // slot of `tile`, issued long ago
+          pg_pref[k] = load_page(tile + kStages + 1, k);
+        }
+      }
+      const int st = tile % kStages;
+      const unsigned char* tK = sK + st * C::kStageBytes;
+      const unsigned char* tV = sV + st * C::kStageBytes;
+      const int key0 = tile0 + tile * kTile + wn * kNT;  // first key of this warp's slice
+
+      // ---- S = Q K^T ----
+      float s[kNTilesS][4];
+#pragma unroll
+      for (int j = 0; j < kNTilesS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kNTilesS; ++j) {
+        const int krow = wn * kNT + 8 * j + (lane & 7);
+        if constexpr (!TR::kFp8) {
+#pragma unroll
+          for (int ks = 0; ks < kKSteps; ks += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(smem_u32(tK + swz<kCPR>(krow, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
+            mma16816<kBf16>(s[j], qf[ks], b0, b1);
+            mma16816<kBf16>(s[j], qf[ks + 1], b2, b3);
+          }
+        } else {
+          if constexpr (kKSteps >= 4) {
+#pragma unroll
+            for (int ks = 0; ks < kKSteps; ks += 4) {
+              uint32_t r[4];
+              ldsm_x4(smem_u32(tK + swz<kCPR>(krow, ks + (lane >> 3))), r[0], r[1], r[2], r[3]);
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                const uint32_t b0 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x1404u);
+                const uint32_t b1 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x3424u);
+                mma16816<false>(s[j], qf[ks + u], b0, b1);
+              }
+            }
+          }
+        }
+      }
+      // ---- scale, soft cap, mask ----
+      const int tile_lo = tile0 + tile * kTile, tile_hi = tile_lo + kTile;
+      bool full = tile_lo >= kstart && tile_hi <= kend;
+      if (p.causal && p.xqa == nullptr) full = full && (tile_hi - 1 <= qpos_first);
+      if (p.xqa != nullptr) full = full && (tile_hi <= ri.kv_len - ri.q_len);
+      if (p.window_left >= 0) full = full && (int64_t(tile_lo) >= int64_t(qpos_last) - p.window_left);
+#pragma unroll
+      for (int j = 0; j < kNTilesS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[j][e];
+          if (softcap) x = p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e;
+          else x *= scale_log2;
+          if (!full) {
+            const RowInfo& R = rinfo[e >> 1];
+            const int key = key0 + 8 * j + 2 * t4 + (e & 1);
+            bool vis = R.valid && key >= kstart && key < kend;
+            if (vis && p.window_left >= 0 && int64_t(key) < int64_t(R.qpos) - p.window_left) vis = false;
+            if (vis) {
+              const int dstart = ri.kv_len - ri.q_len;
+              if (p.xqa != nullptr && key >= dstart) {
+                const int kk = key - dstart;
+                const uint32_t word = static_cast<uint32_t>(p.xqa[R.tok * p.xqa_s0 + int64_t(kk >> 5) * p.xqa_s1]);
+                vis = ((word >> (kk & 31)) & 1u) != 0;
+              } else if (p.xqa == nullptr && p.causal && key > R.qpos) {
+                vis = R.mm_s >= 0 && key >= R.mm_s && key <= R.mm_e;
+              }
+            }
+            if (!vis) x = -INFINITY;
+          }
+          s[j][e] = x;
+        }
+      }
+      // ---- online softmax (rows g and g+8) ----
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kNTilesS; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_r[h], mx);
+        const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+        alpha[h] = exp2f(m_r[h] - m_use);
+        m_r[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kNTilesS; ++j) {
+          s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
+          s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
+          sum += s[j][2 * h] + s[j][2 * h + 1];
+        }
+        l_r[h] = l_r[h] * alpha[h] + sum;
+      }
+      // rescale O only when some row's running max moved (rare after the first tiles)
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int n = 0; n < kNTilesO; ++n) {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
+      }
+      // ---- O += P V ----
+#pragma unroll
+      for (int kk = 0; kk < kNT / 16; ++kk) {
+        uint32_t a[4];
+        a[0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        const int vrow = wn * kNT + 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+        if constexpr (!TR::kFp8) {
+#pragma unroll
+          for (int n = 0; n < kNTilesO; n += 2) {
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b0, b1, b2, b3);
+            mma16816<kBf16>(o[n], a, b0, b1);
+            mma16816<kBf16>(o[n + 1], a, b2, b3);
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < kCPR; c += 2) {
+            uint32_t r0, r1, r2, r3;
+            ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, c + (lane >> 4))), r0, r1, r2, r3);
+            // chunk c -> o tiles 2c (even dims), 2c+1 (odd dims); chunk c+1 -> 2c+2, 2c+3
+            mma16816<false>(o[2 * c], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x2404u),
+                            fp8x2_to_f16x2<TR::kE4m3>(r1, 0x2404u));
+            mma16816<false>(o[2 * c + 1], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x3414u),
+                            fp8x2_to_f16x2<TR::kE4m3>(r1, 0x3414u));
+            mma16816<false>(o[2 * c + 2], a, fp8x2_to_f16x2<TR::kE4m3>(r2, 0x2404u),
+                            fp8x2_to_f16x2<TR::kE4m3>(r3, 0x2404u));
+            mma16816<false>(o[2 * c + 3], a, fp8x2_to_f16x2<TR::kE4m3>(r2, 0x3414u),
+                            fp8x2_to_f16x2<TR::kE4m3>(r3, 0x3414u));
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // pipeline smem is free
+
+    // ---- epilogue: combine the WN warps of each row, normalise, write ----
+    float* sO = reinterpret_cast<float*>(smem);
+    float* sM = sO + WN * C::kRows * C::kEpiPitch;
+    float* sL = sM + WN * C::kRows;
+    float* sF = sL + WN * C::kRows;  // per (warp, row) factor
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_r[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      l_r[h] = l;
+    }
+    {
+      float* myO = sO + (wn * C::kRows + wm * 16) * C::kEpiPitch;
+#pragma unroll
+      for (int n = 0; n < kNTilesO; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = g + 8 * (e >> 1);
+          int dim;
+          if constexpr (TR::kFp8) {
+            const int c = n >> 1, par = n & 1;
+            dim = 16 * c + 4 * t4 + 2 * (e & 1) + par;
+          } else {
+            dim = 8 * n + 2 * t4 + (e & 1);
+          }
+          myO[row * C::kEpiPitch + dim] = o[n][e];
+        }
+      }
+      if (t4 == 0) {
+        sM[wn * C::kRows + wm * 16 + g] = m_r[0];
+        sM[wn * C::kRows + wm * 16 + g + 8] = m_r[1];
+        sL[wn * C::kRows + wm * 16 + g] = l_r[0];
+        sL[wn * C::kRows + wm * 16 + g + 8] = l_r[1];
+      }
+    }
+    __syncthreads();
+    const bool split_run = ri.splits > 1;
+    for (int row = tid; row < C::kRows; row += C::kThreads) {
+      float M = -INFINITY;
+      for (int x = 0; x < WN; ++x) M = fmaxf(M, sM[x * C::kRows + row]);
+      const float Mu = (M == -INFINITY) ? 0.f : M;
+      float L = 0.f;
+      for (int x = 0; x < WN; ++x) {
+        const float f = exp2f(sM[x * C::kRows + row] - Mu);
+        sF[x * C::kRows + row] = f;
+        L += sL[x * C::kRows + row] * f;
+      }
+      // final scale of O and the row's LSE
+      const int rr = row0 + row;
+      float scale_o = 0.f, lse2 = -INFINITY;
+      if (rr < rows_r) {
+        const int head = hk * p.group + rr % p.group;
+        if (!split_run) {
+          float Mf = M, Lf = L;
+          if (p.sinks != nullptr) {
+            const float s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
+            Mf = fmaxf(M, s2);
+            Lf = L * exp2f(M - Mf) + exp2f(s2 - Mf);
+            scale_o = Lf > 0.f ? exp2f(Mu - Mf) / Lf : 0.f;
+            if (M == -INFINITY) scale_o = 0.f;
+          } else {
+            scale_o = L > 0.f ? 1.f / L : 0.f;
+          }
+          lse2 = Lf > 0.f ? Mf + log2f(Lf) : -INFINITY;
+          scale_o *= p.v_scale * kv_out_factor;
+          if (p.lse != nullptr) {
+            const int64_t tok = ri.q_start + rr / p.group;
+            p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+          }
+        } else {
+          scale_o = L > 0.f ? 1.f / L : 0.f;
+          lse2 = L > 0.f ? M + log2f(L) : -INFINITY;
+          const int64_t tok = ri.q_start + rr / p.group;
+          plan.part_lse[(int64_t(it.split) * p.num_tokens + tok) * p.hq + head] = lse2;
+        }
+      }
+      sM[row] = scale_o;  // reuse: row 0..kRows of warp slot 0 (already consumed)
+    }
+    __syncthreads();
+    // thread per (row, 8 dims): sum the WN warps' partial O, scale, store
+    for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
+      const int row = idx / (D / 8), c = idx % (D / 8);
+      const int tok = s_rtok[row];
+      if (tok < 0) continue;
+      const int head = s_rhead[row];
+      float acc[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+#pragma unroll
+      for (int x = 0; x < WN; ++x) {
+        const float f = sF[x * C::kRows + row];
+        const float* src = sO + (x * C::kRows + row) * C::kEpiPitch + c * 8;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[k] += src[k] * f;
+      }
+      const float sc = sM[row];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] *= sc;
+      if (split_run) {
+        float4* dst = reinterpret_cast<float4*>(plan.part_o + ((int64_t(it.split) * p.num_tokens + tok) * p.hq + head) * D + c * 8);
+        dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      } else if (p.o_vec) {
+        uint4 v;
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if (p.out_t == Elt::bf16) {
+            __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+            w[k] = *reinterpret_cast<uint32_t*>(&h);
+          } else {
+            __half2 h = __floats2half2_rn(acc[2 * k], acc[2 * k + 1]);
+            w[k] = *reinterpret_cast<uint32_t*>(&h);
+          }
+        }
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + c * 8) = v;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          store_elt(p.out, int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + int64_t(c * 8 + k) * p.o_sd, p.out_t, acc[k]);
+      }
+    }
+    __syncthreads();  // smem reused by the next work unit
+  }
+}
+
+// Combine the splits of split requests: one warp per (token, qo head); lane s holds split
+// s's LSE (and s + 32, ...), so every load is issued up front.
+__global__ void merge_splits_kernel(AttnParams p, Plan plan, float kv_out_factor) {
+  if (p.kv_t == Elt::e4m3) kv_out_factor = kE4m3Factor;  // same factor as the attention kernel
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (row >= p.num_tokens * p.hq) return;
+  const int64_t tok = row / p.hq;
+  const int head = static_cast<int>(row % p.hq);
+  const int r = plan.tok2req[tok];
+  if (r < 0) return;
+  const int ns = plan.req[r].splits;
+  if (ns <= 1) return;
+  const int64_t stride = p.num_tokens * p.hq;  // between splits
+  const int64_t base = tok * p.hq + head;
+  constexpr int kMaxPerLane = 4;  // up to 128 splits
+  float ls[kMaxPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const int s = lane + 32 * k;
+    ls[k] = s < ns ? plan.part_lse[s * stride + base] : -INFINITY;
+  }
+  float M = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) M = fmaxf(M, ls[k]);
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  float s2 = -INFINITY;
+  if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
+  const float Mf = fmaxf(M, s2);
+  const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
+  __shared__ float s_w[8][128];  // blockDim 256 = 8 warps, up to 128 splits
+  float* sw = s_w[(threadIdx.x >> 5) & 7];
+  float denom = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxPerLane; ++k) {
+    const float w = exp2f(ls[k] - Mu);
+    if (lane + 32 * k < 128) sw[lane + 32 * k] = w;
+    denom += w;
+  }
+  __syncwarp();
+  for (int o = 16; o > 0; o >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, o);
+  if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
+  const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
+  const float inv = (denom > 0.f && M != -INFINITY) ? p.v_scale * kv_out_factor / denom : 0.f;
+  // output dims: lane handles d = d0 + lane; every split wrote its partial (zeros when empty),
+  // so the loads are unconditional and independent
+  for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
+    const int d = d0 + lane;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < ns; ++s) acc += sw[s] * plan.part_o[(s * stride + base) * p.head_dim + d];
+    store_elt(p.out, tok * p.o_st + int64_t(head) * p.o_sh + int64_t(d) * p.o_sd, p.out_t, acc * inv);
+  }
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+struct WsLayout {
+  int64_t req, page_base, items, num_items, chunk, counter, tok2req, part_o, part_lse, total;
+};
+WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
+  auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
+  WsLayout w{};
+  int64_t off = 0;
+  w.req = off; off += al(int64_t(p.batch) * sizeof(ReqInfo) + 16);
+  w.page_base = off; off += al(int64_t(p.batch) * 8 + 16);
+  w.items = off; off += al(s.max_items * int64_t(sizeof(Item)) + 16);
+  w.num_items = off; off += 256;
+  w.chunk = off; off += 256;
+  w.counter = off; off += 256;
+  w.tok2req = off; off += al(p.num_tokens * 4 + 16);
+  w.part_o = off;
+  off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * p.head_dim * 4) : 0;
+  w.part_lse = off;
+  off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * 4) : 0;
+  w.total = off;
+  return w;
+}
+
+template <typename KV, int D, int WM, int WN>
+int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
+  using C = Cfg<KV, D, WM, WN>;
+  auto kern = attn_kernel<KV, D, WM, WN>;
+  static bool attr_set[64] = {};  // per instantiation and device (the attribute is per device)
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (!attr_set[dev & 63]) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    attr_set[dev & 63] = true;
+  }
+  plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
+                                                      s.max_splits > 1);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return static_cast<int>(e);
+  kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return static_cast<int>(e);
+  if (s.max_splits > 1) {
+    const int64_t rows = p.num_tokens * p.hq;
+    const int threads = 256;
+    const int64_t blocks = (rows * 32 + threads - 1) / threads;
+    if (blocks > 0) merge_splits_kernel<<<static_cast<unsigned>(blocks), threads>>>(p, plan, of);
+    e = cudaGetLastError();
+  }
+  return static_cast<int>(e);
+}
+
+template <typename KV, int D, int WM, int WN>
+int occupancy() {
+  using C = Cfg<KV, D, WM, WN>;
+  static int cache[64] = {};  // per device
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& cached = cache[dev & 63];
+  if (cached > 0) return cached;
+  auto kern = attn_kernel<KV, D, WM, WN>;
+  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, C::kSmem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  cached = n > 0 ? n : 1;
+  return cached;
+}
+
+template <typename KV, int D>
+int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool query_occ, int* occ) {
+  const float lf = KVTraits<KV>::kE4m3 ? 256.f : 1.f;
+  if (s == nullptr || s->config == 0) {
+    if (query_occ) { *occ = occupancy<KV, D, 1, 4>(); return 0; }
+    return run_kernel<KV, D, 1, 4>(p, *s, *plan, lf, lf);
+  }
+  if (query_occ) { *occ = occupancy<KV, D, 4, 1>(); return 0; }
+  return run_kernel<KV, D, 4, 1>(p, *s, *plan, lf, lf);
+}
+
+template <typename KV>
+int dispatch_d(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool query_occ, int* occ) {
+  switch (p.head_dim) {
+    case 64: return dispatch_cfg<KV, 64>(p, s, plan, query_occ, occ);
+    case 128: return dispatch_cfg<KV, 128>(p, s, plan, query_occ, occ);
+    case 256: return dispatch_cfg<KV, 256>(p, s, plan, query_occ, occ);
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+int dispatch(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool query_occ, int* occ) {
+  switch (p.kv_t) {
+    case Elt::bf16: return dispatch_d<KVbf16>(p, s, plan, query_occ, occ);
+    case Elt::f16: return dispatch_d<KVf16>(p, s, plan, query_occ, occ);
+    case Elt::e4m3: return dispatch_d<KVe4m3>(p, s, plan, query_occ, occ);
+    case Elt::e5m2: return dispatch_d<KVe5m2>(p, s, plan, query_occ, occ);
+    default: break;
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace
+
+int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, const char** why) {
+  *why = nullptr;
+  if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) {
+    *why = "the CUDA paged_attention kernels exist for head_dim 64, 128 and 256";
+    return 0;
+  }
+  if (p.kv_t == Elt::f32) {
+    *why = "the CUDA paged_attention kernels read f16/bf16/fp8 caches, not float32";
+    return 0;
+  }
+  if (p.kv_t == Elt::bf16 && p.q_t == Elt::f16) {
+    *why = "a float16 query with a bfloat16 cache is not supported on CUDA (cast the query)";
+    return 0;
+  }
+  // decode config when the average request has few query rows per KV head
+  const int64_t rows_avg = p.batch > 0 ? (p.num_tokens * p.group + p.batch - 1) / p.batch : 0;
+  s->config = rows_avg <= 16 ? 0 : 1;
+  int occ = 1;
+  int e = dispatch(p, s, nullptr, true, &occ);
+  if (e != 0) return e;
+  s->grid = std::max(1, num_sms * occ);
+  s->target_ctas = s->grid;
+  // split bound: keep the partial-state workspace under ~256 MB
+  const int64_t per_split = std::max<int64_t>(1, p.num_tokens * p.hq * (p.head_dim + 1) * 4);
+  int64_t smax = (int64_t(256) << 20) / per_split;
+  smax = std::min<int64_t>(std::max<int64_t>(smax, 1), 128);
+  s->max_splits = static_cast<int>(smax);
+  const int rows = s->config == 0 ? 16 : 64;
+  const int64_t rtiles = (p.num_tokens * p.group + rows - 1) / rows + p.batch;
+  s->max_items = rtiles * s->max_splits;
+  const WsLayout w = ws_layout(p, *s);
+  s->workspace_bytes = w.total;
+  return 0;
+}
+
+int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* workspace) {
+  if (p.batch == 0 || p.num_tokens == 0) return 0;
+  const WsLayout w = ws_layout(p, s);
+  char* base = static_cast<char*>(workspace);
+  Plan plan;
+  plan.req = reinterpret_cast<ReqInfo*>(base + w.req);
+  plan.page_base = reinterpret_cast<int64_t*>(base + w.page_base);
+  plan.items = reinterpret_cast<Item*>(base + w.items);
+  plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
+  plan.chunk = reinterpret_cast<int32_t*>(base + w.chunk);
+  plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
+  plan.tok2req = reinterpret_cast<int32_t*>(base + w.tok2req);
+  plan.part_o = reinterpret_cast<float*>(base + w.part_o);
+  plan.part_lse = reinterpret_cast<float*>(base + w.part_lse);
+  int dummy = 0;
+  return dispatch(p, &s, &plan, false, &dummy);
+}
+
+}  // namespace kvattn::ops::cuda_impl::k

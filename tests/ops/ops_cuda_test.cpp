@@ -1,0 +1,516 @@
+// The CUDA ops against the CPU reference on random inputs: every KV layout, odd lengths, empty
+// requests, fp8 caches, GQA 1/4/8, head sizes 64/128/256, split-KV, outputs poisoned with NaN
+// beforehand (rows the op must not touch stay NaN).  Skips when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kvattn/core/cuda_runtime_api.h"
+#include "ops_test_util.h"
+
+namespace kvattn::ops {
+namespace {
+using namespace testing;
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kvattn::cuda::available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+  }
+};
+
+Device gpu() { return Device::cuda(0); }
+
+// A GPU copy of a CPU tensor's whole storage, and the same view on it.
+struct Mirror {
+  Tensor cpu_base, gpu_base;
+  explicit Mirror(const Tensor& base) : cpu_base(base) {
+    KVATTN_CHECK(base.is_contiguous() && base.byte_offset() == 0, "Mirror needs a fresh contiguous base");
+    gpu_base = base.to(gpu());
+  }
+  Tensor view(const Tensor& v) const {
+    const int64_t off = v.byte_offset() / v.element_size();
+    return gpu_base.view_as(v.dtype()).as_strided(v.shape(), v.strides(), off);
+  }
+  Tensor back() const { return gpu_base.to(Device::cpu()); }
+};
+
+Tensor to_gpu(const Tensor& t) { return t.defined() ? t.contiguous().to(gpu()) : Tensor(); }
+
+// Bitwise comparison of two CPU tensors' bytes.
+::testing::AssertionResult same_bytes(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() != b.nbytes()) return ::testing::AssertionFailure() << "sizes differ";
+  const auto* x = static_cast<const unsigned char*>(a.data());
+  const auto* y = static_cast<const unsigned char*>(b.data());
+  for (int64_t i = 0; i < a.nbytes(); ++i)
+    if (x[i] != y[i])
+      return ::testing::AssertionFailure() << "byte " << i << " differs: " << int(x[i]) << " vs " << int(y[i]);
+  return ::testing::AssertionSuccess();
+}
+
+// ---- reshape_and_cache_flash ------------------------------------------------------------------------
+struct CacheCase {
+  int layout;
+  DType src;
+  KVCacheDType kvd;
+  bool u8_cache;
+  bool per_head;
+  int64_t head, dim;
+};
+
+TEST_F(CudaOps, ReshapeAndCacheMatchesReferenceEveryLayout) {
+  std::mt19937 rng(1234);
+  std::vector<CacheCase> cases;
+  for (int layout = 0; layout < kNumLayouts; ++layout) {
+    cases.push_back({layout, DType::bf16, KVCacheDType::Auto, false, false, 8, 128});
+    cases.push_back({layout, DType::f16, KVCacheDType::Fp8E4M3, false, layout % 2 == 0, 4, 64});
+  }
+  cases.push_back({6, DType::f32, KVCacheDType::Auto, false, false, 2, 64});
+  cases.push_back({7, DType::f32, KVCacheDType::Fp8E5M2, false, true, 3, 32});
+  cases.push_back({1, DType::bf16, KVCacheDType::Fp8E5M2, true, false, 8, 128});
+  cases.push_back({6, DType::bf16, KVCacheDType::Fp8E4M3, true, true, 2, 256});
+  cases.push_back({6, DType::bf16, KVCacheDType::Auto, false, false, 1, 20});  // dim not a vector multiple
+  for (const CacheCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "layout " << layout_name(c.layout) << " src " << dtype_name(c.src)
+                                      << " kv " << kv_cache_dtype_name(c.kvd) << " H " << c.head << " D " << c.dim);
+    const int64_t num_pages = 7, page = 16, T = 37, T_pad = 41;
+    const DType cache_dt = c.kvd == KVCacheDType::Auto ? c.src
+                           : c.u8_cache                ? DType::u8
+                           : c.kvd == KVCacheDType::Fp8E4M3 ? DType::fp8_e4m3
+                                                            : DType::fp8_e5m2;
+    KVCache cache = make_kv_cache(c.layout, num_pages, page, c.head, c.dim, cache_dt == DType::u8 ? DType::u8 : cache_dt);
+    {
+      // random bytes in the cache (also where nothing is written)
+      auto* p = static_cast<unsigned char*>(cache.backing.data());
+      for (int64_t i = 0; i < cache.backing.nbytes(); ++i) p[i] = static_cast<unsigned char>(rng() & 0x7f);
+    }
+    // key/value as strided slices of a fused [T_pad, 3, H, D] tensor (q, k, v)
+    Tensor qkv = Tensor::empty({T_pad, 3, c.head, c.dim}, c.src);
+    fill_uniform(qkv, rng, -3, 3);
+    Tensor key = qkv.select(1, 1), value = qkv.select(1, 2);
+    std::vector<int64_t> slots(static_cast<size_t>(T));
+    std::vector<int64_t> perm(static_cast<size_t>(num_pages * page));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t t = 0; t < T; ++t) slots[t] = (t % 5 == 3) ? -1 : perm[t];
+    Tensor slot_t = Tensor::from_vector(slots);
+    Tensor ks, vs;
+    if (c.kvd != KVCacheDType::Auto) {
+      ks = Tensor::empty({c.per_head ? c.head : 1}, DType::f32);
+      vs = Tensor::empty({c.per_head ? c.head : 1}, DType::f32);
+      fill_uniform(ks, rng, 0.01, 0.05);  // small scales: some values saturate
+      fill_uniform(vs, rng, 0.5, 2.0);
+    }
+    Mirror mc(cache.backing), mq(qkv);
+    ReshapeAndCacheArgs ref;
+    ref.key = key; ref.value = value; ref.key_cache = cache.k; ref.value_cache = cache.v;
+    ref.slot_mapping = slot_t; ref.kv_cache_dtype = c.kvd; ref.k_scale = ks; ref.v_scale = vs;
+    if (c.u8_cache) { ref.key_cache = cache.k.view_as(DType::u8); ref.value_cache = cache.v.view_as(DType::u8); }
+    ReshapeAndCacheArgs dev = ref;
+    dev.key = mq.view(key); dev.value = mq.view(value);
+    dev.key_cache = mc.view(ref.key_cache); dev.value_cache = mc.view(ref.value_cache);
+    dev.slot_mapping = to_gpu(slot_t); dev.k_scale = to_gpu(ks); dev.v_scale = to_gpu(vs);
+    reference::reshape_and_cache_flash(ref);
+    reshape_and_cache_flash(dev);
+    EXPECT_TRUE(same_bytes(mc.back(), cache.backing));
+  }
+}
+
+// ---- paged_attention -----------------------------------------------------------------------------------
+struct AttnCase {
+  std::vector<int64_t> q_lens, kv_lens;
+  int64_t hq = 32, hkv = 8, dim = 128, page = 16;
+  DType q_dt = DType::bf16, kv_dt = DType::bf16, out_dt = DType::bf16;
+  int layout = 6;
+  bool paged_form = true;
+  bool causal = true;
+  int64_t window_left = -1;
+  double soft_cap = 0.0;
+  bool sinks = false;
+  bool lse = true;
+  LseBase base = LseBase::Two;
+  bool xqa = false;
+  bool mm = false;
+  double k_scale = 1.0, v_scale = 1.0;
+  int64_t pad_rows = 2;
+  std::string name;
+};
+
+double tol_for(const AttnCase& c) {
+  if (c.kv_dt == DType::fp8_e4m3 || c.kv_dt == DType::fp8_e5m2 || c.kv_dt == DType::f16) return 1.5e-2;
+  return 3e-2;  // bf16 P and V
+}
+
+void run_attn_case(const AttnCase& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "case " << c.name << " seed " << seed);
+  std::mt19937 rng(seed);
+  Batch b = make_batch(c.q_lens, c.kv_lens, c.page, rng, c.pad_rows);
+  KVCache cache = make_kv_cache(c.layout, b.num_pages, c.page, c.hkv, c.dim, c.kv_dt);
+  fill_cache(cache, rng);
+  if (c.kv_dt == DType::fp8_e4m3 || c.kv_dt == DType::fp8_e5m2) {
+    // page 0 holds NaN codes; keep them (never read)
+  }
+  Tensor q = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.q_dt);
+  fill_uniform(q, rng, -2, 2);
+  Tensor out_ref = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.out_dt);
+  fill_nan(out_ref);
+  Tensor lse_ref;
+  if (c.lse) {
+    lse_ref = Tensor::empty({b.num_tokens, c.hq}, DType::f32);
+    fill_nan(lse_ref);
+  }
+  Tensor sinks, mm, xqa;
+  if (c.sinks) {
+    sinks = Tensor::empty({c.hq}, DType::f32);
+    fill_uniform(sinks, rng, -1, 3);
+  }
+  if (c.mm) {
+    std::vector<int32_t> r(static_cast<size_t>(b.num_tokens * 2), -1);
+    int64_t row = 0;
+    for (size_t i = 0; i < c.q_lens.size(); ++i) {
+      const int64_t ctx = c.kv_lens[i] - c.q_lens[i];
+      for (int64_t t = 0; t < c.q_lens[i]; ++t, ++row) {
+        if (c.q_lens[i] >= 4 && t >= 1 && t < 4) {  // tokens 1..3 form an image span
+          r[row * 2] = static_cast<int32_t>(ctx + 1);
+          r[row * 2 + 1] = static_cast<int32_t>(ctx + 3);
+        }
+      }
+    }
+    mm = Tensor::from_vector(r, Dims{b.num_tokens, 2});
+  }
+  if (c.xqa) {
+    Tensor m = make_xqa_draft_block_mask(c.q_lens, true);
+    // pad rows + randomise some bits below the diagonal
+    xqa = Tensor::zeros({b.num_tokens, m.size(1)}, DType::i32);
+    for (int64_t i = 0; i < m.size(0); ++i)
+      for (int64_t w = 0; w < m.size(1); ++w) {
+        uint32_t bits = static_cast<uint32_t>(m.at<int32_t>({i, w}));
+        if (rng() % 2) bits &= ~(1u << (rng() % 3));
+        xqa.at<int32_t>({i, w}) = static_cast<int32_t>(bits);
+      }
+  }
+  PagedAttentionArgs a;
+  a.query = q; a.k_cache = cache.k; a.v_cache = cache.v; a.qo_indptr = b.qo_indptr;
+  if (c.paged_form) {
+    a.paged_kv_indptr = b.indptr; a.paged_kv_indices = b.indices; a.paged_kv_last_page_len = b.last_page_len;
+  } else {
+    a.block_table = b.block_table; a.seq_lens = b.seq_lens;
+  }
+  a.out = out_ref; a.lse = lse_ref; a.lse_base = c.base; a.causal = c.causal; a.window_left = c.window_left;
+  a.logits_soft_cap = c.soft_cap; a.k_scale = c.k_scale; a.v_scale = c.v_scale; a.sinks = sinks;
+  a.mm_prefix_ranges = mm; a.xqa_draft_mask = xqa;
+  Mirror mcache(cache.backing);
+  PagedAttentionArgs g = a;
+  g.query = to_gpu(q); g.k_cache = mcache.view(cache.k); g.v_cache = mcache.view(cache.v);
+  g.qo_indptr = to_gpu(b.qo_indptr);
+  g.paged_kv_indptr = to_gpu(a.paged_kv_indptr); g.paged_kv_indices = to_gpu(a.paged_kv_indices);
+  g.paged_kv_last_page_len = to_gpu(a.paged_kv_last_page_len);
+  g.block_table = to_gpu(a.block_table); g.seq_lens = to_gpu(a.seq_lens);
+  g.out = out_ref.to(gpu());  // poisoned (NaN) copy
+  g.lse = c.lse ? lse_ref.to(gpu()) : Tensor();
+  g.sinks = to_gpu(sinks); g.mm_prefix_ranges = to_gpu(mm); g.xqa_draft_mask = to_gpu(xqa);
+  reference::paged_attention(a);
+  paged_attention(g);
+  kvattn::cuda::synchronize();
+  const Tensor out_gpu = g.out.to(Device::cpu());
+  // rows of no request: untouched (NaN) on both
+  const int64_t used = b.qo_indptr.to_vector<int32_t>().back();
+  for (int64_t t = used; t < b.num_tokens; ++t)
+    EXPECT_TRUE(std::isnan(out_gpu.get({t, 0, 0}))) << "padding row " << t << " was written";
+  if (used > 0) {
+    const double err = rel_error(out_gpu.slice(0, 0, used), out_ref.slice(0, 0, used));
+    EXPECT_LT(err, tol_for(c)) << "out";
+    if (c.lse) {
+      const Tensor lg = g.lse.to(Device::cpu()).slice(0, 0, used), lr = lse_ref.slice(0, 0, used);
+      const auto x = lg.to_double_vector(), y = lr.to_double_vector();
+      double worst = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (std::isinf(y[i]) || std::isinf(x[i])) {
+          EXPECT_EQ(x[i], y[i]) << "lse " << i;
+          continue;
+        }
+        ASSERT_FALSE(std::isnan(x[i])) << "lse " << i;
+        worst = std::max(worst, std::abs(x[i] - y[i]));
+      }
+      EXPECT_LT(worst, 2e-2) << "lse";
+    }
+  }
+}
+
+TEST_F(CudaOps, PagedDecodeBf16Gqa) {
+  for (int64_t group : {1, 4, 8}) {
+    AttnCase c;
+    c.name = "decode gqa" + std::to_string(group);
+    c.hkv = 4;
+    c.hq = 4 * group;
+    c.q_lens = {1, 1, 1, 1, 1, 1};
+    c.kv_lens = {1, 17, 300, 0, 1000, 64};
+    run_attn_case(c, 10 + static_cast<uint32_t>(group));
+  }
+}
+
+TEST_F(CudaOps, PagedDecodeEveryLayoutAndPageForm) {
+  for (int layout = 0; layout < kNumLayouts; ++layout) {
+    AttnCase c;
+    c.name = std::string("layout ") + layout_name(layout);
+    c.layout = layout;
+    c.paged_form = layout % 2 == 0;
+    c.hq = 16; c.hkv = 4;
+    c.q_lens = {1, 1, 1};
+    c.kv_lens = {33, 129, 7};
+    run_attn_case(c, 100 + static_cast<uint32_t>(layout));
+  }
+}
+
+TEST_F(CudaOps, PagedDecodeHeadDimsAndDtypes) {
+  uint32_t seed = 200;
+  for (int64_t dim : {64, 128, 256}) {
+    for (DType kv : {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp8_e5m2}) {
+      AttnCase c;
+      c.name = "dim " + std::to_string(dim) + " kv " + dtype_name(kv);
+      c.dim = dim;
+      c.kv_dt = kv;
+      c.q_dt = kv == DType::f16 ? DType::f16 : DType::bf16;
+      c.out_dt = kv == DType::f16 ? DType::f16 : DType::bf16;
+      if (kv == DType::fp8_e4m3 || kv == DType::fp8_e5m2) { c.k_scale = 0.7; c.v_scale = 1.3; }
+      c.hq = 8; c.hkv = 2;
+      c.q_lens = {1, 1, 1, 1};
+      c.kv_lens = {5, 250, 0, 513};
+      run_attn_case(c, seed++);
+    }
+  }
+}
+
+TEST_F(CudaOps, PagedDecodeSplitKvLongAndOptions) {
+  AttnCase c;
+  c.name = "split-kv long";
+  c.hq = 32; c.hkv = 8;
+  c.q_lens = {1, 1};
+  c.kv_lens = {4099, 2500};
+  run_attn_case(c, 300);
+  c.name = "split-kv sinks softcap window lse-e fp8";
+  c.kv_dt = DType::fp8_e4m3; c.k_scale = 0.5; c.v_scale = 2.0;
+  c.sinks = true; c.soft_cap = 30.0; c.window_left = 1500; c.base = LseBase::E;
+  run_attn_case(c, 301);
+  c.name = "split-kv f32 query and out";
+  c.kv_dt = DType::bf16; c.q_dt = DType::f32; c.out_dt = DType::f32; c.sinks = false; c.soft_cap = 0; c.window_left = -1;
+  c.k_scale = c.v_scale = 1.0;
+  c.paged_form = false;
+  run_attn_case(c, 302);
+}
+
+TEST_F(CudaOps, PagedMultiTokenDecodeDraftMask) {
+  AttnCase c;
+  c.name = "multi-token causal";
+  c.hq = 16; c.hkv = 2;
+  c.q_lens = {3, 1, 4, 2};
+  c.kv_lens = {40, 9, 300, 2};
+  run_attn_case(c, 400);
+  c.name = "multi-token xqa";
+  c.xqa = true;
+  run_attn_case(c, 401);
+  c.name = "multi-token xqa sinks window";
+  c.sinks = true; c.window_left = 20;
+  run_attn_case(c, 402);
+}
+
+TEST_F(CudaOps, PagedPrefillCausalAndNonCausal) {
+  AttnCase c;
+  c.name = "prefill causal";
+  c.hq = 8; c.hkv = 2; c.dim = 128;
+  c.q_lens = {70, 129, 5};
+  c.kv_lens = {70, 200, 5};  // request 1 is a chunked prefill (71 cached keys)
+  run_attn_case(c, 500);
+  c.name = "prefill non-causal";
+  c.causal = false;
+  run_attn_case(c, 501);
+  c.name = "prefill window softcap sinks fp8";
+  c.causal = true; c.window_left = 31; c.soft_cap = 20; c.sinks = true; c.kv_dt = DType::fp8_e5m2;
+  run_attn_case(c, 502);
+  c.name = "prefill mm prefix";
+  c.window_left = -1; c.soft_cap = 0; c.sinks = false; c.kv_dt = DType::bf16; c.mm = true;
+  run_attn_case(c, 503);
+  for (int64_t dim : {64, 256}) {
+    AttnCase d;
+    d.name = "prefill dim " + std::to_string(dim);
+    d.dim = dim; d.hq = 4; d.hkv = 4; d.page = 8;
+    d.q_lens = {33, 64};
+    d.kv_lens = {100, 64};
+    d.layout = 7;
+    run_attn_case(d, 510 + static_cast<uint32_t>(dim));
+  }
+}
+
+TEST_F(CudaOps, PagedAttentionPageSizes) {
+  for (int64_t page : {1, 8, 32, 64}) {
+    AttnCase c;
+    c.name = "page " + std::to_string(page);
+    c.page = page;
+    c.hq = 8; c.hkv = 8;
+    c.q_lens = {1, 2, 1};
+    c.kv_lens = {77, 130, 1};
+    run_attn_case(c, 600 + static_cast<uint32_t>(page));
+  }
+}
+
+TEST_F(CudaOps, PagedAttentionRandomised) {
+  std::mt19937 rng(77);
+  for (int iter = 0; iter < 12; ++iter) {
+    AttnCase c;
+    c.name = "random " + std::to_string(iter);
+    const int64_t groups[] = {1, 4, 8};
+    c.hkv = 1 + rng() % 3;
+    c.hq = c.hkv * groups[rng() % 3];
+    const int64_t dims[] = {64, 128, 256};
+    c.dim = dims[rng() % 3];
+    const DType kvs[] = {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp8_e5m2};
+    c.kv_dt = kvs[rng() % 4];
+    c.q_dt = c.kv_dt == DType::f16 ? DType::f16 : DType::bf16;
+    c.out_dt = c.q_dt;
+    const int64_t pages[] = {8, 16, 32};
+    c.page = pages[rng() % 3];
+    c.layout = static_cast<int>(rng() % kNumLayouts);
+    c.paged_form = rng() % 2;
+    c.causal = rng() % 4 != 0;
+    if (rng() % 3 == 0) c.window_left = rng() % 100;
+    if (rng() % 3 == 0) c.soft_cap = 10 + rng() % 40;
+    c.sinks = rng() % 3 == 0;
+    c.base = rng() % 2 ? LseBase::Two : LseBase::E;
+    const int B = 1 + rng() % 6;
+    for (int r = 0; r < B; ++r) {
+      const int64_t ql = rng() % 3 == 0 ? 1 + rng() % 40 : 1;
+      c.q_lens.push_back(ql);
+      c.kv_lens.push_back(ql + (rng() % 4 == 0 ? 0 : rng() % 700));
+    }
+    run_attn_case(c, 1000 + static_cast<uint32_t>(iter));
+  }
+}
+
+// ---- merge_attn_states --------------------------------------------------------------------------------
+TEST_F(CudaOps, MergeAttnStatesMatchesReference) {
+  std::mt19937 rng(5);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (int with_ctx = 0; with_ctx < 2; ++with_ctx) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " ctx " << with_ctx);
+      const int64_t T = 45, H = 6, D = 128;
+      Tensor po = Tensor::empty({T, H, D}, dt), so = Tensor::empty({T, H, D}, dt);
+      fill_uniform(po, rng); fill_uniform(so, rng);
+      Tensor pl = Tensor::empty({H, T}, DType::f32), sl = Tensor::empty({H, T}, DType::f32);
+      fill_uniform(pl, rng, -5, 5); fill_uniform(sl, rng, -5, 5);
+      for (int64_t t = 0; t < T; t += 7) pl.set({t % H, t}, -INFINITY);
+      for (int64_t t = 3; t < T; t += 11) sl.set({t % H, t}, INFINITY);
+      pl.set({1, 2}, -INFINITY); sl.set({1, 2}, -INFINITY);  // both empty
+      Tensor out = Tensor::empty({T, H, D}, dt), olse = Tensor::empty({H, T}, DType::f32);
+      fill_nan(out); fill_nan(olse);
+      MergeAttnStatesArgs a;
+      a.output = out; a.prefix_output = po; a.prefix_lse = pl; a.suffix_output = so; a.suffix_lse = sl;
+      a.output_lse = olse;
+      if (with_ctx) a.prefill_tokens_with_context = 30;
+      MergeAttnStatesArgs g = a;
+      g.output = out.to(gpu()); g.prefix_output = to_gpu(po); g.prefix_lse = to_gpu(pl);
+      g.suffix_output = to_gpu(so); g.suffix_lse = to_gpu(sl); g.output_lse = olse.to(gpu());
+      reference::merge_attn_states(a);
+      merge_attn_states(g);
+      EXPECT_LT(rel_error(g.output.to(Device::cpu()), out), dt == DType::f32 ? 1e-5 : 1e-2);
+      EXPECT_LT(rel_error(g.output_lse.to(Device::cpu()), olse), 1e-5);
+    }
+  }
+  // fp8 output with a scale
+  const int64_t T = 9, H = 2, D = 64;
+  Tensor po = Tensor::empty({T, H, D}, DType::bf16), so = Tensor::empty({T, H, D}, DType::bf16);
+  fill_uniform(po, rng); fill_uniform(so, rng);
+  Tensor pl = Tensor::empty({H, T}, DType::f32), sl = Tensor::empty({H, T}, DType::f32);
+  fill_uniform(pl, rng, -2, 2); fill_uniform(sl, rng, -2, 2);
+  Tensor out = Tensor::empty({T, H, D}, DType::fp8_e4m3);
+  Tensor scale = Tensor::from_vector(std::vector<float>{0.01f});
+  MergeAttnStatesArgs a;
+  a.output = out; a.prefix_output = po; a.prefix_lse = pl; a.suffix_output = so; a.suffix_lse = sl;
+  a.output_scale = scale;
+  MergeAttnStatesArgs g = a;
+  g.output = Tensor::empty({T, H, D}, DType::fp8_e4m3, gpu()); g.prefix_output = to_gpu(po);
+  g.prefix_lse = to_gpu(pl); g.suffix_output = to_gpu(so); g.suffix_lse = to_gpu(sl); g.output_scale = to_gpu(scale);
+  reference::merge_attn_states(a);
+  merge_attn_states(g);
+  // float vs double weights may move a value across an fp8 rounding boundary: allow one code
+  const Tensor got = g.output.to(Device::cpu());
+  const auto* x = static_cast<const uint8_t*>(got.data());
+  const auto* y = static_cast<const uint8_t*>(out.data());
+  int off = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) off += std::abs(int(x[i] & 0x7f) - int(y[i] & 0x7f)) > 1;
+  EXPECT_EQ(off, 0);
+}
+
+TEST_F(CudaOps, MaskEmptyContextLse) {
+  std::mt19937 rng(9);
+  const int64_t H = 3, T = 20;
+  Tensor lse = Tensor::empty({H, T}, DType::f32);
+  fill_uniform(lse, rng);
+  Tensor qsl = Tensor::from_vector(std::vector<int32_t>{0, 4, 9, 9, 15, 20});
+  Tensor csl = Tensor::from_vector(std::vector<int64_t>{0, 0, 10, 10, 10, 30});
+  Tensor g = lse.to(gpu());
+  mask_empty_context_lse(lse, qsl, csl);
+  mask_empty_context_lse(g, to_gpu(qsl), to_gpu(csl));
+  EXPECT_TRUE(same_bytes(g.to(Device::cpu()), lse));
+}
+
+// ---- small ops ------------------------------------------------------------------------------------------
+TEST_F(CudaOps, ZeroKvBlocksSegmentTable) {
+  // two segments over one device buffer, odd page sizes and misaligned starts
+  const int64_t words = 1 << 16;
+  Tensor host = Tensor::empty({words}, DType::i32);
+  for (int64_t i = 0; i < words; ++i) host.data_ptr<int32_t>()[i] = static_cast<int32_t>(i + 1);
+  Tensor dev = host.to(gpu());
+  const int64_t base = reinterpret_cast<int64_t>(dev.data());
+  std::vector<int64_t> addrs = {base + 4, base + 4 * 30000}, strides = {1001, 700}, pages = {997, 5000};
+  std::vector<int64_t> ids = {0, 3, 7, 5};
+  zero_kv_blocks(to_gpu(Tensor::from_vector(addrs)), to_gpu(Tensor::from_vector(strides)),
+                 to_gpu(Tensor::from_vector(pages)), to_gpu(Tensor::from_vector(ids)));
+  // expected on the host copy
+  for (size_t s = 0; s < addrs.size(); ++s)
+    for (int64_t id : ids) {
+      const int64_t w0 = (addrs[s] - base) / 4 + id * strides[s];
+      for (int64_t i = 0; i < pages[s]; ++i) host.data_ptr<int32_t>()[w0 + i] = 0;
+    }
+  EXPECT_TRUE(same_bytes(dev.to(Device::cpu()), host));
+}
+
+TEST_F(CudaOps, CopyPageIndicesAndMambaAlign) {
+  std::mt19937 rng(3);
+  const int64_t R = 5, W = 12;
+  Tensor bt = Tensor::empty({R, W}, DType::i32);
+  for (int64_t i = 0; i < R * W; ++i) bt.data_ptr<int32_t>()[i] = static_cast<int32_t>(rng() % 1000);
+  Tensor indptr = Tensor::from_vector(std::vector<int64_t>{0, 3, 3, 15, 20, 21});
+  Tensor ind = Tensor::empty({24}, DType::i64);
+  for (int64_t i = 0; i < 24; ++i) ind.data_ptr<int64_t>()[i] = -7;
+  Tensor gind = ind.to(gpu());
+  copy_page_indices(ind, bt, indptr);
+  copy_page_indices(gind, to_gpu(bt), to_gpu(indptr));
+  EXPECT_TRUE(same_bytes(gind.to(Device::cpu()), ind));
+
+  Tensor sl = Tensor::from_vector(std::vector<int32_t>{0, 1, 16, 17, 40});
+  Tensor out = Tensor::empty({R, 3}, DType::i32);
+  Tensor gout = Tensor::empty({R, 3}, DType::i32, gpu());
+  mamba_align_block_table(out, bt, sl, 16);
+  mamba_align_block_table(gout, to_gpu(bt), to_gpu(sl), 16);
+  EXPECT_TRUE(same_bytes(gout.to(Device::cpu()), out));
+}
+
+TEST_F(CudaOps, Fp8PageDequant) {
+  std::mt19937 rng(4);
+  for (DType fp8 : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    const int64_t pages = 9, ps = 16, H = 2, D = 64, R = 2, P = 4;
+    KVCache c = make_kv_cache(6, pages, ps, H, D, fp8);
+    fill_uniform(c.backing, rng, -3, 3);
+    Tensor bt = Tensor::from_vector(std::vector<int32_t>{3, 0, 8, 1, 5, 6, -1, 2}, Dims{R, P});
+    Tensor ks = Tensor::from_vector(std::vector<float>{0.5f}), vs = Tensor::from_vector(std::vector<float>{3.f});
+    KVCache o = make_kv_cache(6, R * P + 1, ps, H, D, DType::bf16);
+    fill_nan(o.backing);
+    Mirror mc(c.backing), mo(o.backing);
+    kvfp8_dequant(c.k, c.v, bt, ks, vs, o.k, o.v);
+    kvfp8_dequant(mc.view(c.k), mc.view(c.v), to_gpu(bt), to_gpu(ks), to_gpu(vs), mo.view(o.k), mo.view(o.v));
+    EXPECT_TRUE(same_bytes(mo.back(), o.backing)) << dtype_name(fp8);
+  }
+}
+
+}  // namespace
+}  // namespace kvattn::ops

@@ -1,0 +1,365 @@
+// `kvattn bench-cuda`: the CUDA kernels on the shapes of docs/PERFORMANCE.md, timed with CUDA
+// events (median), next to the copy bandwidth and the mma.sync bf16 rate measured in the same
+// run.  Setup (as the FlashInfer anchors): bf16, 32 query heads / 8 KV heads, head dim 128,
+// page 16, cache [num_pages, 2, page, Hkv, D] (K and V of a page adjacent, NHD), page ids a
+// random permutation of a ~9 GB pool; calls rotate over disjoint page sets when one call's
+// KV is under 256 MB, so the data is not L2-resident.
+//
+//   kvattn bench-cuda [--quick] [--only decode|prefill|write|merge]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "command_registry.h"
+#include "kvattn/core/cuda_runtime_api.h"
+#include "kvattn/core/tensor.h"
+#include "kvattn/ops/ops.h"
+#if defined(KVATTN_WITH_CUDA)
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace kvattn::tools {
+namespace {
+
+struct Opts {
+  bool quick = false;
+  std::string only;
+  int64_t batch = 0, kv_len = 0;  // --shape: one decode case only
+  bool fp8 = false;
+};
+
+#if defined(KVATTN_WITH_CUDA)
+namespace k = kvattn::ops::cuda_impl::k;
+
+constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
+
+// Uniform(-1, 1) values of dtype dt, generated on the host in chunks and copied.
+void fill_device_random(const Tensor& t, uint64_t seed) {
+  const int64_t es = t.element_size();
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<uint8_t> table(static_cast<size_t>(4096 * es));
+  for (int i = 0; i < 4096; ++i) store_from_double(table.data() + i * es, t.dtype(), u(rng));
+  // one random 64 MiB chunk from the host, replicated on the device (fast for 9 GB pools)
+  const int64_t total = t.nbytes();
+  const int64_t chunk = std::min<int64_t>(int64_t(64) << 20, total);
+  std::vector<uint8_t> host(static_cast<size_t>(chunk));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i + es <= chunk; i += es) {
+    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    std::memcpy(host.data() + i, table.data() + (x & 4095) * es, static_cast<size_t>(es));
+  }
+  char* base = static_cast<char*>(t.data());
+  if (chunk > 0) kvattn::cuda::memcpy(base, host.data(), static_cast<size_t>(chunk));
+  for (int64_t off = chunk; off < total; off += chunk)
+    kvattn::cuda::memcpy(base + off, base, static_cast<size_t>(std::min(chunk, total - off)));
+}
+
+struct Pool {
+  Tensor backing;  // [P, 2, page, Hkv, D]
+  Tensor k, v;
+  int64_t pages = 0;
+};
+Pool make_pool(int64_t pages, DType dt) {
+  Pool p;
+  p.pages = pages;
+  p.backing = Tensor::empty({pages, 2, kPage, kHkv, kD}, dt, Device::cuda(0));
+  fill_device_random(p.backing, 42);  // uniform(-1, 1) in the pool dtype (fp8 codes stay finite)
+  p.k = p.backing.select(1, 0);
+  p.v = p.backing.select(1, 1);
+  return p;
+}
+
+struct DecodeSet {
+  Tensor qo, indptr, indices, last;
+};
+
+struct Row {
+  std::string name;
+  double us = 0, value = 0;
+  std::string unit, target;
+};
+
+void print_row(const Row& r) {
+  fmt::print("{:<44} {:>10.1f} us {:>9.3f} {:<8} {}\n", r.name, r.us, r.value, r.unit, r.target);
+  std::fflush(stdout);
+}
+
+// One decode configuration: kv lengths per request; rotating sets of pages.
+Row bench_decode(const std::string& name, const Pool& pool, const std::vector<int64_t>& lens, DType dt,
+                 const std::string& target, bool quick) {
+  const int64_t B = static_cast<int64_t>(lens.size());
+  int64_t pages_needed = 0;
+  for (int64_t l : lens) pages_needed += (l + kPage - 1) / kPage;
+  const int64_t esz = dtype_size(dt);
+  const double kv_bytes = [&] {
+    double s = 0;
+    for (int64_t l : lens) s += double(l) * kHkv * kD * 2 * esz;
+    return s;
+  }();
+  int sets = kv_bytes < 256e6 ? static_cast<int>(std::min<int64_t>((pool.pages - 1) / std::max<int64_t>(pages_needed, 1), 16)) : 1;
+  sets = std::max(sets, 1);
+  std::mt19937 rng(7);
+  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
+  std::iota(perm.begin(), perm.end(), 1);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<DecodeSet> ds;
+  for (int s = 0; s < sets; ++s) {
+    std::vector<int32_t> qo(static_cast<size_t>(B + 1)), ip(static_cast<size_t>(B + 1)), last(static_cast<size_t>(B));
+    std::vector<int32_t> ind;
+    int64_t next = int64_t(s) * pages_needed;
+    for (int64_t r = 0; r < B; ++r) {
+      qo[r + 1] = static_cast<int32_t>(r + 1);
+      const int64_t n = (lens[r] + kPage - 1) / kPage;
+      ip[r + 1] = ip[r] + static_cast<int32_t>(n);
+      last[r] = static_cast<int32_t>(n == 0 ? 0 : lens[r] - (n - 1) * kPage);
+      for (int64_t i = 0; i < n; ++i) ind.push_back(perm[static_cast<size_t>((next++) % int64_t(perm.size()))]);
+    }
+    DecodeSet d;
+    d.qo = Tensor::from_vector(qo).to(Device::cuda(0));
+    d.indptr = Tensor::from_vector(ip).to(Device::cuda(0));
+    d.indices = Tensor::from_vector(ind).to(Device::cuda(0));
+    d.last = Tensor::from_vector(last).to(Device::cuda(0));
+    ds.push_back(d);
+  }
+  Tensor q = Tensor::empty({B, kHq, kD}, DType::bf16, Device::cuda(0));
+  fill_device_random(q, 3);
+  Tensor out = Tensor::empty({B, kHq, kD}, DType::bf16, Device::cuda(0));
+  Tensor lse = Tensor::empty({B, kHq}, DType::f32, Device::cuda(0));
+  struct Ctx {
+    ops::PagedAttentionArgs a;
+    std::vector<DecodeSet>* ds;
+  } ctx;
+  ctx.ds = &ds;
+  ctx.a.query = q;
+  ctx.a.k_cache = pool.k;
+  ctx.a.v_cache = pool.v;
+  ctx.a.out = out;
+  ctx.a.lse = lse;
+  const double us = k::time_median_us(
+      [](void* c, int i) {
+        auto* x = static_cast<Ctx*>(c);
+        const DecodeSet& d = (*x->ds)[static_cast<size_t>(i) % x->ds->size()];
+        x->a.qo_indptr = d.qo;
+        x->a.paged_kv_indptr = d.indptr;
+        x->a.paged_kv_indices = d.indices;
+        x->a.paged_kv_last_page_len = d.last;
+        ops::paged_attention(x->a);
+      },
+      &ctx, 10, quick ? 20 : 60);
+  Row r;
+  r.name = name;
+  r.us = us;
+  r.value = kv_bytes / (us * 1e-6) / 1e12;
+  r.unit = "TB/s";
+  r.target = target;
+  return r;
+}
+
+Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t L, bool causal,
+                  const std::string& target, bool quick) {
+  std::mt19937 rng(11);
+  const int64_t n = (L + kPage - 1) / kPage;
+  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
+  std::iota(perm.begin(), perm.end(), 1);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> qo(static_cast<size_t>(B + 1)), ip(static_cast<size_t>(B + 1)), last(static_cast<size_t>(B)), ind;
+  for (int64_t r = 0; r < B; ++r) {
+    qo[r + 1] = static_cast<int32_t>((r + 1) * L);
+    ip[r + 1] = static_cast<int32_t>((r + 1) * n);
+    last[r] = static_cast<int32_t>(L - (n - 1) * kPage);
+    for (int64_t i = 0; i < n; ++i) ind.push_back(perm[static_cast<size_t>(r * n + i)]);
+  }
+  Tensor q = Tensor::empty({B * L, kHq, kD}, DType::bf16, Device::cuda(0));
+  fill_device_random(q, 5);
+  Tensor out = Tensor::empty({B * L, kHq, kD}, DType::bf16, Device::cuda(0));
+  ops::PagedAttentionArgs a;
+  a.query = q;
+  a.k_cache = pool.k;
+  a.v_cache = pool.v;
+  a.out = out;
+  a.causal = causal;
+  a.qo_indptr = Tensor::from_vector(qo).to(Device::cuda(0));
+  a.paged_kv_indptr = Tensor::from_vector(ip).to(Device::cuda(0));
+  a.paged_kv_indices = Tensor::from_vector(ind).to(Device::cuda(0));
+  a.paged_kv_last_page_len = Tensor::from_vector(last).to(Device::cuda(0));
+  const double us = k::time_median_us([](void* c, int) { ops::paged_attention(*static_cast<ops::PagedAttentionArgs*>(c)); },
+                                      &a, 3, quick ? 5 : 20);
+  const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;
+  Row r;
+  r.name = name;
+  r.us = us;
+  r.value = 4.0 * kD * kHq * pairs * B / (us * 1e-6) / 1e12;
+  r.unit = "TFLOP/s";
+  r.target = target;
+  return r;
+}
+
+Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool quick) {
+  Tensor key = Tensor::empty({T, kHkv, kD}, DType::bf16, Device::cuda(0));
+  Tensor value = Tensor::empty({T, kHkv, kD}, DType::bf16, Device::cuda(0));
+  fill_device_random(key, 8);
+  fill_device_random(value, 9);
+  std::mt19937 rng(13);
+  const int sets = 8;
+  std::vector<int64_t> perm(static_cast<size_t>((pool.pages - 1) * kPage));
+  std::iota(perm.begin(), perm.end(), kPage);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<Tensor> slots;
+  for (int s = 0; s < sets; ++s) {
+    std::vector<int64_t> v(perm.begin() + s * T, perm.begin() + (s + 1) * T);
+    std::sort(v.begin(), v.end());  // new tokens land in consecutive slots of their pages
+    slots.push_back(Tensor::from_vector(v).to(Device::cuda(0)));
+  }
+  struct Ctx {
+    ops::ReshapeAndCacheArgs a;
+    std::vector<Tensor>* slots;
+  } ctx;
+  ctx.a.key = key;
+  ctx.a.value = value;
+  ctx.a.key_cache = pool.k;
+  ctx.a.value_cache = pool.v;
+  ctx.slots = &slots;
+  const double us = k::time_median_us(
+      [](void* c, int i) {
+        auto* x = static_cast<Ctx*>(c);
+        x->a.slot_mapping = (*x->slots)[static_cast<size_t>(i) % x->slots->size()];
+        ops::reshape_and_cache_flash(x->a);
+      },
+      &ctx, 10, quick ? 20 : 60);
+  Row r;
+  r.name = fmt::format("KV write (reshape_and_cache) {} tokens", T);
+  r.us = us;
+  r.value = 2.0 * 2 * T * kHkv * kD * 2 / (us * 1e-6) / 1e12;  // K+V read and written
+  r.unit = "TB/s";
+  r.target = target;
+  return r;
+}
+
+Row bench_merge(int64_t T, const std::string& target, bool quick) {
+  const int sets = 4;
+  struct Set { Tensor po, so, pl, sl, out; };
+  std::vector<Set> s;
+  for (int i = 0; i < sets; ++i) {
+    Set x;
+    x.po = Tensor::empty({T, kHq, kD}, DType::bf16, Device::cuda(0));
+    x.so = Tensor::empty({T, kHq, kD}, DType::bf16, Device::cuda(0));
+    x.out = Tensor::empty({T, kHq, kD}, DType::bf16, Device::cuda(0));
+    x.pl = Tensor::empty({kHq, T}, DType::f32, Device::cuda(0));
+    x.sl = Tensor::empty({kHq, T}, DType::f32, Device::cuda(0));
+    fill_device_random(x.po, 20 + i);
+    fill_device_random(x.so, 30 + i);
+    fill_device_random(x.pl, 40 + i);
+    fill_device_random(x.sl, 50 + i);
+    s.push_back(x);
+  }
+  const double us = k::time_median_us(
+      [](void* c, int i) {
+        auto* v = static_cast<std::vector<Set>*>(c);
+        const Set& x = (*v)[static_cast<size_t>(i) % v->size()];
+        ops::merge_attn_states(x.out, x.po, x.pl, x.so, x.sl);
+      },
+      &s, 10, quick ? 20 : 60);
+  Row r;
+  r.name = fmt::format("merge_attn_states {}x{}x{}", T, kHq, kD);
+  r.us = us;
+  r.value = (3.0 * T * kHq * kD * 2 + 2.0 * T * kHq * 4) / (us * 1e-6) / 1e12;
+  r.unit = "TB/s";
+  r.target = target;
+  return r;
+}
+
+int run(const Opts& o) {
+  if (!kvattn::cuda::available()) {
+    fmt::print(stderr, "bench-cuda: no CUDA device visible\n");
+    return 2;
+  }
+  fmt::print("kvattn bench-cuda on {} ({} SMs)\n", kvattn::cuda::device_name(0), kvattn::cuda::multiprocessor_count(0));
+  fmt::print("{:<44} {:>13} {:>9} {:<8} {}\n", "case", "median", "rate", "unit", "target");
+  Row copy{"ceiling: device copy 2 GiB (read+write)", 0, k::measure_copy_tbps(int64_t(2) << 30), "TB/s", "(anchor 4.23-4.25)"};
+  print_row(copy);
+  Row mma{"ceiling: mma.sync bf16 m16n8k16, registers", 0, k::measure_mma_tflops(), "TFLOP/s", "(cuBLAS 8192^3 ~790)"};
+  print_row(mma);
+  const bool all = o.only.empty();
+  if (o.batch > 0) {
+    Pool one = make_pool(std::max<int64_t>(o.batch * ((o.kv_len + kPage - 1) / kPage) * 2 + 1, 1024),
+                         o.fp8 ? DType::fp8_e4m3 : DType::bf16);
+    print_row(bench_decode(fmt::format("decode {} {}x{}", o.fp8 ? "fp8" : "bf16", o.batch, o.kv_len), one,
+                           std::vector<int64_t>(static_cast<size_t>(o.batch), o.kv_len),
+                           o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true));
+    return 0;
+  }
+  // pool: 140k pages of 64 KiB (bf16) = 9.2 GB
+  const int64_t pool_pages = o.quick ? 40000 : 140000;
+  Pool pool = make_pool(pool_pages, DType::bf16);
+  if (all || o.only == "decode") {
+    auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };
+    print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
+    print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
+    print_row(bench_decode("decode bf16 16x4096", pool, uni(16, 4096), DType::bf16, "(FI 3.4-3.5)", o.quick));
+    print_row(bench_decode("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s", o.quick));
+    print_row(bench_decode("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s", o.quick));
+    std::mt19937 rng(99);
+    std::uniform_int_distribution<int64_t> u(256, 8192);
+    std::vector<int64_t> mixed(128);
+    for (auto& x : mixed) x = u(rng);
+    print_row(bench_decode("decode bf16 128xU[256,8192]", pool, mixed, DType::bf16, ">= 4.2 TB/s", o.quick));
+    if (!o.quick || pool_pages >= 131072) {
+      const Row bf = bench_decode("decode bf16 256x8192", pool, uni(256, 8192), DType::bf16, "(FI 4.3-4.5)", o.quick);
+      print_row(bf);
+      pool = Pool{};
+      Pool p8 = make_pool(pool_pages, DType::fp8_e4m3);
+      Row f8 = bench_decode("decode fp8 e4m3 256x8192", p8, uni(256, 8192), DType::fp8_e4m3, ">= 1.6x bf16 speed", o.quick);
+      print_row(f8);
+      fmt::print("  fp8 speed-up over bf16 (time ratio): {:.2f}x (target >= 1.6x)\n", bf.us / f8.us);
+      p8 = Pool{};
+      pool = make_pool(pool_pages, DType::bf16);
+    }
+  }
+  if (all || o.only == "prefill") {
+    try {
+      print_row(bench_prefill("prefill causal bf16 8x2048", pool, 8, 2048, true, ">= 300 TFLOP/s", o.quick));
+      print_row(bench_prefill("prefill non-causal bf16 8x2048", pool, 8, 2048, false, "(FI FA2 331)", o.quick));
+      print_row(bench_prefill("prefill causal bf16 1x8192", pool, 1, 8192, true, "(FI FA2 304)", o.quick));
+    } catch (const std::exception& e) {
+      fmt::print("prefill: {}\n", e.what());
+    }
+  }
+  if (all || o.only == "write") {
+    print_row(bench_write(pool, 16384, ">= 3.4 TB/s", o.quick));
+    print_row(bench_write(pool, 256, "(FI ~4.7 us)", o.quick));
+  }
+  if (all || o.only == "merge") {
+    print_row(bench_merge(8192, ">= 3.8 TB/s", o.quick));
+    print_row(bench_merge(256, "(FI ~5 us floor)", o.quick));
+  }
+  return 0;
+}
+#endif
+
+std::function<int()> setup(CLI::App& app) {
+  auto o = std::make_shared<Opts>();
+  app.add_flag("--quick", o->quick, "fewer repetitions and a smaller pool");
+  app.add_option("--only", o->only, "decode, prefill, write or merge");
+  app.add_option("--batch", o->batch, "with --kv-len: time one decode shape only");
+  app.add_option("--kv-len", o->kv_len, "kv length of the --batch decode case");
+  app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");
+  return [o]() -> int {
+#if defined(KVATTN_WITH_CUDA)
+    return run(*o);
+#else
+    fmt::print(stderr, "bench-cuda: this build has no CUDA kernels (configure with -DKVATTN_CUDA=ON)\n");
+    return 2;
+#endif
+  };
+}
+
+const bool registered = register_command({"bench-cuda", "Benchmark the CUDA kernels against the H200 targets", &setup, 210});
+
+}  // namespace
+}  // namespace kvattn::tools
