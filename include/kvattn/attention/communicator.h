@@ -1,0 +1,69 @@
+// kvattn/attention/communicator.h — the decode-context-parallel (DCP) group and the
+// cross-rank combine of partial attention results (vLLM get_dcp_group(), cp_lse_ag_out_rs and
+// dcp_a2a_lse_reduce of vllm/v1/attention/ops/dcp.py).
+//
+// Under DCP every rank holds a token-interleaved shard of each request's KV.  A rank
+// all-gathers the query over heads ([T, H, D] -> [T, W*H, D]), attends over its local shard
+// with the W*H heads, returning (out, lse); the combine rescales every rank's partial output by
+// exp(lse_r - lse_global) and reduce-scatters over heads, so rank r ends with heads
+// [r*H, (r+1)*H) of the exact attention.
+//
+// `InProcessDcpGroup` simulates W ranks in one process: one thread per rank, collectives
+// rendezvous on a barrier.  Every rank of a group must call the same collectives in the same
+// order (as NCCL requires).
+#pragma once
+
+#include <barrier>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kvattn/core/tensor.h"
+
+namespace kvattn {
+
+class DcpCommunicator {
+ public:
+  virtual ~DcpCommunicator() = default;
+  virtual int64_t world_size() const = 0;
+  virtual int64_t rank() const = 0;
+  // Concatenation of every rank's `t` along `dim` (rank order).  Shapes must match.
+  virtual Tensor all_gather(const Tensor& t, int dim) = 0;
+  // Sum over ranks of `t`, then this rank's slice [rank*n/W, (rank+1)*n/W) along `dim`.
+  virtual Tensor reduce_scatter(const Tensor& t, int dim) = 0;
+  // Splits `t` along `dim` into W equal parts, sends part j to rank j; returns the W parts
+  // received stacked in a new leading dimension [W, ...] (rank order).
+  virtual Tensor all_to_all(const Tensor& t, int dim) = 0;
+};
+
+// W ranks in one process.  Create once, hand communicator(r) to the thread running rank r.
+class InProcessDcpGroup {
+ public:
+  explicit InProcessDcpGroup(int64_t world_size);
+  ~InProcessDcpGroup();
+  int64_t world_size() const noexcept { return world_size_; }
+  DcpCommunicator& communicator(int64_t rank);
+
+ private:
+  class Rank;
+  friend class Rank;
+  int64_t world_size_;
+  std::vector<Tensor> slots_;  // one contribution per rank (contiguous f32 copies)
+  std::barrier<> barrier_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Combines (vLLM's is_lse_base_on_e selects exp vs exp2 for the LSE).
+//   cp_attn_out [T, W*H, D] f32/f16/bf16: this rank's partial output over its shard
+//   cp_attn_lse [T, W*H] f32: its LSE (-inf for rows that saw no key)
+// Returns out [T, H, D] (dtype of cp_attn_out) = this rank's heads of the combined attention;
+// when lse_out is given it receives the combined LSE [T, H] f32 in the same base.
+Tensor cp_lse_ag_out_rs(const Tensor& cp_attn_out, const Tensor& cp_attn_lse, DcpCommunicator& group,
+                        bool is_lse_base_on_e, Tensor* lse_out = nullptr);
+// Same result through all-to-all (vLLM's "a2a" DCP communication backend).
+Tensor dcp_a2a_lse_reduce(const Tensor& cp_attn_out, const Tensor& cp_attn_lse, DcpCommunicator& group,
+                          bool is_lse_base_on_e, Tensor* lse_out = nullptr);
+
+}  // namespace kvattn

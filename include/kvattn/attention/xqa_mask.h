@@ -1,0 +1,68 @@
+// kvattn/attention/xqa_mask.h — packed draft-token masks for XQA speculative decode
+// (vllm-facts §7.8, seed 004 _pack_draft_block_bool_mask and kin).
+//
+// A mask row covers 32 * P key positions, P = ceil(max_q_len / 32).  Word w of a row holds
+// bit j = mask[32 w + j]; XQA reads the row as 2P uint16 halves (little-endian: low half
+// first).  kvattn stores the words as int32 [rows, P] (same bytes as vLLM's uint16 [rows, 2P]);
+// xqa_mask_u16 views them as halves.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvattn/core/tensor.h"
+
+namespace kvattn {
+
+// Packs a row-major bool mask [num_rows, 32 * num_packed] (one byte per entry, nonzero = true)
+// into int32 words [num_rows, num_packed].
+Tensor pack_draft_block_bool_mask(std::span<const uint8_t> bool_mask, int64_t num_rows,
+                                  int64_t num_packed);
+
+// Uniform request of q_len draft tokens: mask[qi, kj] = kj <= qi (causal) or kj < q_len.
+// Shape [q_len, ceil(q_len / 32)].
+Tensor make_xqa_draft_block_mask(int64_t q_len, bool causal);
+
+// Ragged batch: one row per draft token of every request; row of token qi of a request of
+// length L: mask[kj] = kj < L and (kj <= qi if causal).  Shape [sum(q_lens), ceil(max_q_len/32)].
+// Every q_len must be in [0, max_q_len].
+Tensor make_xqa_ragged_draft_block_mask(std::span<const int32_t> q_lens, int64_t max_q_len,
+                                        bool causal);
+
+// The mask's words as uint16 halves, row-major [rows, 2P] (host tensors only).
+std::span<const uint16_t> xqa_mask_u16(const Tensor& mask);
+
+// How the decode rows of a batch are described to XQA / trtllm-gen decode (seed 004
+// _compute_decode_query_lens): the query width per request, whether the device qo_indptr must
+// be passed (ragged / padded), and for XQA the per-request lengths of a ragged batch.
+struct DecodeQueryLens {
+  int64_t q_len_per_req = 1;
+  bool use_qo_indptr = false;              // pass qo_indptr[: num_decodes + 1]
+  std::optional<std::vector<int32_t>> ragged_q_lens;  // XQA ragged only
+};
+DecodeQueryLens compute_decode_query_lens(std::span<const int32_t> qo_indptr_cpu,
+                                          int64_t num_decodes, int64_t num_decode_tokens,
+                                          bool use_xqa);
+
+// Persistent uniform masks, one per (q_len, causal), expanded to max_num_reqs rows so their
+// address stays fixed for CUDA graphs; built on first use.
+class XqaDecodeMaskCache {
+ public:
+  explicit XqaDecodeMaskCache(int64_t max_num_reqs);
+  // The packed mask for this step's decodes: nullopt when q_len_per_req <= 1; the cached
+  // uniform mask's first num_decodes rows when ragged_q_lens is empty; else a fresh ragged mask.
+  std::optional<Tensor> get_decode_mask(int64_t q_len_per_req,
+                                        const std::optional<std::vector<int32_t>>& ragged_q_lens,
+                                        int64_t num_decodes, bool causal);
+  size_t num_cached() const noexcept { return cache_.size(); }
+
+ private:
+  int64_t max_num_reqs_;
+  std::map<std::pair<int64_t, bool>, Tensor> cache_;
+};
+
+}  // namespace kvattn
