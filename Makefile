@@ -26,7 +26,7 @@ build-asan: deps $(ASAN)/build.ninja
 	cmake --build $(ASAN) -j $(JOBS)
 
 run: build
-	$(RELEASE)/tools/kvattn plan --model llama3-8b --gpu-memory 16GiB
+	$(RELEASE)/tools/kvattn run
 
 test-release: build
 	ctest --test-dir $(RELEASE) -L 'unit|fuzz|cuda' --output-on-failure -j $(JOBS)

@@ -84,7 +84,7 @@ void ModelConfig::validate() const {
 // ---------------------------------------------------------------------------------------
 // Presets
 
-std::vector<std::string> model_preset_names() { return {"llama3-8b", "gemma2-9b", "hybrid-mamba"}; }
+std::vector<std::string> model_preset_names() { return {"llama3-8b", "gemma2-9b", "hybrid-mamba", "tiny-llama", "tiny-gemma2"}; }
 
 ModelConfig model_preset(std::string_view name) {
   ModelConfig m;
@@ -98,6 +98,25 @@ ModelConfig model_preset(std::string_view name) {
     m.head_dim = 128;
     m.max_model_len = 8192;
     m.layer_kinds.assign(32, ModelLayerKind::full_attention);
+  } else if (name == "tiny-llama") {
+    // A Llama-shaped model small enough to serve a trace on a 2-core CPU in seconds (the
+    // default model of `kvattn run`): 4 layers, GQA 8/2, head 64.
+    m.num_hidden_layers = 4;
+    m.num_attention_heads = 8;
+    m.num_key_value_heads = 2;
+    m.head_dim = 64;
+    m.max_model_len = 4096;
+    m.layer_kinds.assign(4, ModelLayerKind::full_attention);
+  } else if (name == "tiny-gemma2") {
+    // A Gemma-2-shaped miniature: 4 layers alternating sliding window (512) and full.
+    m.num_hidden_layers = 4;
+    m.num_attention_heads = 8;
+    m.num_key_value_heads = 4;
+    m.head_dim = 64;
+    m.max_model_len = 4096;
+    m.sliding_window = 512;
+    for (int i = 0; i < 4; ++i)
+      m.layer_kinds.push_back(i % 2 == 0 ? ModelLayerKind::sliding_window : ModelLayerKind::full_attention);
   } else if (name == "gemma2-9b") {
     // Gemma-2-9B: 42 layers alternating sliding window (even layers, 4096) and full.
     m.num_hidden_layers = 42;

@@ -1,0 +1,101 @@
+// kvattn/engine/runner.h — `kvattn run`: a serving trace driven through the whole attention
+// layer, step after step.
+//
+// Setup: model geometry -> KV cache plan (the `kvattn plan` logic) -> allocate_kv_cache ->
+// per attention group: the native backend's AttentionGroupBuilders and impls, the reference
+// backend's (the oracle), an InputBatch and a BatchPreparer -> KVBlockZeroer.
+// Each step: Scheduler::schedule -> zero the new blocks -> InputBatch update and reorder ->
+// CommonAttentionMetadata (BatchPreparer) -> native build() -> for every layer: deterministic
+// pseudo-random Q/K/V for the step's tokens, do_kv_cache_update, forward -> on the sampled
+// layer (one per checked step, rotating) the reference backend recomputes every request's
+// last query tokens from the same cache and the outputs are compared; a mismatch stops the
+// run (RunMismatch) with a report.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvattn/core/device.h"
+#include "kvattn/core/error.h"
+#include "kvattn/engine/trace.h"
+
+namespace kvattn::engine {
+
+struct RunConfig {
+  std::string model = "tiny-llama";     // preset name or config.json path
+  std::optional<int64_t> num_layers;    // serve only the first N layers of the model
+  Device device = Device::cpu();
+  std::string layout = "auto";
+  std::optional<int64_t> block_size;   // default: the plan's (16; larger for hybrid models)
+  std::string kv_cache_dtype = "auto";
+  int32_t max_num_seqs = 32;
+  int32_t max_num_batched_tokens = 1024;
+  std::optional<int64_t> max_model_len;
+  int64_t gpu_memory = 16LL << 20;      // bytes for the KV cache
+  std::string backend = "FLASHINFER";
+  // "rule": FlashAttention's use_cascade_attention decides (vllm-facts §7.4);
+  // "backend": the backend's own hook (vLLM's FlashInfer backend never cascades); "off".
+  std::string cascade = "rule";
+  bool prefix_sharing = true;
+  int32_t check_every = 1;              // check one layer every N steps (0: never)
+  uint64_t seed = 1;
+  // Test hook: add 1.0 to one native output element at this step, so the reference check must
+  // fail (-1: off).
+  int64_t corrupt_output_at_step = -1;
+};
+
+struct StepTiming {
+  double host_us = 0;       // schedule + batch update/reorder + metadata + build
+  double attention_us = 0;  // KV-cache writes + forwards, all layers
+  int32_t tokens = 0;
+};
+
+struct RunStats {
+  std::string model;
+  std::string device;
+  std::string layout;
+  std::string kv_cache_dtype;
+  std::string backend;
+  int64_t num_layers = 0;
+  int64_t num_requests = 0;
+  int64_t trace_errors = 0;
+  int64_t steps = 0;
+  int64_t prefill_tokens = 0;
+  int64_t decode_tokens = 0;
+  int64_t output_tokens = 0;
+  int64_t num_blocks = 0;        // physical blocks in the KV cache
+  int64_t peak_blocks_used = 0;  // physical
+  int64_t preemptions = 0;
+  int64_t cascade_steps = 0;
+  int64_t checks_passed = 0;
+  int64_t checked_tokens = 0;    // query tokens recomputed by the reference
+  double max_check_error = 0;
+  double wall_s = 0;
+  std::vector<StepTiming> timings;
+  bool all_outputs_correct = false;  // every request produced exactly output_len tokens
+};
+
+// Progress after each step: requests finished, tokens so far, KV blocks used / total.
+struct RunProgress {
+  int64_t step = 0;
+  int64_t finished = 0;
+  int64_t total = 0;
+  int64_t tokens = 0;
+  double elapsed_s = 0;
+  int64_t blocks_used = 0;
+  int64_t blocks_total = 0;
+};
+
+// Thrown when the native backend disagrees with the reference: what, where, by how much.
+class RunMismatch : public InternalError {
+ public:
+  using InternalError::InternalError;
+};
+
+RunStats run_trace(const RunConfig& config, const Trace& trace,
+                   const std::function<void(const RunProgress&)>& on_step = {});
+
+}  // namespace kvattn::engine

@@ -1,0 +1,595 @@
+#include "kvattn/engine/runner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <numeric>
+
+#include "kvattn/attention/attention_group_builders.h"
+#include "kvattn/attention/backend_registry.h"
+#include "kvattn/attention/native_backend.h"
+#include "kvattn/attention/paged_kv_metadata.h"
+#include "kvattn/batch/batch_preparer.h"
+#include "kvattn/batch/input_batch.h"
+#include "kvattn/core/cuda_runtime_api.h"
+#include "kvattn/engine/scheduler.h"
+#include "kvattn/kv/allocate.h"
+#include "kvattn/kv/block_size.h"
+#include "kvattn/kv/kv_block_zeroer.h"
+#include "kvattn/kv/model_config.h"
+
+namespace kvattn::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// Deterministic pseudo-random value in (-1, 1) for one element (splitmix64 of its key).
+inline float synth_value(uint64_t key) {
+  key += 0x9e3779b97f4a7c15ULL;
+  key = (key ^ (key >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  key = (key ^ (key >> 27)) * 0x94d049bb133111ebULL;
+  key ^= key >> 31;
+  return static_cast<float>(static_cast<double>(key >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+double tolerance_for(DType model_dtype, DType kv_dtype) {
+  double t = model_dtype == DType::f32 ? 1e-4 : (model_dtype == DType::f16 ? 5e-3 : 3e-2);
+  if (dtype_is_fp8(kv_dtype)) t = std::max(t, 3e-2);
+  return t;
+}
+
+// Physical block id of scheduler block `b` in attention group `g` of `G`: the scheduler hands
+// out one id per logical block; each group gets its own disjoint id (groups may overlay the
+// same memory, so they must never share a block id).  Block 0 stays the null block.
+inline int32_t physical_block(int32_t b, int32_t g, int32_t G) { return b == 0 ? 0 : 1 + (b - 1) * G + g; }
+
+struct LayerState {
+  std::string name;
+  int64_t model_index = 0;
+  bool sliding = false;
+  AttentionLayer native;
+  AttentionLayer reference;
+  Tensor kv_cache;  // the layer's [B, H, N, C] view
+};
+
+struct GroupState {
+  std::shared_ptr<const AttentionSpec> spec;
+  std::vector<size_t> layers;  // indices into Runner::layers_
+  std::unique_ptr<AttentionGroupBuilders> native;
+  std::unique_ptr<AttentionGroupBuilders> reference;
+  std::unique_ptr<InputBatch> batch;
+  std::unique_ptr<BatchPreparer> preparer;  // on the run's device
+  // The correctness sample: every request's last (up to kCheckTokensPerRequest) query tokens
+  // of the step, as a batch of their own, prepared on the host for the reference backend.
+  std::unique_ptr<InputBatch> sample_batch;
+  std::unique_ptr<BatchPreparer> sample_preparer;
+};
+
+// Query tokens per request the reference recomputes at a check: the whole step for decodes,
+// the last tokens of a prefill chunk (causal attention makes them independent of the rest).
+constexpr int32_t kCheckTokensPerRequest = 16;
+
+class Runner {
+ public:
+  Runner(const RunConfig& cfg, const Trace& trace) : cfg_(cfg), trace_(trace) {}
+
+  RunStats run(const std::function<void(const RunProgress&)>& on_step);
+
+ private:
+  void setup();
+  void update_batches(const SchedulerOutput& out);
+  int64_t common_prefix_len(const GroupState& g) const;
+  void make_qkv(const LayerState& layer, const InputBatch& batch, int64_t num_tokens);
+  void check_layer(GroupState& g, LayerState& layer, const CommonAttentionMetadata& cm, int64_t step);
+
+  RunConfig cfg_;
+  const Trace& trace_;
+  ModelConfig model_;
+  KVPlan plan_;
+  KVCacheViews views_;
+  BackendConfig native_cfg_, ref_cfg_;
+  LayerRegistry native_registry_, ref_registry_;
+  std::vector<LayerState> layers_;
+  std::vector<GroupState> groups_;
+  std::unique_ptr<KVBlockZeroer> zeroer_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<int64_t> row_of_req_;  // request id -> row in every group's batch, -1 = absent
+  int32_t reorder_threshold_ = 1;
+  DType kv_dtype_ = DType::bf16;
+  RunStats stats_;
+  // Step tensors (host, reused every step) and their device twins.
+  std::vector<float> qf_, kf_, vf_;
+  Tensor q_host_, k_host_, v_host_, out_;
+  std::vector<int32_t> zero_ids_;
+};
+
+void Runner::setup() {
+  model_ = load_model_config(cfg_.model);
+  if (cfg_.num_layers) {
+    KVATTN_CHECK(*cfg_.num_layers >= 1 && *cfg_.num_layers <= model_.num_hidden_layers,
+                 "--num-layers {} is outside [1, {}] for model {}", *cfg_.num_layers, model_.num_hidden_layers,
+                 model_.name);
+    model_.num_hidden_layers = *cfg_.num_layers;
+    model_.layer_kinds.resize(static_cast<size_t>(*cfg_.num_layers));
+    if (model_.num_layers_of(ModelLayerKind::mamba) == 0) model_.mamba.reset();
+  }
+  PlanOptions po;
+  po.block_size = cfg_.block_size;
+  po.kv_cache_dtype = cfg_.kv_cache_dtype;
+  po.layout = cfg_.layout;
+  po.gpu_memory = cfg_.gpu_memory;
+  po.max_model_len = cfg_.max_model_len;
+  po.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+  plan_ = plan_kv_cache(model_, po);
+  kv_dtype_ = plan_.kv_dtype;
+  const Device dev = cfg_.device;
+
+  // ---- backend configuration (shared by every group) ----------------------------------
+  BackendConfig bc;
+  bc.platform.device = dev;
+  if (dev.is_cuda()) {
+    const int cc = cuda::compute_capability(dev.index);
+    bc.platform.capability = DeviceCapability{cc / 10, cc % 10};
+    bc.num_sms = cuda::multiprocessor_count(dev.index);
+  } else {
+    bc.num_sms = 8;
+  }
+  bc.model_dtype = model_.dtype;
+  bc.num_attention_heads = model_.num_attention_heads;
+  bc.num_kv_heads = model_.num_key_value_heads;
+  bc.head_size = model_.head_dim;
+  bc.max_model_len = plan_.model.max_model_len;
+  bc.max_num_seqs = cfg_.max_num_seqs;
+  bc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+  bc.cache_dtype = cfg_.kv_cache_dtype;
+  bc.cache_config.kv_cache_layout = layout_name(plan_.layout);
+  bc.flashinfer_workspace_buffer_size = 0;
+  native_cfg_ = bc;
+  native_cfg_.layers = &native_registry_;
+  ref_cfg_ = bc;
+  ref_cfg_.platform.device = Device::cpu();
+  ref_cfg_.platform.capability.reset();
+  ref_cfg_.layers = &ref_registry_;
+  AttentionBackendPtr native_backend = AttentionBackendRegistry::global().get(cfg_.backend);
+  AttentionBackendPtr ref_backend = AttentionBackendRegistry::global().get("REFERENCE");
+
+  // Kernel block size per group: the manager's when the backend takes it, else the largest
+  // size it takes that divides it (virtual block splitting, vLLM's select_common_block_size).
+  const BlockSizeBackend bsb = native_backend->block_size_backend(native_cfg_);
+  std::vector<int64_t> kernel_block_sizes;
+  for (const auto& gs : plan_.config.kv_cache_groups) {
+    const KVCacheSpec* spec = gs.kv_cache_spec.get();
+    kernel_block_sizes.push_back(as_attention_spec(plan_.config.layer_spec(gs.layer_names.front()))
+                                     ? select_common_block_size(spec->block_size(), {&bsb}, {spec})
+                                     : spec->block_size());
+  }
+  views_ = allocate_kv_cache(plan_.config, dev, plan_.layout, kernel_block_sizes);
+
+  // ---- layers ------------------------------------------------------------------------
+  const double scale = 1.0 / std::sqrt(static_cast<double>(model_.head_dim));
+  layers_.reserve(plan_.layer_specs.size());
+  for (size_t i = 0; i < plan_.layer_specs.size(); ++i) {
+    const auto& ls = plan_.layer_specs[i];
+    if (as_attention_spec(ls.spec) == nullptr) continue;  // Mamba layers: no attention to run
+    LayerState st;
+    st.name = ls.layer_name;
+    st.model_index = static_cast<int64_t>(i);
+    st.sliding = model_.layer_kinds[i] == ModelLayerKind::sliding_window;
+    st.kv_cache = views_.at(ls.layer_name);
+    layers_.push_back(std::move(st));
+  }
+  KVATTN_CHECK(!layers_.empty(), "model {} has no attention layers to serve", model_.name);
+  for (auto& st : layers_) {
+    AttentionImplParams p;
+    p.num_heads = model_.num_attention_heads;
+    p.head_size = model_.head_dim;
+    p.scale = scale;
+    p.num_kv_heads = model_.num_key_value_heads;
+    if (st.sliding) p.sliding_window = model_.sliding_window;
+    p.kv_cache_dtype = cfg_.kv_cache_dtype;
+    auto ni = native_backend->make_impl(p, native_cfg_);
+    ni->process_weights_after_loading(model_.dtype);
+    st.native = AttentionLayer::make(st.name, ni, dev);
+    auto ri = ref_backend->make_impl(p, ref_cfg_);
+    ri->process_weights_after_loading(model_.dtype);
+    st.reference = AttentionLayer::make(st.name, ri, Device::cpu());
+  }
+  for (auto& st : layers_) {
+    native_registry_.add(&st.native);
+    ref_registry_.add(&st.reference);
+  }
+
+  // ---- groups ------------------------------------------------------------------------
+  std::vector<AttentionGroup> kv_groups;
+  const auto& cfg_groups = plan_.config.kv_cache_groups;
+  for (size_t gi = 0; gi < cfg_groups.size(); ++gi) {
+    const auto& gs = cfg_groups[gi];
+    GroupState g;
+    for (const auto& name : gs.layer_names) {
+      auto it = std::find_if(layers_.begin(), layers_.end(), [&](const LayerState& l) { return l.name == name; });
+      if (it != layers_.end()) g.layers.push_back(static_cast<size_t>(it - layers_.begin()));
+    }
+    if (g.layers.empty()) continue;
+    // The group's spec (a UniformTypeKVCacheSpecs wraps per-layer specs: take the first).
+    KVCacheSpecPtr first_spec = plan_.config.layer_spec(gs.layer_names.front());
+    g.spec = std::shared_ptr<const AttentionSpec>(first_spec, as_attention_spec(first_spec));
+    std::vector<std::string> names;
+    for (size_t l : g.layers) names.push_back(layers_[l].name);
+    g.native = std::make_unique<AttentionGroupBuilders>(native_backend, names, gs.kv_cache_spec,
+                                                        static_cast<int64_t>(gi), native_cfg_);
+    g.native->create_metadata_builders(kernel_block_sizes[gi], 1);
+    g.reference = std::make_unique<AttentionGroupBuilders>(ref_backend, names, gs.kv_cache_spec,
+                                                           static_cast<int64_t>(gi), ref_cfg_);
+    g.reference->create_metadata_builders(kernel_block_sizes[gi], 1);
+    kv_groups.push_back(g.native->kv_group());
+    reorder_threshold_ = static_cast<int32_t>(
+        std::max<int64_t>(reorder_threshold_, g.native->get_metadata_builder().reorder_batch_threshold().value_or(1)));
+    // InputBatch rows hold manager blocks; the group maps them to kernel blocks at build time.
+    const int64_t width = g.native->block_table_width() * kernel_block_sizes[gi] / g.spec->block_size();
+    g.batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
+    BatchPreparerConfig pc;
+    pc.max_num_reqs = cfg_.max_num_seqs;
+    pc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+    pc.max_model_len = plan_.model.max_model_len;
+    pc.block_size = g.spec->block_size();
+    pc.num_blocks = plan_.config.num_blocks;
+    pc.device = dev;
+    g.preparer = std::make_unique<BatchPreparer>(pc);
+    g.sample_batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
+    pc.device = Device::cpu();
+    g.sample_preparer = std::make_unique<BatchPreparer>(pc);
+    groups_.push_back(std::move(g));
+  }
+  zeroer_ = std::make_unique<KVBlockZeroer>(dev, kv_groups, kernel_block_sizes, views_, plan_.config.num_blocks);
+
+  // ---- scheduler: one logical block = one physical block per group --------------------
+  const int32_t G = static_cast<int32_t>(groups_.size());
+  const int32_t logical_blocks = static_cast<int32_t>(1 + (plan_.config.num_blocks - 1) / G);
+  SchedulerConfig sc;
+  sc.block_size = static_cast<int32_t>(plan_.block_size);
+  sc.max_num_seqs = cfg_.max_num_seqs;
+  sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+  sc.max_model_len = plan_.model.max_model_len;
+  sc.enable_prefix_sharing = cfg_.prefix_sharing;
+  scheduler_ = std::make_unique<Scheduler>(sc, logical_blocks, trace_.requests);
+  row_of_req_.assign(trace_.requests.size(), -1);
+
+  // ---- step buffers -------------------------------------------------------------------
+  const int64_t T = cfg_.max_num_batched_tokens, Hq = model_.num_attention_heads,
+                Hk = model_.num_key_value_heads, D = model_.head_dim;
+  q_host_ = Tensor::empty({T, Hq, D}, model_.dtype);
+  k_host_ = Tensor::empty({T, Hk, D}, model_.dtype);
+  v_host_ = Tensor::empty({T, Hk, D}, model_.dtype);
+  out_ = Tensor::empty({T, Hq, D}, model_.dtype, dev);
+  qf_.resize(static_cast<size_t>(T * Hq * D));
+  kf_.resize(static_cast<size_t>(T * Hk * D));
+  vf_.resize(kf_.size());
+
+  stats_.model = model_.name;
+  stats_.device = dev.str();
+  stats_.layout = layout_name(plan_.layout);
+  stats_.kv_cache_dtype = dtype_name(kv_dtype_);
+  stats_.backend = cfg_.backend;
+  stats_.num_layers = static_cast<int64_t>(layers_.size());
+  stats_.num_requests = static_cast<int64_t>(trace_.requests.size());
+  stats_.trace_errors = static_cast<int64_t>(trace_.errors.size());
+  stats_.num_blocks = plan_.config.num_blocks;
+}
+
+// Brings every group's InputBatch in line with the scheduler's decisions: rows of requests
+// not scheduled this step leave, new ones join, the rest advance and gain their new blocks.
+void Runner::update_batches(const SchedulerOutput& out) {
+  const int32_t G = static_cast<int32_t>(groups_.size());
+  std::vector<char> scheduled(row_of_req_.size(), 0);
+  for (const auto& s : out.scheduled) scheduled[static_cast<size_t>(s.request_id)] = 1;
+  InputBatch& b0 = *groups_[0].batch;
+  for (int64_t row = b0.num_reqs() - 1; row >= 0; --row) {
+    const int64_t id = std::stoll(b0.req_id(row));
+    if (scheduled[static_cast<size_t>(id)]) continue;
+    const int64_t last = b0.num_reqs() - 1;
+    if (row != last) row_of_req_[static_cast<size_t>(std::stoll(b0.req_id(last)))] = row;
+    for (auto& g : groups_) g.batch->remove_request(row);
+    row_of_req_[static_cast<size_t>(id)] = -1;
+  }
+  std::vector<int32_t> ids;
+  for (const auto& s : out.scheduled) {
+    const EngineRequest& r = scheduler_->request(s.request_id);
+    int64_t& row = row_of_req_[static_cast<size_t>(s.request_id)];
+    for (int32_t gi = 0; gi < G; ++gi) {
+      InputBatch& b = *groups_[static_cast<size_t>(gi)].batch;
+      if (row < 0) {
+        kvattn::RequestState rs;
+        rs.req_id = std::to_string(s.request_id);
+        rs.num_prompt_tokens = r.spec.prompt_len;
+        rs.num_computed_tokens = s.num_computed_before;
+        rs.num_scheduled_tokens = s.num_new_tokens;
+        for (int32_t blk : r.block_ids) rs.block_ids.push_back(physical_block(blk, gi, G));
+        const int64_t added = b.add_request(rs);
+        if (gi == G - 1) row = added;
+      } else {
+        b.num_computed_tokens_cpu()[static_cast<size_t>(row)] = s.num_computed_before;
+        b.num_scheduled_tokens()[static_cast<size_t>(row)] = s.num_new_tokens;
+        const int32_t have = b.num_blocks_per_row()[static_cast<size_t>(row)];
+        ids.clear();
+        for (size_t i = static_cast<size_t>(have); i < r.block_ids.size(); ++i)
+          ids.push_back(physical_block(r.block_ids[i], gi, G));
+        if (!ids.empty()) b.append_block_ids(row, ids);
+      }
+    }
+  }
+  // Reorder decode -> short extend -> long extend -> prefill; every group's batch holds the
+  // same rows with the same counts, so each reorder applies the same permutation.
+  for (auto& g : groups_) reorder_batch_to_split_decodes_and_prefills(*g.batch, reorder_threshold_);
+  for (int64_t row = 0; row < b0.num_reqs(); ++row) row_of_req_[static_cast<size_t>(std::stoll(b0.req_id(row)))] = row;
+}
+
+// Tokens every request of the batch shares as leading blocks (vLLM's common prefix), limited
+// to what every request has already computed, in whole blocks.
+int64_t Runner::common_prefix_len(const GroupState& g) const {
+  const InputBatch& b = *g.batch;
+  const int64_t n = b.num_reqs();
+  if (n < 2) return 0;
+  int64_t common = b.num_blocks_per_row()[0];
+  int64_t min_computed = b.num_computed_tokens_cpu()[0];
+  const auto row0 = b.block_row(0);
+  for (int64_t r = 1; r < n; ++r) {
+    const auto row = b.block_row(r);
+    int64_t k = 0;
+    const int64_t lim = std::min<int64_t>(common, b.num_blocks_per_row()[static_cast<size_t>(r)]);
+    while (k < lim && row[static_cast<size_t>(k)] == row0[static_cast<size_t>(k)]) ++k;
+    common = k;
+    min_computed = std::min<int64_t>(min_computed, b.num_computed_tokens_cpu()[static_cast<size_t>(r)]);
+    if (common == 0) return 0;
+  }
+  const int64_t bs = g.spec->block_size();
+  return std::min(common * bs, (min_computed / bs) * bs);
+}
+
+// Q/K/V of this step's tokens for one layer, in the batch's row order: each element is a
+// hash of (seed, layer, request — or its shared prefix for prefix tokens —, position, index).
+void Runner::make_qkv(const LayerState& layer, const InputBatch& batch, int64_t num_tokens) {
+  const int64_t Hq = model_.num_attention_heads, Hk = model_.num_key_value_heads, D = model_.head_dim;
+  int64_t t = 0;
+  for (int64_t row = 0; row < batch.num_reqs(); ++row) {
+    const int64_t id = std::stoll(batch.req_id(row));
+    const EngineRequest& r = scheduler_->request(id);
+    const int32_t start = batch.num_computed_tokens_cpu()[static_cast<size_t>(row)];
+    const int32_t n = batch.num_scheduled_tokens()[static_cast<size_t>(row)];
+    for (int32_t i = 0; i < n; ++i, ++t) {
+      const int64_t pos = start + i;
+      const bool in_prefix = r.spec.shared_prefix_id >= 0 && pos < r.spec.shared_prefix_len;
+      const uint64_t owner = in_prefix ? (1ULL << 40) + static_cast<uint64_t>(r.spec.shared_prefix_id)
+                                       : static_cast<uint64_t>(id);
+      const uint64_t base = (cfg_.seed * 0x100000001b3ULL) ^ (static_cast<uint64_t>(layer.model_index) << 56) ^
+                            (owner << 20) ^ (static_cast<uint64_t>(pos) * 0x9e3779b1ULL);
+      for (int64_t e = 0; e < Hq * D; ++e) qf_[static_cast<size_t>(t * Hq * D + e)] = synth_value(base ^ (uint64_t(e) << 1));
+      for (int64_t e = 0; e < Hk * D; ++e) {
+        kf_[static_cast<size_t>(t * Hk * D + e)] = synth_value(base ^ ((uint64_t(e) << 1) | 1) ^ 0x5555ULL);
+        vf_[static_cast<size_t>(t * Hk * D + e)] = synth_value(base ^ ((uint64_t(e) << 1) | 1) ^ 0xaaaaULL);
+      }
+    }
+  }
+  KVATTN_ASSERT(t == num_tokens, "token count {} != {}", t, num_tokens);
+  auto store = [&](const std::vector<float>& src, Tensor& dst, int64_t count) {
+    Tensor f = Tensor::from_blob(const_cast<float*>(src.data()), {count}, DType::f32);
+    dst.view({-1}).narrow(0, 0, count).copy_from(f);
+  };
+  store(qf_, q_host_, t * Hq * D);
+  store(kf_, k_host_, t * Hk * D);
+  store(vf_, v_host_, t * Hk * D);
+}
+
+// Recomputes a sample of this step's outputs of one layer with the reference backend, from
+// the same (already updated) cache, and compares.  The sample is every request's last
+// kCheckTokensPerRequest query tokens: a request whose chunk starts at c with n tokens
+// becomes a sample row with c + n - m computed and m scheduled tokens.
+void Runner::check_layer(GroupState& g, LayerState& layer, const CommonAttentionMetadata& cm, int64_t step) {
+  const InputBatch& b = *g.batch;
+  InputBatch& sb = *g.sample_batch;
+  sb.clear();
+  std::vector<int64_t> native_rows;  // native token row of each sample token
+  std::vector<int32_t> qsl(static_cast<size_t>(b.num_reqs() + 1), 0);
+  cm.naive_query_lens(std::span<int32_t>(qsl.data() + 1, static_cast<size_t>(b.num_reqs())));
+  for (size_t r = 0; r < static_cast<size_t>(b.num_reqs()); ++r) qsl[r + 1] += qsl[r];
+  for (int64_t row = 0; row < b.num_reqs(); ++row) {
+    const int32_t c = b.num_computed_tokens_cpu()[static_cast<size_t>(row)];
+    const int32_t n = b.num_scheduled_tokens()[static_cast<size_t>(row)];
+    const int32_t m = std::min(n, kCheckTokensPerRequest);
+    if (m == 0) continue;
+    kvattn::RequestState rs;
+    rs.req_id = b.req_id(row);
+    rs.num_prompt_tokens = b.num_prompt_tokens()[static_cast<size_t>(row)];
+    rs.num_computed_tokens = c + n - m;
+    rs.num_scheduled_tokens = m;
+    const auto blocks = b.block_row(row);
+    rs.block_ids.assign(blocks.begin(), blocks.begin() + b.num_blocks_per_row()[static_cast<size_t>(row)]);
+    sb.add_request(rs);
+    for (int32_t i = n - m; i < n; ++i) native_rows.push_back(qsl[static_cast<size_t>(row)] + i);
+  }
+  const int64_t Ts = static_cast<int64_t>(native_rows.size());
+  const CommonAttentionMetadata& cm_s = g.sample_preparer->prepare(sb);
+  const AttentionMetadata& md_ref = g.reference->build_metadata(cm_s);
+  Tensor kv_cpu = layer.kv_cache;
+  if (!layer.kv_cache.device().is_cpu()) {
+    // The reference reads the cache on the host: copy the backing allocation and rebuild the
+    // same strided view over the copy.
+    const auto& st = layer.kv_cache.storage();
+    auto host = Buffer::allocate(st->size(), Device::cpu());
+    cuda::memcpy(host->data(), st->data(), st->size());
+    kv_cpu = Tensor::from_buffer(host, layer.kv_cache.byte_offset(), layer.kv_cache.shape(), layer.kv_cache.strides(),
+                                 layer.kv_cache.dtype());
+  }
+  const int64_t Hq = model_.num_attention_heads, Hk = model_.num_key_value_heads, D = model_.head_dim;
+  Tensor qs = Tensor::empty({Ts, Hq, D}, model_.dtype), ks = Tensor::empty({Ts, Hk, D}, model_.dtype),
+         vs = Tensor::empty({Ts, Hk, D}, model_.dtype);
+  Tensor got_all = out_.narrow(0, 0, cm.num_actual_tokens);
+  if (!got_all.device().is_cpu()) got_all = got_all.to(Device::cpu());
+  Tensor got = Tensor::empty({Ts, Hq, D}, model_.dtype);
+  for (int64_t i = 0; i < Ts; ++i) {
+    const int64_t t = native_rows[static_cast<size_t>(i)];
+    qs.select(0, i).copy_from(q_host_.select(0, t));
+    ks.select(0, i).copy_from(k_host_.select(0, t));
+    vs.select(0, i).copy_from(v_host_.select(0, t));
+    got.select(0, i).copy_from(got_all.select(0, t));
+  }
+  if (step == cfg_.corrupt_output_at_step && Ts > 0) got.set({Ts - 1, 0, 0}, got.get({Ts - 1, 0, 0}) + 1.0);
+  Tensor ref_out = Tensor::empty({Ts, Hq, D}, model_.dtype);
+  layer.reference.impl->forward(layer.reference, qs, ks, vs, kv_cpu, &md_ref, ref_out);
+  const auto a = got.to_double_vector(), r = ref_out.to_double_vector();
+  const double tol = tolerance_for(model_.dtype, kv_dtype_);
+  double max_err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(a[i] - r[i]);
+    if (!(e <= max_err)) {  // NaN-propagating
+      max_err = e;
+      worst = i;
+    }
+  }
+  stats_.max_check_error = std::max(stats_.max_check_error, max_err);
+  stats_.checked_tokens += Ts;
+  if (!(max_err <= tol)) {
+    const int64_t per_token = Hq * D;
+    const int64_t tok = native_rows[worst / static_cast<size_t>(per_token)];
+    const int64_t head = (static_cast<int64_t>(worst) % per_token) / D;
+    throw RunMismatch(fmt::format(
+        "step {}: layer {} (layout {}): the native backend's output differs from the reference by {:.3g} "
+        "(tolerance {:.3g}) at token row {}, head {}: native {:.6g}, reference {:.6g}. Rerun with the same trace "
+        "and --check-every 1 to reproduce; --backend REFERENCE isolates the native kernels",
+        step, layer.name, layout_name(plan_.layout), max_err, tol, tok, head, a[worst], r[worst]));
+  }
+  ++stats_.checks_passed;
+}
+
+RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
+  setup();
+  const Device dev = cfg_.device;
+  const int32_t G = static_cast<int32_t>(groups_.size());
+  const auto t_start = Clock::now();
+  int64_t step = 0, finished = 0, tokens = 0;
+  while (!scheduler_->all_finished()) {
+    StepTiming timing;
+    auto t0 = Clock::now();
+    SchedulerOutput out = scheduler_->schedule(step);
+    timing.host_us += us_since(t0);
+    if (out.scheduled.empty()) {  // nothing runnable yet (waiting for arrivals)
+      ++step;
+      continue;
+    }
+    // New blocks are zeroed before this step writes them (every group's copy); device work,
+    // counted with the attention time.
+    zero_ids_.clear();
+    for (int32_t b : out.new_block_ids)
+      for (int32_t gi = 0; gi < G; ++gi) zero_ids_.push_back(physical_block(b, gi, G));
+    auto tz = Clock::now();
+    zeroer_->zero_block_ids(zero_ids_);
+    timing.attention_us += us_since(tz);
+    auto tu = Clock::now();
+    update_batches(out);
+    timing.host_us += us_since(tu);
+    timing.tokens = out.total_tokens;
+    for (const auto& s : out.scheduled) {
+      const auto& r = scheduler_->request(s.request_id);
+      const int32_t prompt_part =
+          std::max(0, std::min(s.num_computed_before + s.num_new_tokens, r.spec.prompt_len) - s.num_computed_before);
+      stats_.prefill_tokens += prompt_part;
+      stats_.decode_tokens += s.num_new_tokens - prompt_part;
+    }
+    const bool check_step = cfg_.check_every > 0 && step % cfg_.check_every == 0;
+    bool step_cascade = false;
+    for (auto& g : groups_) {
+      auto tb = Clock::now();
+      const CommonAttentionMetadata& cm = g.preparer->prepare(*g.batch);
+      int64_t cpl = 0;
+      if (cfg_.cascade != "off") {
+        const int64_t candidate = common_prefix_len(g);
+        if (candidate > 0) {
+          std::vector<int32_t> qlens(static_cast<size_t>(cm.num_reqs));
+          cm.naive_query_lens(qlens);
+          bool use = false;
+          if (cfg_.cascade == "rule") {
+            CascadeAttentionQuery q{candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads,
+                                    false, g.spec->sliding_window().has_value(), false, native_cfg_.num_sms, 1};
+            use = use_cascade_attention(q);
+          } else {
+            use = g.native->get_metadata_builder().use_cascade_attention(
+                candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads, false,
+                g.spec->sliding_window().has_value(), false, native_cfg_.num_sms, 1);
+          }
+          if (use) cpl = candidate;
+        }
+      }
+      step_cascade = step_cascade || cpl > 0;
+      const AttentionMetadata& md = g.native->build_metadata(cm, 0, cpl);
+      timing.host_us += us_since(tb);
+      const int64_t T = cm.num_actual_tokens;
+      for (size_t li = 0; li < g.layers.size(); ++li) {
+        LayerState& layer = layers_[g.layers[li]];
+        make_qkv(layer, *g.batch, T);
+        Tensor q = q_host_.narrow(0, 0, T), k = k_host_.narrow(0, 0, T), v = v_host_.narrow(0, 0, T);
+        if (dev.is_cuda()) {
+          q = q.to(dev);
+          k = k.to(dev);
+          v = v.to(dev);
+        }
+        Tensor o = out_.narrow(0, 0, T);
+        auto ta = Clock::now();
+        layer.native.impl->do_kv_cache_update(layer.native, k, v, layer.kv_cache, cm.slot_mapping.narrow(0, 0, T));
+        layer.native.impl->forward(layer.native, q, k, v, layer.kv_cache, &md, o);
+        if (dev.is_cuda()) cuda::synchronize();
+        timing.attention_us += us_since(ta);
+        const bool check_this = check_step && static_cast<int64_t>(g.layers[li]) ==
+                                                   (step / std::max(1, cfg_.check_every)) % static_cast<int64_t>(layers_.size());
+        if (check_this) check_layer(g, layer, cm, step);
+      }
+    }
+    stats_.cascade_steps += step_cascade;
+    stats_.timings.push_back(timing);
+    tokens += out.total_tokens;
+    finished += static_cast<int64_t>(scheduler_->update_after_step(out).size());
+    stats_.peak_blocks_used = std::max<int64_t>(stats_.peak_blocks_used, int64_t{scheduler_->pool().num_used()} * G);
+    ++step;
+    if (on_step) {
+      RunProgress p;
+      p.step = step;
+      p.finished = finished;
+      p.total = stats_.num_requests;
+      p.tokens = tokens;
+      p.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+      p.blocks_used = int64_t{scheduler_->pool().num_used()} * G;
+      p.blocks_total = plan_.config.num_blocks - 1;
+      on_step(p);
+    }
+  }
+  scheduler_->check_invariants();
+  stats_.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+  stats_.steps = static_cast<int64_t>(stats_.timings.size());
+  stats_.preemptions = scheduler_->num_preemptions();
+  bool all_ok = true;
+  for (const auto& r : scheduler_->requests()) {
+    stats_.output_tokens += r.num_output_tokens;
+    all_ok = all_ok && r.num_output_tokens == r.spec.output_len;
+  }
+  stats_.all_outputs_correct = all_ok && scheduler_->pool().num_used() == 0;
+  return stats_;
+}
+
+}  // namespace
+
+RunStats run_trace(const RunConfig& config, const Trace& trace, const std::function<void(const RunProgress&)>& on_step) {
+  KVATTN_CHECK(config.cascade == "rule" || config.cascade == "backend" || config.cascade == "off",
+               "unknown --cascade '{}'; valid: rule, backend, off", config.cascade);
+  KVATTN_CHECK(config.check_every >= 0, "--check-every must be >= 0, got {}", config.check_every);
+  KVATTN_CHECK(!trace.requests.empty(), "the trace has no valid request{}",
+               trace.errors.empty() ? "" : fmt::format(" ({} malformed lines)", trace.errors.size()));
+  Runner runner(config, trace);
+  return runner.run(on_step);
+}
+
+}  // namespace kvattn::engine
