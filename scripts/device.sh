@@ -12,7 +12,7 @@
 # With the device tool (no registry there), prepare once on the dev machine:
 #   echo /.devdeps/ >> .git/info/exclude; mkdir .devdeps; cd .devdeps; apt-get download \
 #     libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 libgtest-dev libgmock-dev googletest \
-#     libbenchmark-dev libbenchmark1debian libcli11-dev nlohmann-json3-dev libdlpack-dev
+#     libbenchmark-dev libbenchmark1debian libcli11-dev nlohmann-json3-dev libdlpack-dev pybind11-dev
 # and call with carry [".devdeps"]:  bash scripts/device.sh all
 #
 # OUT_DIR defaults to $OUT (the device tool's result folder) or build/device-out.  Logs:
@@ -40,15 +40,7 @@ stamp() { echo "[device.sh +$(( $(date +%s) - t0 ))s] $*"; }
 stamp "environment -> env.txt"; grep -E "H200|H100|A100|release|NVIDIA-SMI" "$OUTDIR/env.txt" | head -4
 
 # ---- dependencies ------------------------------------------------------------------------------
-PREFIX=/tmp/kvattn-deps
-if ls "$ROOT"/.devdeps/*.deb >/dev/null 2>&1; then
-  mkdir -p "$PREFIX"
-  for f in "$ROOT"/.devdeps/*.deb; do dpkg -x "$f" "$PREFIX" || echo "dpkg -x failed: $f"; done
-  export CMAKE_PREFIX_PATH="$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-  export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  stamp "unpacked $(ls "$ROOT"/.devdeps/*.deb | wc -l) packages into $PREFIX"
-fi
-export PATH="/usr/local/cuda/bin:$PATH"
+. "$ROOT/scripts/device-deps.sh"
 
 # ---- build -------------------------------------------------------------------------------------
 # KVATTN_PREBUILT=1 runs the binaries carried in .devbin/ (built on the dev machine with
