@@ -7,37 +7,11 @@
 #include <cstdlib>
 #include <new>
 
+#include "kvattn/attention/native_backend.h"
 #include "kvattn/attention/paged_kv_metadata.h"
+#include "support/allocation_counter.h"
 
-namespace {
-std::atomic<long> g_allocations{0};
-}  // namespace
-
-#if defined(__SANITIZE_ADDRESS__)
-// Under AddressSanitizer, operator new is ASan's; count through its allocator hooks instead.
-extern "C" int __sanitizer_install_malloc_and_free_hooks(
-    void (*malloc_hook)(const volatile void*, size_t), void (*free_hook)(const volatile void*));
-namespace {
-void count_malloc(const volatile void*, size_t) { g_allocations.fetch_add(1, std::memory_order_relaxed); }
-void count_free(const volatile void*) {}
-const int g_hooks_installed = __sanitizer_install_malloc_and_free_hooks(count_malloc, count_free);
-}  // namespace
-#else
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpragmas"
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
-#endif
+using kvattn::test::g_allocations;
 
 namespace kvattn {
 namespace {
@@ -75,6 +49,73 @@ TEST(NoAllocation, PagedKVBuildAllocatesNothing) {
     EXPECT_GT(dcp.build(cm, 40).num_actual_pages, 0);
   }
   EXPECT_EQ(g_allocations.load() - before, 0);
+}
+
+// The native backend's build() is allocation-free once warm: the first build of each path
+// may create its wrapper and size its plan; every later step reuses them.
+TEST(NoAllocation, NativeBuildAllocatesNothingWhenWarm) {
+  LayerRegistry registry;
+  std::vector<AttentionLayer> layers;
+  BackendConfig cfg;
+  cfg.model_dtype = DType::bf16;
+  cfg.num_attention_heads = 8;
+  cfg.num_kv_heads = 2;
+  cfg.head_size = 64;
+  cfg.max_model_len = 2048;
+  cfg.max_num_seqs = 64;
+  cfg.max_num_batched_tokens = 1024;
+  cfg.num_sms = 16;
+  cfg.flashinfer_workspace_buffer_size = 0;
+  cfg.cache_config.kv_cache_layout = "LBNHC";
+  cfg.layers = &registry;
+  AttentionImplParams p;
+  p.num_heads = 8;
+  p.num_kv_heads = 2;
+  p.head_size = 64;
+  p.scale = 0.125;
+  layers.reserve(1);
+  layers.push_back(AttentionLayer::make("layers.0", std::make_shared<FlashInferImpl>(p, cfg)));
+  registry.add(&layers.back());
+  FlashInferMetadataBuilder builder(FullAttentionSpec(16, 2, 64, DType::bf16), {"layers.0"}, cfg);
+
+  // Two different mixed batches (decodes first, then prefills), built alternately.
+  struct Batch {
+    Tensor qsl, seq, bt, slots;
+    CommonAttentionMetadata cm;
+  };
+  auto make = [](int n_dec, int n_pre, int salt) {
+    Batch b;
+    std::vector<int32_t> q{0}, s, table;
+    const int n = n_dec + n_pre, width = 2048 / 16;
+    for (int r = 0; r < n; ++r) {
+      const int32_t ql = r < n_dec ? 1 : 17 + r % 5;
+      q.push_back(q.back() + ql);
+      s.push_back(100 + (r * 37 + salt) % 900 + ql);
+      for (int c = 0; c < width; ++c) table.push_back(1 + (r * width + c + salt) % (n * width));
+    }
+    b.qsl = Tensor::from_vector(q);
+    b.seq = Tensor::from_vector(s);
+    b.bt = Tensor::from_vector(table, {n, width});
+    b.slots = Tensor::zeros({q.back()}, DType::i64);
+    b.cm.query_start_loc = b.cm.query_start_loc_cpu = b.qsl;
+    b.cm.seq_lens = b.cm.seq_lens_cpu_upper_bound = b.seq;
+    b.cm.num_reqs = n;
+    b.cm.num_actual_tokens = q.back();
+    b.cm.max_query_len = n_pre > 0 ? 21 : 1;
+    b.cm.max_seq_len = *std::max_element(s.begin(), s.end());
+    b.cm.block_table_tensor = b.bt;
+    b.cm.slot_mapping = b.slots;
+    return b;
+  };
+  Batch a = make(40, 6, 0), b = make(25, 9, 11);
+  builder.build(0, a.cm);  // warm-up: first use of each path
+  builder.build(0, b.cm);
+  const long before = g_allocations.load();
+  for (int i = 0; i < 10; ++i) {
+    const auto& md = builder.build(0, (i % 2 ? a : b).cm);
+    EXPECT_EQ(md.num_decodes, i % 2 ? 40 : 25);
+  }
+  EXPECT_EQ(g_allocations.load() - before, 0) << "native build() allocated in steady state";
 }
 
 }  // namespace

@@ -10,36 +10,9 @@
 #include <random>
 
 #include "kvattn/batch/batch.h"
+#include "support/allocation_counter.h"
 
-namespace {
-std::atomic<long> g_allocations{0};
-}  // namespace
-
-#if defined(__SANITIZE_ADDRESS__)
-// Under AddressSanitizer, operator new is ASan's; count through its allocator hooks instead.
-extern "C" int __sanitizer_install_malloc_and_free_hooks(
-    void (*malloc_hook)(const volatile void*, size_t), void (*free_hook)(const volatile void*));
-namespace {
-void count_malloc(const volatile void*, size_t) { g_allocations.fetch_add(1, std::memory_order_relaxed); }
-void count_free(const volatile void*) {}
-const int g_hooks_installed = __sanitizer_install_malloc_and_free_hooks(count_malloc, count_free);
-}  // namespace
-#else
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpragmas"
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
-#endif
+using kvattn::test::g_allocations;
 
 namespace kvattn {
 namespace {
