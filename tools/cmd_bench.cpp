@@ -10,10 +10,14 @@
 // of the pool, values uniform in (-1, 1).
 #include <fmt/format.h>
 #include <sys/mman.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <random>
 #include <string>
@@ -27,6 +31,8 @@
 #include "kvattn/ops/ops.h"
 
 namespace kvattn::tools {
+// The CUDA kernel suite (tools/cmd_bench_cuda.cpp); 2 when CUDA is not available.
+int run_cuda_bench_suite(bool quick);
 namespace {
 
 struct BenchOptions {
@@ -39,7 +45,67 @@ struct BenchOptions {
   int64_t copy_mib = 1024;
   double min_seconds = 1.0;
   bool json = false;
+  bool suite = false;
 };
+
+// Peak f32 multiply-add rate of this CPU with `threads` threads: 8 independent 8-wide FMA
+// chains per thread (the ceiling prefill FLOP rates are compared with).  AVX2+FMA when the
+// CPU has them, else what the compiler makes of the portable loop.
+template <int W>
+float fma_chains(int64_t iters, float seed) {
+  float acc[8][W];
+  for (int c = 0; c < 8; ++c)
+    for (int l = 0; l < W; ++l) acc[c][l] = seed + static_cast<float>(c * W + l) * 1e-7f;
+  const float a = 0.999999f, b = 1e-7f;
+  for (int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < 8; ++c)
+      for (int l = 0; l < W; ++l) acc[c][l] = acc[c][l] * a + b;
+  float sum = 0;
+  for (int c = 0; c < 8; ++c)
+    for (int l = 0; l < W; ++l) sum += acc[c][l];
+  return sum;
+}
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) float fma_chains_avx2(int64_t iters, float seed) {
+  __m256 acc[8];
+  for (int c = 0; c < 8; ++c) acc[c] = _mm256_set1_ps(seed + static_cast<float>(c) * 1e-7f);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+  float out[8], sum = 0;
+  for (int c = 0; c < 8; ++c) {
+    _mm256_storeu_ps(out, acc[c]);
+    for (float x : out) sum += x;
+  }
+  return sum;
+}
+#endif
+
+double measure_cpu_fma_gflops(int threads) {
+  const int64_t iters = 20'000'000;
+#if defined(__x86_64__)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  const bool avx2 = false;
+#endif
+  std::vector<float> sink(static_cast<size_t>(threads));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> ts;
+  for (int w = 0; w < threads; ++w)
+    ts.emplace_back([&, w] {
+#if defined(__x86_64__)
+      sink[static_cast<size_t>(w)] = avx2 ? fma_chains_avx2(iters, static_cast<float>(w)) : fma_chains<8>(iters, static_cast<float>(w));
+#else
+      sink[static_cast<size_t>(w)] = fma_chains<8>(iters, static_cast<float>(w));
+#endif
+    });
+  for (auto& t : ts) t.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile float keep = 0;
+  for (float x : sink) keep = keep + x;
+  (void)keep;
+  return 2.0 * 64.0 * static_cast<double>(iters) * threads / s / 1e9;
+}
 
 // Fast fill with uniform(-1, 1) values of `dt`: a table of random codes indexed by a cheap
 // generator, in parallel slices.
@@ -141,7 +207,11 @@ std::function<int()> setup_bench(CLI::App& app) {
   app.add_option("--copy-mib", o->copy_mib, "size of the memory-copy reference (MiB, default 1024)");
   app.add_option("--min-seconds", o->min_seconds, "minimum timed seconds per case (default 1)");
   app.add_flag("--json", o->json, "print one JSON object instead of text");
+  app.add_flag("--suite", o->suite,
+               "run the standard shapes of the performance anchors on --device and print the table with "
+               "ratios to the ceilings measured in the same run");
   return [o]() -> int {
+    if (o->suite && o->device == "cuda") return run_cuda_bench_suite(false);
     const Device dev = o->device == "cuda" ? Device::cuda(0) : Device::cpu();
     if (dev.is_cuda() && !(ops::cuda_ops_available() && cuda::available()))
       throw Unsupported(fmt::format("bench --device cuda: {}; run with --device cpu",
@@ -180,6 +250,31 @@ std::function<int()> setup_bench(CLI::App& app) {
         fmt::print(" [CPU time {:.1f} ms/call]\n", st.cpu_mean_s * 1e3);
       }
     };
+    if (o->suite) {
+      // The anchors' standard shapes (performance-anchors.md) that fit a host's memory.
+      const double fma = measure_cpu_fma_gflops(threads);
+      report["fma_GFLOPps"] = fma;
+      if (!o->json) fmt::print("f32 FMA peak ({} threads): {:.1f} GFLOP/s\n", threads, fma);
+      run_case("decode 1x1024", 1, 1, 1024);
+      run_case("decode 16x4096", 16, 1, 4096);
+      run_case("decode 64x4096", 64, 1, 4096);
+      run_case("decode 128x4096", 128, 1, 4096);
+      const std::string saved = o->kv_dtype;
+      o->kv_dtype = "fp8_e4m3";
+      run_case("decode fp8 64x4096", 64, 1, 4096);
+      o->kv_dtype = saved;
+      run_case("prefill causal 16x1024", 16, 1024, 1024);
+      run_case("prefill causal 8x2048", 8, 2048, 2048);
+      if (!o->json) {
+        fmt::print("ratios: decode rows to the copy bandwidth above; prefill GFLOP/s to the FMA peak:");
+        for (const char* k : {"prefill causal 16x1024", "prefill causal 8x2048"})
+          fmt::print(" {} {:.0f}%", k, 100.0 * report[k]["GFLOPps"].get<double>() / fma);
+        fmt::print("\n");
+      } else {
+        fmt::print("{}\n", report.dump(2));
+      }
+      return 0;
+    }
     if (o->op == "decode" || o->op == "all")
       run_case("decode", o->batch > 0 ? o->batch : 64, 1, o->kv_len > 0 ? o->kv_len : 4096);
     if (o->op == "prefill" || o->op == "all") {

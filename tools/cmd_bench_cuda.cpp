@@ -359,6 +359,20 @@ std::function<int()> setup(CLI::App& app) {
   };
 }
 
+}  // namespace
+
+int run_cuda_bench_suite(bool quick) {
+#if defined(KVATTN_WITH_CUDA)
+  Opts o;
+  o.quick = quick;
+  return run(o);
+#else
+  fmt::print(stderr, "bench --suite --device cuda: this build has no CUDA kernels (configure with -DKVATTN_CUDA=ON)\n");
+  return 2;
+#endif
+}
+
+namespace {
 const bool registered = register_command({"bench-cuda", "Benchmark the CUDA kernels against the H200 targets", &setup, 210});
 
 }  // namespace
