@@ -1,14 +1,15 @@
 # kvattn — the two commands:
 #   make run    installs what is missing, builds (CPU release), runs the main job
-#   make test   installs what is missing, builds, runs every test (release, then ASan/UBSan
-#               with the fuzz targets, then the Python tests)
+#   make test   installs what is missing, builds, runs every test (release build with the
+#               Python tests, then ASan/UBSan with the fuzz targets), and compiles the CUDA
+#               sources when nvcc is installed
 # Other targets: build, build-asan, bench, cuda (build with nvcc), install, clean.
 JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 RELEASE := build/cpu-release
 ASAN := build/asan-ubsan
 
-.PHONY: run test deps build build-asan test-release test-asan bench cuda install clean
+.PHONY: run test deps build build-asan test-release test-asan cuda-compile bench cuda install clean
 
 deps:
 	@scripts/install-deps.sh
@@ -34,7 +35,19 @@ test-release: build
 test-asan: build-asan
 	ctest --test-dir $(ASAN) -L 'unit|fuzz' --output-on-failure -j $(JOBS)
 
-test: test-release test-asan
+test: test-release test-asan cuda-compile
+
+# Compiles every CUDA source (sm_90a and sm_80) when nvcc is installed, so CI without a GPU
+# still catches CUDA build breaks; skipped with a message otherwise.
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+cuda-compile: deps
+ifneq ($(NVCC),)
+	cmake -S . -B build/cuda-compile -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVATTN_CUDA=ON \
+	  -DKVATTN_BUILD_PYTHON=OFF -DKVATTN_BUILD_BENCHMARKS=OFF -DKVATTN_BUILD_TESTS=OFF >/dev/null
+	cmake --build build/cuda-compile -j $(JOBS) --target kvattn_core kvattn_ops
+else
+	@echo "cuda-compile: nvcc not found; CUDA sources not compiled"
+endif
 
 bench: build
 	$(RELEASE)/bench/bench_host
