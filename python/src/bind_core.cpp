@@ -46,13 +46,74 @@ py::tuple shape_tuple(const Dims& d) {
   return t;
 }
 
-Dims dims_from(const std::vector<int64_t>& v) { return Dims{std::span<const int64_t>(v.data(), v.size())}; }
+Dims dims_from(const std::vector<int64_t>& v) { return dims_from_py(v); }
+
+// NumPy's __array_interface__ type string of a dtype NumPy has (bf16 and fp8 have none).
+const char* numpy_typestr(DType t) {
+  switch (t) {
+    case DType::f32: return "<f4";
+    case DType::f16: return "<f2";
+    case DType::u8: return "|u1";
+    case DType::i8: return "|i1";
+    case DType::i32: return "<i4";
+    case DType::i64: return "<i8";
+    default:
+      throw InvalidArgument(std::string("a ") + dtype_name(t) +
+                            " tensor has no NumPy dtype; view it as bytes first "
+                            "(t.view_as_dtype('uint8')) or convert it (t.to_dtype('float32'))");
+  }
+}
+
+// The array interface of a CPU tensor: NumPy builds a *writable* zero-copy view from it and
+// keeps the Tensor (hence its storage) alive as the array's base.
+py::dict array_interface(const Tensor& t) {
+  if (!t.device().is_cpu())
+    throw InvalidArgument("__array_interface__: tensor is on " + t.device().str() +
+                          "; only CPU tensors can be viewed by NumPy (use torch/cupy.from_dlpack)");
+  py::dict d;
+  d["version"] = 3;
+  d["shape"] = shape_tuple(t.shape());
+  d["typestr"] = numpy_typestr(t.dtype());
+  py::tuple strides(t.dim());
+  for (int i = 0; i < t.dim(); ++i) strides[static_cast<size_t>(i)] = t.strides()[i] * t.element_size();
+  d["strides"] = strides;
+  d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(t.data()), false);
+  return d;
+}
 
 }  // namespace
 
+Dims dims_from_py(const std::vector<int64_t>& v) { return Dims{std::span<const int64_t>(v.data(), v.size())}; }
+
+Tensor optional_tensor(const py::object& obj) {
+  if (obj.is_none()) return Tensor();
+  return as_tensor(obj);
+}
+
+DType dtype_from_py(const py::handle& obj) {
+  std::string name;
+  if (py::isinstance<py::str>(obj)) {
+    name = obj.cast<std::string>();
+  } else if (py::isinstance<py::type>(obj)) {
+    // A NumPy scalar type such as np.float16.
+    name = py::str(py::module_::import("numpy").attr("dtype")(obj));
+  } else {
+    name = py::str(obj);  // numpy.dtype('float16') -> "float16"; torch.float16 -> "torch.float16"
+  }
+  if (name.rfind("torch.", 0) == 0) name = name.substr(6);
+  if (name == "bool") name = "uint8";
+  return parse_dtype(name);
+}
+
 Tensor as_tensor(const py::object& obj) {
   if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
-  if (py::hasattr(obj, "__dlpack__")) return tensor_from_capsule(obj.attr("__dlpack__")());
+  if (py::hasattr(obj, "__dlpack__")) {
+    // NumPy < 1.25 refuses to export bool arrays through DLPack: view them as uint8 (same bytes).
+    if (py::hasattr(obj, "dtype") && py::str(py::type::of(obj).attr("__module__")).cast<std::string>() == "numpy" &&
+        py::str(obj.attr("dtype")).cast<std::string>() == "bool")
+      return tensor_from_capsule(obj.attr("view")("uint8").attr("__dlpack__")());
+    return tensor_from_capsule(obj.attr("__dlpack__")());
+  }
   if (py::isinstance<py::capsule>(obj)) return tensor_from_capsule(obj.cast<py::capsule>());
   throw InvalidArgument(std::string("expected a kvattn.Tensor or an object with __dlpack__ (NumPy array, "
                                     "PyTorch or CuPy tensor), got ") +
@@ -87,8 +148,17 @@ void bind_core(py::module_& m) {
       .def("view_as_dtype", [](const Tensor& t, const std::string& d) { return t.view_as(parse_dtype(d)); })
       .def("to_dtype", [](const Tensor& t, const std::string& d) { return t.to(parse_dtype(d)); })
       .def("tolist", &Tensor::to_double_vector, "All elements in row-major order as floats.")
+      .def_property_readonly("__array_interface__", &array_interface,
+                             "NumPy array interface (CPU tensors): np.asarray(t) is a writable "
+                             "zero-copy view that keeps t's storage alive.")
       .def("__repr__", &Tensor::str)
-      .def("__dlpack__", [](const Tensor& t, py::object /*stream*/) { return capsule_from_tensor(t); },
+      .def("__dlpack__",
+           [](const Tensor& t, py::object /*stream*/, py::kwargs /*max_version, dl_device, copy*/) {
+             // kvattn's kernels run on the default stream, so the consumer's stream needs no extra
+             // synchronisation; newer consumers' keywords are accepted and a legacy capsule
+             // returned, which the DLPack protocol allows.
+             return capsule_from_tensor(t);
+           },
            py::arg("stream") = py::none())
       .def("__dlpack_device__", [](const Tensor& t) {
         return py::make_tuple(t.device().is_cpu() ? static_cast<int>(kDLCPU) : static_cast<int>(kDLCUDA),

@@ -1,10 +1,13 @@
 // Shared declarations of the Python bindings.  bind_core() is called first; other layers'
 // binding files register themselves with KVATTN_PY_BINDER so adding one needs no edit here.
+// Conventions (python/DESIGN.md): tensors arrive through as_tensor (zero-copy DLPack views),
+// optional tensors are None or a tensor, dtypes are names or NumPy/PyTorch dtype objects.
 #pragma once
 
 #include <pybind11/pybind11.h>
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "kvattn/core/tensor.h"
@@ -17,6 +20,13 @@ std::vector<std::function<void(pybind11::module_&)>>& extra_binders();
 // Accepts a kvattn Tensor or any object with __dlpack__ (NumPy, PyTorch, CuPy) and returns a
 // zero-copy kvattn view of it.
 Tensor as_tensor(const pybind11::object& obj);
+// None -> an undefined Tensor; anything else -> as_tensor(obj).
+Tensor optional_tensor(const pybind11::object& obj);
+// A dtype given as a kvattn name ("bfloat16", "fp8_e4m3"), a NumPy dtype / scalar type, or a
+// PyTorch dtype (torch.float16 -> "float16").  InvalidArgument listing the valid names.
+DType dtype_from_py(const pybind11::handle& obj);
+// Dims from a Python sequence of ints.
+Dims dims_from_py(const std::vector<int64_t>& v);
 
 }  // namespace kvattn::python
 

@@ -61,3 +61,43 @@ def test_errors_become_python_exceptions():
     if not kvattn.built_with_cuda():
         with pytest.raises(NotImplementedError, match="CUDA"):
             kvattn.zeros([2], "float32", "cuda")
+
+
+def test_array_interface_gives_writable_zero_copy_numpy_views():
+    t = kvattn.zeros([3, 4], "int32")
+    a = np.asarray(t)
+    assert a.flags.writeable and a.ctypes.data == t.data_ptr() and a.dtype == np.int32
+    a[1, 2] = 7
+    assert t.tolist()[6] == 7.0
+    del t  # the array keeps the storage alive (its base is the Tensor)
+    a[0, 0] = 1
+    assert a.sum() == 8
+    with pytest.raises(ValueError, match="NumPy dtype"):
+        np.asarray(kvattn.zeros([2], "bfloat16")).sum()
+
+
+def test_results_come_back_in_the_callers_framework():
+    seq = np.array([5, 9], np.int32)
+    got = kvattn.get_dcp_local_seq_lens(seq, 2, 0)
+    assert isinstance(got, np.ndarray) and got.flags.writeable
+    np.testing.assert_array_equal(got, [3, 5])
+    kt = kvattn.from_dlpack(seq)
+    assert isinstance(kvattn.get_dcp_local_seq_lens(kt, 2, 0), kvattn.Tensor)
+    assert kvattn.framework_of(seq) == "numpy" and kvattn.framework_of(kt) == "kvattn"
+
+
+def test_bool_arrays_and_dtype_spellings():
+    b = np.array([True, False, True])
+    t = kvattn.from_dlpack(b)
+    assert t.dtype == "uint8" and t.data_ptr() == b.ctypes.data and t.tolist() == [1.0, 0.0, 1.0]
+    for d in ("float16", np.float16, np.dtype("float16"), "torch.float16", "half"):
+        assert kvattn.FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=d).dtype == "float16"
+
+
+def test_dlpack_capsule_is_consumed_once():
+    a = np.arange(4, dtype=np.float32)
+    cap = a.__dlpack__()
+    t = kvattn.from_dlpack(cap)
+    assert t.data_ptr() == a.ctypes.data
+    with pytest.raises(ValueError, match="consumed"):
+        kvattn.from_dlpack(cap)

@@ -1,0 +1,109 @@
+"""Python-level wrappers over ``_kvattn``: the functions that produce a tensor return it in the
+framework of their first array argument (zero-copy), and the vLLM helpers whose Python
+signature takes Python objects (``bind_kv_cache``, ``mamba_get_block_table_tensor``)."""
+from __future__ import annotations
+
+import functools
+
+from . import _kvattn
+from ._convert import like, to_framework
+
+__all__ = [
+    "get_dcp_local_seq_lens", "compute_slot_mapping", "reshape_query_for_spec_decode",
+    "reshape_attn_output_for_spec_decode", "split_kv_cache_layer_view", "mamba_get_block_table_tensor",
+    "compute_mm_prefix_range_tensor", "make_xqa_draft_block_mask", "make_mock_block_table", "bind_kv_cache",
+    "allocate_kv_cache",
+]
+
+
+def _returns_like(fn, arg_index=0):
+    """Wrap a _kvattn function so a kvattn Tensor result comes back like args[arg_index]."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        ref = args[arg_index] if len(args) > arg_index else next(iter(kwargs.values()), None)
+        if isinstance(out, tuple):
+            return tuple(like(o, ref) for o in out)
+        return like(out, ref)
+
+    return wrapper
+
+
+get_dcp_local_seq_lens = _returns_like(_kvattn.get_dcp_local_seq_lens)
+compute_slot_mapping = _returns_like(_kvattn.compute_slot_mapping)
+reshape_query_for_spec_decode = _returns_like(_kvattn.reshape_query_for_spec_decode)
+reshape_attn_output_for_spec_decode = _returns_like(_kvattn.reshape_attn_output_for_spec_decode)
+split_kv_cache_layer_view = _returns_like(_kvattn.split_kv_cache_layer_view)
+
+
+def mamba_get_block_table_tensor(block_table, seq_lens, kv_cache_spec, mamba_cache_mode: str):
+    """vLLM's mamba_get_block_table_tensor.
+
+    "none": block_table itself.  "align" / "all": a fresh [num_reqs, 1 + num_speculative_blocks]
+    int32 array, row r = block_table[r, max((seq_lens[r] - 1) // block_size, 0) + j].
+    kv_cache_spec: a MambaSpec (block_size, num_speculative_blocks)."""
+    if mamba_cache_mode == "none":
+        return block_table
+    out = _kvattn._mamba_get_block_table_tensor(
+        block_table, seq_lens, kv_cache_spec.block_size,
+        getattr(kv_cache_spec, "num_speculative_blocks", 0), mamba_cache_mode)
+    return like(out, block_table)
+
+
+def compute_mm_prefix_range_tensor(mm_prefix_range, num_seqs: int, device=None):
+    """vLLM's compute_mm_prefix_range_tensor: [num_seqs, max_ranges, 2] int32 padded with
+    (0, 0), or None.  device: None -> a NumPy array; "cpu"/"cuda" or a torch.device -> a torch
+    tensor there (needs PyTorch)."""
+    t = _kvattn.compute_mm_prefix_range_tensor(mm_prefix_range, num_seqs)
+    if t is None:
+        return None
+    if device is None:
+        return to_framework(t, "numpy")
+    return to_framework(t, "torch").to(device)
+
+
+def make_xqa_draft_block_mask(q_lens, causal: bool = True):
+    """Packed XQA draft mask [sum(q_lens), ceil(max_q_len / 32)] int32 (NumPy)."""
+    return to_framework(_kvattn.make_xqa_draft_block_mask(list(q_lens), causal), "numpy")
+
+
+def make_mock_block_table(num_reqs: int, pages_per_req: int):
+    """[num_reqs, pages_per_req] int32 NumPy array with entries r * P + 1 + c."""
+    return to_framework(_kvattn.make_mock_block_table(num_reqs, pages_per_req), "numpy")
+
+
+def allocate_kv_cache(kv_cache_config, device, kv_cache_layout, kernel_block_sizes=None, framework="kvattn"):
+    """vLLM's allocate_kv_cache: ONE zero-filled allocation on ``device``; returns
+    {layer_name: [B, H, N, C] view}.  framework: "kvattn" (default; works for every dtype and
+    device), "numpy" (CPU) or "torch"."""
+    views = _kvattn.allocate_kv_cache(kv_cache_config, str(device), kv_cache_layout, kernel_block_sizes)
+    return {name: to_framework(t, framework) for name, t in views.items()}
+
+
+def bind_kv_cache(kv_caches: dict, forward_context: dict, runner_kv_caches: list, num_attn_module: int = 1,
+                  layer_kv_caches: dict | None = None) -> None:
+    """vLLM's bind_kv_cache.
+
+    Appends the caches to ``runner_kv_caches`` (must be empty) ordered by layer index (names
+    sharing an index keep ``kv_caches`` order) and binds every layer:
+    ``forward_context[name].kv_cache = (layer_kv_caches or kv_caches)[name]`` (or replaces the
+    dict entry when the value has no ``kv_cache`` attribute).  The ordering and every check
+    (duplicate names, names without a layer index, layers missing from forward_context) are
+    kvattn's C++ bind_kv_cache; nothing is bound when a check fails."""
+    if runner_kv_caches:
+        raise ValueError("bind_kv_cache: runner_kv_caches must be empty")
+    names = list(kv_caches.keys())
+    missing = [n for n in names if n not in forward_context]
+    if missing:
+        raise ValueError(f"bind_kv_cache: layer {missing[0]!r} is not in forward_context (an attention "
+                         f"layer of the model); known layers: {sorted(forward_context)}")
+    order = _kvattn._bind_kv_cache_order(names, num_attn_module)
+    runner_kv_caches.extend(kv_caches[names[i]] for i in order)
+    source = layer_kv_caches or kv_caches
+    for name in names:
+        layer = forward_context[name]
+        if hasattr(layer, "kv_cache"):
+            layer.kv_cache = source[name]
+        else:
+            forward_context[name] = source[name]
