@@ -12,7 +12,8 @@ __all__ = [
     "get_dcp_local_seq_lens", "compute_slot_mapping", "reshape_query_for_spec_decode",
     "reshape_attn_output_for_spec_decode", "split_kv_cache_layer_view", "mamba_get_block_table_tensor",
     "compute_mm_prefix_range_tensor", "make_xqa_draft_block_mask", "make_mock_block_table", "bind_kv_cache",
-    "allocate_kv_cache",
+    "allocate_kv_cache", "get_seq_lens", "_make_xqa_draft_block_mask", "_make_xqa_ragged_draft_block_mask",
+    "_compute_decode_query_lens",
 ]
 
 
@@ -35,6 +36,11 @@ compute_slot_mapping = _returns_like(_kvattn.compute_slot_mapping)
 reshape_query_for_spec_decode = _returns_like(_kvattn.reshape_query_for_spec_decode)
 reshape_attn_output_for_spec_decode = _returns_like(_kvattn.reshape_attn_output_for_spec_decode)
 split_kv_cache_layer_view = _returns_like(_kvattn.split_kv_cache_layer_view)
+get_seq_lens = _returns_like(_kvattn.get_seq_lens)
+# vLLM's private names (uint16 NumPy masks); `from _kvattn import *` skips underscored names.
+_make_xqa_draft_block_mask = _kvattn._make_xqa_draft_block_mask
+_make_xqa_ragged_draft_block_mask = _kvattn._make_xqa_ragged_draft_block_mask
+_compute_decode_query_lens = _kvattn._compute_decode_query_lens
 
 
 def mamba_get_block_table_tensor(block_table, seq_lens, kv_cache_spec, mamba_cache_mode: str):

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "kvattn/attention/per_layer_parameters.h"
 #include "kvattn/ops/ops.h"
 
 namespace py = pybind11;
@@ -118,8 +119,17 @@ is released while the kernel runs.)doc");
         "Packed XQA draft mask [sum(q_lens), ceil(max_q_len / 32)] int32 (vLLM "
         "_make_xqa_ragged_draft_block_mask as 32-bit words).");
   m.def(
-      "log2_lse_to_ln", [](py::object lse) { ops::log2_lse_to_ln(as_tensor(lse)); return lse; }, py::arg("lse"),
-      "vLLM's log2_lse_to_ln: base-2 LSE (FlashInfer) -> natural log, in place; returns lse.");
+      "log2_lse_to_ln",
+      [](py::object lse) -> py::object {
+        // Scalar form (a Python float / int): lse * ln(2) as a float32 value.
+        if (py::isinstance<py::float_>(lse) || py::isinstance<py::int_>(lse))
+          return py::float_(kvattn::log2_lse_to_ln(lse.cast<float>()));
+        ops::log2_lse_to_ln(as_tensor(lse));
+        return lse;
+      },
+      py::arg("lse"),
+      "vLLM's log2_lse_to_ln: base-2 LSE (FlashInfer) -> natural log.  A float32 array is "
+      "converted in place and returned; a Python number gives float32(lse * ln 2).");
 
   m.def(
       "merge_attn_states",
