@@ -37,14 +37,14 @@ test-asan: build-asan
 
 test: test-release test-asan cuda-compile
 
-# Compiles every CUDA source (sm_90a and sm_80) when nvcc is installed, so CI without a GPU
+# Compiles every CUDA source (sm_90a and sm_80) and the NCCL communicator when nvcc is installed, so CI without a GPU
 # still catches CUDA build breaks; skipped with a message otherwise.
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 cuda-compile: deps
 ifneq ($(NVCC),)
 	cmake -S . -B build/cuda-compile -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVATTN_CUDA=ON \
 	  -DKVATTN_BUILD_PYTHON=OFF -DKVATTN_BUILD_BENCHMARKS=OFF -DKVATTN_BUILD_TESTS=OFF >/dev/null
-	cmake --build build/cuda-compile -j $(JOBS) --target kvattn_core kvattn_ops
+	cmake --build build/cuda-compile -j $(JOBS) --target kvattn_core kvattn_ops kvattn_attention
 else
 	@echo "cuda-compile: nvcc not found; CUDA sources not compiled"
 endif

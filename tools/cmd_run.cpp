@@ -33,6 +33,9 @@ struct RunOptions {
   std::string check_every = "1";
   std::string json_path;
   std::string seed = "1";
+  std::string dcp = "1";
+  std::string dcp_comm_backend = "ag_rs";
+  std::string dcp_interleave = "1";
   int default_requests = 48;
   bool no_prefix_sharing = false;
   bool quiet = false;
@@ -77,6 +80,11 @@ std::function<int()> setup_run(CLI::App& app) {
   app.add_option("--check-every", o->check_every, "compare one layer with the reference backend every N steps (0: never)");
   app.add_option("--num-requests", o->default_requests, "requests in the default trace");
   app.add_option("--seed", o->seed, "seed of the synthetic Q/K/V");
+  app.add_option("--dcp", o->dcp,
+                 "decode context parallel ranks: each holds 1/N of every request's KV and 1/N of the query heads "
+                 "(CUDA: one GPU per rank over NCCL, from --device on; CPU: ranks as threads)");
+  app.add_option("--dcp-comm-backend", o->dcp_comm_backend, "DCP combine: ag_rs (all-gather LSE + reduce-scatter) or a2a");
+  app.add_option("--dcp-interleave", o->dcp_interleave, "DCP: consecutive tokens per rank (cp_kv_cache_interleave_size)");
   app.add_flag("--no-prefix-sharing", o->no_prefix_sharing, "do not share shared-prefix blocks between requests");
   app.add_option("--json", o->json_path, "also write the summary as JSON to this file ('-' for stdout)");
   app.add_flag("--quiet", o->quiet, "no progress output");
@@ -105,6 +113,9 @@ std::function<int()> setup_run(CLI::App& app) {
     rc.check_every = static_cast<int32_t>(parse_int("--check-every", o->check_every, 0));
     rc.seed = static_cast<uint64_t>(parse_int("--seed", o->seed, 0));
     rc.prefix_sharing = !o->no_prefix_sharing;
+    rc.dcp = static_cast<int32_t>(parse_int("--dcp", o->dcp, 1));
+    rc.dcp_comm_backend = o->dcp_comm_backend;
+    rc.dcp_interleave = static_cast<int32_t>(parse_int("--dcp-interleave", o->dcp_interleave, 1));
 
     ModelConfig model = load_model_config(rc.model);
     const int64_t max_len = rc.max_model_len.value_or(model.max_model_len);
@@ -150,6 +161,9 @@ std::function<int()> setup_run(CLI::App& app) {
     fmt::print("\nkvattn run — summary\n");
     fmt::print("  model               {} ({} attention layers), KV {} {}, backend {}, device {}\n", s.model,
                s.num_layers, s.layout, s.kv_cache_dtype, s.backend, s.device);
+    if (s.dcp > 1)
+      fmt::print("  DCP                 {} ranks ({}), {} combine, interleave {}\n", s.dcp, s.dcp_transport,
+                 rc.dcp_comm_backend, rc.dcp_interleave);
     fmt::print("  requests            {} served{}\n", s.num_requests,
                s.trace_errors ? fmt::format(", {} malformed trace lines skipped", s.trace_errors) : std::string());
     fmt::print("  steps               {}\n", s.steps);
@@ -178,6 +192,8 @@ std::function<int()> setup_run(CLI::App& app) {
       j["layout"] = s.layout;
       j["kv_cache_dtype"] = s.kv_cache_dtype;
       j["backend"] = s.backend;
+      j["dcp"] = s.dcp;
+      if (s.dcp > 1) j["dcp_transport"] = s.dcp_transport;
       j["requests"] = s.num_requests;
       j["trace_errors"] = s.trace_errors;
       j["steps"] = s.steps;

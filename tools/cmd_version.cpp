@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include "command_registry.h"
+#include "kvattn/attention/communicator.h"
 #include "kvattn/core/cuda_runtime_api.h"
 
 namespace kvattn::tools {
@@ -11,6 +12,7 @@ std::function<int()> setup_version(CLI::App&) {
   return [] {
     fmt::print("kvattn 0.1.0\n");
     fmt::print("  CUDA kernels: {}\n", cuda::built_with_cuda() ? "built" : "not built");
+    fmt::print("  NCCL DCP communicator: {}\n", NcclDcpGroup::available() ? "built" : "not built");
     if (cuda::built_with_cuda()) {
       const int n = cuda::device_count();
       fmt::print("  CUDA devices: {}\n", n);

@@ -1,28 +1,29 @@
 // src/attention/dcp_communicator.cpp — the in-process DCP group and the cross-rank combines.
+// (The NCCL group is in nccl_group.cpp.)
 #include <fmt/format.h>
-
-#include <cmath>
-#include <limits>
 
 #include "kvattn/attention/communicator.h"
 #include "kvattn/core/error.h"
+#include "kvattn/ops/dcp_combine.h"
 
 namespace kvattn {
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+int wrap(int dim, int n) { return dim < 0 ? dim + n : dim; }
 
-Tensor as_f32_contiguous(const Tensor& t) {
-  if (!t.device().is_cpu())
-    throw Unsupported(fmt::format("DCP combine: the in-process group works on CPU tensors, got {}; a device "
-                                  "communicator (NCCL) is not implemented",
-                                  t.device().str()));
-  Tensor c = t.dtype() == DType::f32 ? t.contiguous() : t.to(DType::f32).contiguous();
-  return c;
+// A contiguous host copy (same dtype) of a CPU or CUDA tensor.
+Tensor host_contiguous(const Tensor& t) {
+  if (t.device().is_cpu()) return t.contiguous();
+  Tensor dev = t;
+  if (!t.is_contiguous()) {
+    dev = Tensor::empty(t.shape(), t.dtype(), t.device());
+    ops::copy_(dev, t);
+  }
+  return dev.to(Device::cpu());
 }
 
-int wrap(int dim, int n) { return dim < 0 ? dim + n : dim; }
+Tensor to_device(const Tensor& host, Device device) { return device.is_cpu() ? host : host.to(device); }
 
 }  // namespace
 
@@ -31,22 +32,26 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
   Rank(InProcessDcpGroup& g, int64_t rank) : g_(g), rank_(rank) {}
   int64_t world_size() const override { return g_.world_size_; }
   int64_t rank() const override { return rank_; }
+  const char* transport() const noexcept override { return "in-process"; }
 
   Tensor all_gather(const Tensor& t, int dim) override {
     dim = wrap(dim, t.dim());
     KVATTN_CHECK(dim >= 0 && dim < t.dim(), "all_gather: dim {} out of range for {}", dim, t.str());
-    g_.slots_[rank_] = t.contiguous();
+    g_.slots_[rank_] = host_contiguous(t);
     g_.barrier_.arrive_and_wait();
+    std::string mismatch;
+    for (int64_t r = 0; r < g_.world_size_ && mismatch.empty(); ++r)
+      if (g_.slots_[r].shape() != t.shape() || g_.slots_[r].dtype() != t.dtype())
+        mismatch = fmt::format("all_gather: rank {} contributed {}, rank {} {}", r, g_.slots_[r].str(), rank_, t.str());
     Dims shape = t.shape();
     const int64_t n = shape[dim];
-    for (int64_t r = 0; r < g_.world_size_; ++r)
-      KVATTN_CHECK(g_.slots_[r].shape() == t.shape() && g_.slots_[r].dtype() == t.dtype(),
-                   "all_gather: rank {} contributed {}, rank {} {}", r, g_.slots_[r].str(), rank_, t.str());
     shape[dim] = n * g_.world_size_;
-    Tensor out = Tensor::empty(shape, t.dtype(), t.device());
-    for (int64_t r = 0; r < g_.world_size_; ++r) out.narrow(dim, r * n, n).copy_from(g_.slots_[r]);
-    g_.barrier_.arrive_and_wait();
-    return out;
+    Tensor out = Tensor::empty(shape, t.dtype());
+    if (mismatch.empty())
+      for (int64_t r = 0; r < g_.world_size_; ++r) out.narrow(dim, r * n, n).copy_from(g_.slots_[r]);
+    g_.barrier_.arrive_and_wait();  // every rank has read every slot
+    KVATTN_CHECK(mismatch.empty(), "{}", mismatch);
+    return to_device(out, t.device());
   }
 
   Tensor reduce_scatter(const Tensor& t, int dim) override {
@@ -54,7 +59,10 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
     KVATTN_CHECK(dim >= 0 && dim < t.dim() && t.size(dim) % g_.world_size_ == 0,
                  "reduce_scatter: dim {} of {} must exist and divide by the world size {}", dim, t.str(),
                  g_.world_size_);
-    g_.slots_[rank_] = as_f32_contiguous(t);
+    KVATTN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16,
+                 "reduce_scatter: float tensors only (f32, f16, bf16), got {}", dtype_name(t.dtype()));
+    Tensor mine = host_contiguous(t);
+    g_.slots_[rank_] = mine.dtype() == DType::f32 ? mine : mine.to(DType::f32);
     g_.barrier_.arrive_and_wait();
     const int64_t n = t.size(dim) / g_.world_size_;
     Dims shape = t.shape();
@@ -67,7 +75,7 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
       for (int64_t i = 0; i < acc.numel(); ++i) a[i] += p[i];
     }
     g_.barrier_.arrive_and_wait();
-    return t.dtype() == DType::f32 ? acc : acc.to(t.dtype());
+    return to_device(t.dtype() == DType::f32 ? acc : acc.to(t.dtype()), t.device());
   }
 
   Tensor all_to_all(const Tensor& t, int dim) override {
@@ -75,16 +83,16 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
     KVATTN_CHECK(dim >= 0 && dim < t.dim() && t.size(dim) % g_.world_size_ == 0,
                  "all_to_all: dim {} of {} must exist and divide by the world size {}", dim, t.str(),
                  g_.world_size_);
-    g_.slots_[rank_] = t.contiguous();
+    g_.slots_[rank_] = host_contiguous(t);
     g_.barrier_.arrive_and_wait();
     const int64_t n = t.size(dim) / g_.world_size_;
     Dims shape = t.shape();
     shape[dim] = n;
     shape.insert(0, g_.world_size_);
-    Tensor out = Tensor::empty(shape, t.dtype(), t.device());
+    Tensor out = Tensor::empty(shape, t.dtype());
     for (int64_t r = 0; r < g_.world_size_; ++r) out.select(0, r).copy_from(g_.slots_[r].narrow(dim, rank_ * n, n));
     g_.barrier_.arrive_and_wait();
-    return out;
+    return to_device(out, t.device());
   }
 
  private:
@@ -116,28 +124,10 @@ void check_combine_args(const Tensor& out, const Tensor& lse, const DcpCommunica
                "{}: cp_attn_out must be [T, W*H, D] and cp_attn_lse [T, W*H]; got {} and {}", who, out.str(),
                lse.str());
   KVATTN_CHECK(lse.dtype() == DType::f32, "{}: cp_attn_lse must be float32, got {}", who, dtype_name(lse.dtype()));
+  KVATTN_CHECK(out.device() == lse.device(), "{}: cp_attn_out is on {} but cp_attn_lse on {}", who,
+               out.device().str(), lse.device().str());
   KVATTN_CHECK(out.size(1) % g.world_size() == 0, "{}: {} heads do not divide over {} DCP ranks", who, out.size(1),
                g.world_size());
-}
-
-inline float lse_exp(float x, bool base_e) { return base_e ? std::exp(x) : std::exp2(x); }
-inline float lse_log(float x, bool base_e) { return base_e ? std::log(x) : std::log2(x); }
-
-// Global LSE over `w` values at stride `stride` from `p`.
-inline float global_lse(const float* p, int64_t w, int64_t stride, bool base_e) {
-  float m = kNegInf;
-  for (int64_t r = 0; r < w; ++r) {
-    float v = p[r * stride];
-    if (std::isnan(v) || v == std::numeric_limits<float>::infinity()) v = kNegInf;
-    m = std::max(m, v);
-  }
-  if (m == kNegInf) return kNegInf;
-  float s = 0.f;
-  for (int64_t r = 0; r < w; ++r) {
-    const float v = p[r * stride];
-    if (!(std::isnan(v) || std::isinf(v))) s += lse_exp(v - m, base_e);
-  }
-  return m + lse_log(s, base_e);
 }
 
 }  // namespace
@@ -147,25 +137,21 @@ Tensor cp_lse_ag_out_rs(const Tensor& cp_attn_out, const Tensor& cp_attn_lse, Dc
   check_combine_args(cp_attn_out, cp_attn_lse, group, "cp_lse_ag_out_rs");
   const int64_t W = group.world_size(), T = cp_attn_out.size(0), WH = cp_attn_out.size(1), D = cp_attn_out.size(2);
   const int64_t H = WH / W, rank = group.rank();
-  Tensor lses = group.all_gather(cp_attn_lse.contiguous().unsqueeze(0), 0);  // [W, T, WH]
-  const float* L = lses.data_ptr<float>();
-  Tensor corrected = as_f32_contiguous(cp_attn_out);
-  if (corrected.storage() == cp_attn_out.storage()) corrected = corrected.clone();
-  float* o = corrected.data_ptr<float>();
-  Tensor global = Tensor::empty({T, WH}, DType::f32);
-  float* G = global.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < WH; ++h) {
-      const float g = global_lse(L + t * WH + h, W, T * WH, is_lse_base_on_e);
-      G[t * WH + h] = g;
-      const float mine = L[rank * T * WH + t * WH + h];
-      const float f = (g == kNegInf || std::isinf(mine) || std::isnan(mine)) ? 0.f : lse_exp(mine - g, is_lse_base_on_e);
-      float* row = o + (t * WH + h) * D;
-      for (int64_t d = 0; d < D; ++d) row[d] *= f;
-    }
-  Tensor out = group.reduce_scatter(corrected, 1);  // [T, H, D] f32
-  if (lse_out) *lse_out = global.narrow(1, rank * H, H).contiguous();
-  return cp_attn_out.dtype() == DType::f32 ? out : out.to(cp_attn_out.dtype());
+  const Device dev = cp_attn_out.device();
+  // Every rank's LSE -> this rank's weights; its weighted partial, packed by destination rank.
+  Tensor lses = group.all_gather(cp_attn_lse.unsqueeze(0), 0);  // [W, T, WH]
+  Tensor packed = Tensor::empty({W, T, H, D}, DType::f32, dev);
+  Tensor global = lse_out ? Tensor::empty({T, WH}, DType::f32, dev) : Tensor();
+  ops::dcp_lse_scale_pack(cp_attn_out, lses, rank, is_lse_base_on_e, packed, global);
+  Tensor summed = group.reduce_scatter(packed, 0).select(0, 0);  // [T, H, D] f32
+  if (lse_out) {
+    *lse_out = Tensor::empty({T, H}, DType::f32, dev);
+    ops::copy_(*lse_out, global.narrow(1, rank * H, H));
+  }
+  if (cp_attn_out.dtype() == DType::f32) return summed;
+  Tensor out = Tensor::empty({T, H, D}, cp_attn_out.dtype(), dev);
+  ops::copy_(out, summed);
+  return out;
 }
 
 Tensor dcp_a2a_lse_reduce(const Tensor& cp_attn_out, const Tensor& cp_attn_lse, DcpCommunicator& group,
@@ -173,30 +159,14 @@ Tensor dcp_a2a_lse_reduce(const Tensor& cp_attn_out, const Tensor& cp_attn_lse, 
   check_combine_args(cp_attn_out, cp_attn_lse, group, "dcp_a2a_lse_reduce");
   const int64_t W = group.world_size(), T = cp_attn_out.size(0), WH = cp_attn_out.size(1), D = cp_attn_out.size(2);
   const int64_t H = WH / W;
-  Tensor outs = group.all_to_all(as_f32_contiguous(cp_attn_out), 1);  // [W, T, H, D]
-  Tensor lses = group.all_to_all(cp_attn_lse.contiguous(), 1);        // [W, T, H]
-  const float* O = outs.data_ptr<float>();
-  const float* L = lses.data_ptr<float>();
-  Tensor out = Tensor::zeros({T, H, D}, DType::f32);
-  Tensor global = Tensor::empty({T, H}, DType::f32);
-  float* R = out.data_ptr<float>();
-  float* G = global.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const float g = global_lse(L + t * H + h, W, T * H, is_lse_base_on_e);
-      G[t * H + h] = g;
-      if (g == kNegInf) continue;
-      float* row = R + (t * H + h) * D;
-      for (int64_t r = 0; r < W; ++r) {
-        const float l = L[r * T * H + t * H + h];
-        if (std::isinf(l) || std::isnan(l)) continue;
-        const float f = lse_exp(l - g, is_lse_base_on_e);
-        const float* src = O + ((r * T + t) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) row[d] += f * src[d];
-      }
-    }
+  const Device dev = cp_attn_out.device();
+  Tensor outs = group.all_to_all(cp_attn_out, 1);  // [W, T, H, D]: every rank's partial of my heads
+  Tensor lses = group.all_to_all(cp_attn_lse, 1);  // [W, T, H]
+  Tensor out = Tensor::empty({T, H, D}, cp_attn_out.dtype(), dev);
+  Tensor global = lse_out ? Tensor::empty({T, H}, DType::f32, dev) : Tensor();
+  ops::dcp_lse_combine(outs, lses, is_lse_base_on_e, out, global);
   if (lse_out) *lse_out = global;
-  return cp_attn_out.dtype() == DType::f32 ? out : out.to(cp_attn_out.dtype());
+  return out;
 }
 
 }  // namespace kvattn

@@ -8,6 +8,7 @@
 
 #include "kvattn/attention/communicator.h"
 #include "kvattn/core/error.h"
+#include "kvattn/ops/dcp_combine.h"
 #include "kvattn/ops/page_utils.h"
 #include "kvattn/ops/reshape_and_cache.h"
 
@@ -365,7 +366,7 @@ void FlashInferImpl::run_decode(const FlashInferMetadata& md, const AttentionLay
       return;
     }
     if (sinks_.defined()) throw Unsupported("DCP decode does not support attention sinks (the gathered query has W*H heads)");
-    Tensor q_all = dcp_group_->all_gather(dq.contiguous(), -2);  // [nd, W*H, D]
+    Tensor q_all = dcp_group_->all_gather(dq, -2);  // [nd, W*H, D]
     Tensor out_tmp = Tensor::empty(q_all.shape(), DType::f32, q_all.device());
     Tensor lse = Tensor::empty({q_all.size(0), q_all.size(1)}, DType::f32, q_all.device());
     AttentionRunArgs a = args;
@@ -374,7 +375,7 @@ void FlashInferImpl::run_decode(const FlashInferMetadata& md, const AttentionLay
     attend(q_all, out_tmp, a);
     Tensor combined = dcp_a2a_ ? dcp_a2a_lse_reduce(out_tmp, lse, *dcp_group_, false)
                                : cp_lse_ag_out_rs(out_tmp, lse, *dcp_group_, false);
-    Tensor(out).copy_from(combined);
+    ops::copy_(out, combined);
   };
 
   if (const auto* fi = std::get_if<FIDecode>(&md.decode)) {

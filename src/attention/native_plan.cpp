@@ -374,18 +374,19 @@ void BatchDCPPrefillWrapper::run(DcpCommunicator& group, const Tensor& prefill_q
                group.world_size());
   KVATTN_CHECK(!args.sinks.defined(), "BatchDCPPrefillWrapper does not support attention sinks");
   const int64_t T = prefill_query.size(0), H = prefill_query.size(1), D = prefill_query.size(2);
-  // Context: all-gathered query over this rank's context shard, LSE in base 2 (FlashInfer).
-  Tensor q_all = group.all_gather(prefill_query.contiguous(), 1);  // [T, W*H, D]
+  // Context: all-gathered query over this rank's context shard.  FlashInfer returns a base-2
+  // LSE that vLLM converts after the combine; asking the kernel for natural-log LSE and
+  // combining in base e gives the same weights and the LSE merge_attn_states takes.
+  Tensor q_all = group.all_gather(prefill_query, 1);  // [T, W*H, D]
   Tensor out_ctx_tmp = Tensor::empty({T, H * dcp_world_size_, D}, DType::f32, prefill_query.device());
   Tensor lse_ctx_tmp = Tensor::empty({T, H * dcp_world_size_}, DType::f32, prefill_query.device());
   AttentionRunArgs ctx_args = args;
   ctx_args.lse = lse_ctx_tmp;
-  ctx_args.lse_base = ops::LseBase::Two;
+  ctx_args.lse_base = ops::LseBase::E;
   context_.run(q_all, k_cache, v_cache, out_ctx_tmp, ctx_args);
   Tensor lse_ctx;  // [T, H]
-  Tensor out_ctx = dcp_a2a_ ? dcp_a2a_lse_reduce(out_ctx_tmp, lse_ctx_tmp, group, false, &lse_ctx)
-                            : cp_lse_ag_out_rs(out_ctx_tmp, lse_ctx_tmp, group, false, &lse_ctx);
-  ops::log2_lse_to_ln(lse_ctx);
+  Tensor out_ctx = dcp_a2a_ ? dcp_a2a_lse_reduce(out_ctx_tmp, lse_ctx_tmp, group, true, &lse_ctx)
+                            : cp_lse_ag_out_rs(out_ctx_tmp, lse_ctx_tmp, group, true, &lse_ctx);
   // New tokens: causal over this step's own K/V, this rank's heads, natural-log LSE.
   Tensor out_new = Tensor::empty({T, H, D}, DType::f32, prefill_query.device());
   Tensor lse_new = Tensor::empty({T, H}, DType::f32, prefill_query.device());
@@ -402,8 +403,7 @@ void BatchDCPPrefillWrapper::run(DcpCommunicator& group, const Tensor& prefill_q
                                   "(one must divide the other)", H, g));
   new_tokens_.run(prefill_query, key.narrow(1, first, last - first + 1), value.narrow(1, first, last - first + 1),
                   out_new, new_args);
-  ops::merge_attn_states(out, out_ctx, lse_ctx.transpose(0, 1).contiguous(), out_new,
-                         lse_new.transpose(0, 1).contiguous());
+  ops::merge_attn_states(out, out_ctx, lse_ctx.transpose(0, 1), out_new, lse_new.transpose(0, 1));
 }
 
 }  // namespace kvattn

@@ -23,5 +23,6 @@ void free(void*, int) noexcept {}
 void memcpy(void*, const void*, std::size_t) { no_cuda("cuda::memcpy"); }
 void memset(void*, int, std::size_t) { no_cuda("cuda::memset"); }
 void synchronize() { no_cuda("cuda::synchronize"); }
+void set_device(int) { no_cuda("cuda::set_device"); }
 
 }  // namespace kvattn::cuda

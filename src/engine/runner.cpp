@@ -7,9 +7,11 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <thread>
 
 #include "kvattn/attention/attention_group_builders.h"
 #include "kvattn/attention/backend_registry.h"
+#include "kvattn/attention/communicator.h"
 #include "kvattn/attention/native_backend.h"
 #include "kvattn/attention/paged_kv_metadata.h"
 #include "kvattn/batch/batch_preparer.h"
@@ -49,26 +51,52 @@ double tolerance_for(DType model_dtype, DType kv_dtype) {
 // same memory, so they must never share a block id).  Block 0 stays the null block.
 inline int32_t physical_block(int32_t b, int32_t g, int32_t G) { return b == 0 ? 0 : 1 + (b - 1) * G + g; }
 
+// One model layer as the runner sees it: its name, kind, and the reference (oracle) layer.
 struct LayerState {
   std::string name;
   int64_t model_index = 0;
   bool sliding = false;
-  AttentionLayer native;
   AttentionLayer reference;
-  Tensor kv_cache;  // the layer's [B, H, N, C] view
+  Tensor reference_cache;  // what the reference reads: rank 0's cache, or the host shadow (DCP)
 };
 
+// What every rank shares about one KV cache group: the batch (identical on every rank), the
+// reference builders and the correctness sample.
 struct GroupState {
   std::shared_ptr<const AttentionSpec> spec;
   std::vector<size_t> layers;  // indices into Runner::layers_
-  std::unique_ptr<AttentionGroupBuilders> native;
   std::unique_ptr<AttentionGroupBuilders> reference;
   std::unique_ptr<InputBatch> batch;
-  std::unique_ptr<BatchPreparer> preparer;  // on the run's device
   // The correctness sample: every request's last (up to kCheckTokensPerRequest) query tokens
   // of the step, as a batch of their own, prepared on the host for the reference backend.
   std::unique_ptr<InputBatch> sample_batch;
   std::unique_ptr<BatchPreparer> sample_preparer;
+  // DCP with checks: slot mapping of the host shadow cache (blocks of block_size * W tokens).
+  std::unique_ptr<BatchPreparer> shadow_preparer;
+  int64_t cascade_prefix_len = 0;  // this step's decision
+};
+
+// One DCP rank (the only one without DCP): its device, KV cache, native layers and builders,
+// step buffers.  Under DCP every rank holds the full batch, a token-interleaved shard of each
+// request's KV and Hq / W query heads.
+struct RankState {
+  int64_t rank = 0;
+  Device device;
+  DcpCommunicator* comm = nullptr;
+  BackendConfig cfg;
+  LayerRegistry registry;
+  KVCacheViews views;
+  std::vector<AttentionLayer> native;  // per LayerState
+  std::vector<Tensor> kv_cache;        // per LayerState: the layer's [B, H, N, C] view
+  std::vector<std::unique_ptr<AttentionGroupBuilders>> builders;  // per GroupState
+  std::vector<std::unique_ptr<BatchPreparer>> preparers;          // per GroupState
+  std::vector<const CommonAttentionMetadata*> step_metadata;      // per GroupState, this step
+  std::unique_ptr<KVBlockZeroer> zeroer;
+  // Step tensors (host, reused every step) and the output on the rank's device.
+  std::vector<float> qf, kf, vf;
+  Tensor q_host, k_host, v_host, out;
+  StepTiming timing;
+  std::string error;
 };
 
 // Query tokens per request the reference recomputes at a check: the whole step for decodes,
@@ -83,30 +111,38 @@ class Runner {
 
  private:
   void setup();
+  void setup_rank(RankState& rs, const std::vector<int64_t>& kernel_block_sizes, const AttentionBackendPtr& backend);
+  void setup_shadow_cache(const std::vector<std::string>& attention_layers);
   void update_batches(const SchedulerOutput& out);
   int64_t common_prefix_len(const GroupState& g) const;
-  void make_qkv(const LayerState& layer, const InputBatch& batch, int64_t num_tokens);
+  void decide_cascade(GroupState& g);
+  void rank_step(RankState& rs, int64_t step, int64_t check_layer_index);
+  void make_qkv(RankState& rs, const LayerState& layer, const InputBatch& batch, int64_t num_tokens);
   void check_layer(GroupState& g, LayerState& layer, const CommonAttentionMetadata& cm, int64_t step);
+
+  int64_t W() const { return cfg_.dcp; }
 
   RunConfig cfg_;
   const Trace& trace_;
   ModelConfig model_;
   KVPlan plan_;
-  KVCacheViews views_;
-  BackendConfig native_cfg_, ref_cfg_;
-  LayerRegistry native_registry_, ref_registry_;
+  BackendConfig ref_cfg_;
+  LayerRegistry ref_registry_;
   std::vector<LayerState> layers_;
   std::vector<GroupState> groups_;
-  std::unique_ptr<KVBlockZeroer> zeroer_;
+  std::vector<RankState> ranks_;
+  std::unique_ptr<InProcessDcpGroup> in_process_group_;
+  std::unique_ptr<NcclDcpGroup> nccl_group_;
+  KVCacheViews shadow_views_;  // DCP with checks: the whole KV on the host, for the reference
   std::unique_ptr<Scheduler> scheduler_;
   std::vector<int64_t> row_of_req_;  // request id -> row in every group's batch, -1 = absent
   int32_t reorder_threshold_ = 1;
   DType kv_dtype_ = DType::bf16;
   RunStats stats_;
-  // Step tensors (host, reused every step) and their device twins.
-  std::vector<float> qf_, kf_, vf_;
-  Tensor q_host_, k_host_, v_host_, out_;
   std::vector<int32_t> zero_ids_;
+  // The checked layer of this step: the full output rows [T, Hq, D] (every rank writes its
+  // heads) and rank 0's host Q/K/V of that layer.
+  Tensor check_out_, check_q_, check_k_, check_v_;
 };
 
 void Runner::setup() {
@@ -119,6 +155,16 @@ void Runner::setup() {
     model_.layer_kinds.resize(static_cast<size_t>(*cfg_.num_layers));
     if (model_.num_layers_of(ModelLayerKind::mamba) == 0) model_.mamba.reset();
   }
+  if (W() > 1) {
+    KVATTN_CHECK(model_.num_attention_heads % W() == 0,
+                 "--dcp {}: the model's {} query heads must divide over the DCP ranks (each rank serves "
+                 "num_attention_heads / dcp of them); valid --dcp values divide {}",
+                 W(), model_.num_attention_heads, model_.num_attention_heads);
+    KVATTN_CHECK(model_.num_layers_of(ModelLayerKind::sliding_window) == 0 && !model_.mamba,
+                 "--dcp {}: model {} has sliding-window or Mamba layers; decode context parallelism serves "
+                 "full-attention models only (vLLM's FlashInfer backend rejects sliding windows with DCP)",
+                 W(), model_.name);
+  }
   PlanOptions po;
   po.block_size = cfg_.block_size;
   po.kv_cache_dtype = cfg_.kv_cache_dtype;
@@ -130,7 +176,25 @@ void Runner::setup() {
   kv_dtype_ = plan_.kv_dtype;
   const Device dev = cfg_.device;
 
-  // ---- backend configuration (shared by every group) ----------------------------------
+  // ---- the DCP transport ----------------------------------------------------------------
+  if (W() > 1) {
+    if (dev.is_cuda()) {
+      const int n = cuda::device_count();
+      KVATTN_CHECK(dev.index + W() <= n,
+                   "--dcp {} on {} needs GPUs cuda:{}..cuda:{} (one per rank), but this machine has {}; lower "
+                   "--dcp or run on CPU (--device cpu simulates the ranks as threads)",
+                   W(), dev.str(), dev.index, dev.index + W() - 1, n);
+      std::vector<int> devices;
+      for (int r = 0; r < W(); ++r) devices.push_back(dev.index + r);
+      nccl_group_ = std::make_unique<NcclDcpGroup>(devices);  // Unsupported without NCCL
+      stats_.dcp_transport = nccl_group_->describe();
+    } else {
+      in_process_group_ = std::make_unique<InProcessDcpGroup>(W());
+      stats_.dcp_transport = fmt::format("in-process, {} ranks as threads", W());
+    }
+  }
+
+  // ---- backend configuration ------------------------------------------------------------
   BackendConfig bc;
   bc.platform.device = dev;
   if (dev.is_cuda()) {
@@ -150,8 +214,6 @@ void Runner::setup() {
   bc.cache_dtype = cfg_.kv_cache_dtype;
   bc.cache_config.kv_cache_layout = layout_name(plan_.layout);
   bc.flashinfer_workspace_buffer_size = 0;
-  native_cfg_ = bc;
-  native_cfg_.layers = &native_registry_;
   ref_cfg_ = bc;
   ref_cfg_.platform.device = Device::cpu();
   ref_cfg_.platform.capability.reset();
@@ -161,7 +223,7 @@ void Runner::setup() {
 
   // Kernel block size per group: the manager's when the backend takes it, else the largest
   // size it takes that divides it (virtual block splitting, vLLM's select_common_block_size).
-  const BlockSizeBackend bsb = native_backend->block_size_backend(native_cfg_);
+  const BlockSizeBackend bsb = native_backend->block_size_backend(bc);
   std::vector<int64_t> kernel_block_sizes;
   for (const auto& gs : plan_.config.kv_cache_groups) {
     const KVCacheSpec* spec = gs.kv_cache_spec.get();
@@ -169,10 +231,10 @@ void Runner::setup() {
                                      ? select_common_block_size(spec->block_size(), {&bsb}, {spec})
                                      : spec->block_size());
   }
-  views_ = allocate_kv_cache(plan_.config, dev, plan_.layout, kernel_block_sizes);
 
-  // ---- layers ------------------------------------------------------------------------
+  // ---- layers and their reference twins -----------------------------------------------
   const double scale = 1.0 / std::sqrt(static_cast<double>(model_.head_dim));
+  std::vector<std::string> attention_layers;
   layers_.reserve(plan_.layer_specs.size());
   for (size_t i = 0; i < plan_.layer_specs.size(); ++i) {
     const auto& ls = plan_.layer_specs[i];
@@ -181,7 +243,7 @@ void Runner::setup() {
     st.name = ls.layer_name;
     st.model_index = static_cast<int64_t>(i);
     st.sliding = model_.layer_kinds[i] == ModelLayerKind::sliding_window;
-    st.kv_cache = views_.at(ls.layer_name);
+    attention_layers.push_back(st.name);
     layers_.push_back(std::move(st));
   }
   KVATTN_CHECK(!layers_.empty(), "model {} has no attention layers to serve", model_.name);
@@ -193,22 +255,37 @@ void Runner::setup() {
     p.num_kv_heads = model_.num_key_value_heads;
     if (st.sliding) p.sliding_window = model_.sliding_window;
     p.kv_cache_dtype = cfg_.kv_cache_dtype;
-    auto ni = native_backend->make_impl(p, native_cfg_);
-    ni->process_weights_after_loading(model_.dtype);
-    st.native = AttentionLayer::make(st.name, ni, dev);
     auto ri = ref_backend->make_impl(p, ref_cfg_);
     ri->process_weights_after_loading(model_.dtype);
     st.reference = AttentionLayer::make(st.name, ri, Device::cpu());
   }
-  for (auto& st : layers_) {
-    native_registry_.add(&st.native);
-    ref_registry_.add(&st.reference);
+  for (auto& st : layers_) ref_registry_.add(&st.reference);
+
+  // ---- ranks: KV cache, native layers and builders per device ----------------------------
+  ranks_.resize(static_cast<size_t>(W()));
+  for (int64_t r = 0; r < W(); ++r) {
+    RankState& rs = ranks_[static_cast<size_t>(r)];
+    rs.rank = r;
+    rs.device = dev.is_cuda() ? Device::cuda(dev.index + static_cast<int>(r)) : dev;
+    rs.comm = nccl_group_ ? &nccl_group_->communicator(r) : in_process_group_ ? &in_process_group_->communicator(r) : nullptr;
+    rs.cfg = bc;
+    rs.cfg.platform.device = rs.device;
+    rs.cfg.num_attention_heads = model_.num_attention_heads / W();
+    rs.cfg.decode_context_parallel_size = W();
+    rs.cfg.dcp_rank = r;
+    rs.cfg.cp_kv_cache_interleave_size = cfg_.dcp_interleave;
+    rs.cfg.dcp_comm_backend = cfg_.dcp_comm_backend;
+    rs.cfg.layers = &rs.registry;
+    setup_rank(rs, kernel_block_sizes, native_backend);
   }
+  if (W() > 1 && cfg_.check_every > 0) setup_shadow_cache(attention_layers);
+  for (auto& st : layers_)
+    if (!st.reference_cache.defined())
+      st.reference_cache = ranks_[0].kv_cache[static_cast<size_t>(&st - layers_.data())];
 
   // ---- groups ------------------------------------------------------------------------
-  std::vector<AttentionGroup> kv_groups;
   const auto& cfg_groups = plan_.config.kv_cache_groups;
-  for (size_t gi = 0; gi < cfg_groups.size(); ++gi) {
+  for (size_t gi = 0, out_gi = 0; gi < cfg_groups.size(); ++gi) {
     const auto& gs = cfg_groups[gi];
     GroupState g;
     for (const auto& name : gs.layer_names) {
@@ -221,38 +298,38 @@ void Runner::setup() {
     g.spec = std::shared_ptr<const AttentionSpec>(first_spec, as_attention_spec(first_spec));
     std::vector<std::string> names;
     for (size_t l : g.layers) names.push_back(layers_[l].name);
-    g.native = std::make_unique<AttentionGroupBuilders>(native_backend, names, gs.kv_cache_spec,
-                                                        static_cast<int64_t>(gi), native_cfg_);
-    g.native->create_metadata_builders(kernel_block_sizes[gi], 1);
-    g.reference = std::make_unique<AttentionGroupBuilders>(ref_backend, names, gs.kv_cache_spec,
-                                                           static_cast<int64_t>(gi), ref_cfg_);
-    g.reference->create_metadata_builders(kernel_block_sizes[gi], 1);
-    kv_groups.push_back(g.native->kv_group());
+    // The reference reads blocks of block_size tokens, or of block_size * W in the DCP shadow.
+    KVCacheSpecPtr ref_spec = W() > 1 ? gs.kv_cache_spec->copy_with_new_block_size(g.spec->block_size() * W())
+                                      : gs.kv_cache_spec;
+    const int64_t ref_kernel_block = W() > 1 ? g.spec->block_size() * W() : kernel_block_sizes[gi];
+    g.reference = std::make_unique<AttentionGroupBuilders>(ref_backend, names, ref_spec, static_cast<int64_t>(gi),
+                                                           ref_cfg_);
+    g.reference->create_metadata_builders(ref_kernel_block, 1);
+    AttentionGroupBuilders& native0 = *ranks_[0].builders[out_gi];
     reorder_threshold_ = static_cast<int32_t>(
-        std::max<int64_t>(reorder_threshold_, g.native->get_metadata_builder().reorder_batch_threshold().value_or(1)));
+        std::max<int64_t>(reorder_threshold_, native0.get_metadata_builder().reorder_batch_threshold().value_or(1)));
     // InputBatch rows hold manager blocks; the group maps them to kernel blocks at build time.
-    const int64_t width = g.native->block_table_width() * kernel_block_sizes[gi] / g.spec->block_size();
+    const int64_t width = native0.block_table_width() * kernel_block_sizes[gi] / g.spec->block_size();
     g.batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
+    g.sample_batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
     BatchPreparerConfig pc;
     pc.max_num_reqs = cfg_.max_num_seqs;
     pc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
     pc.max_model_len = plan_.model.max_model_len;
-    pc.block_size = g.spec->block_size();
+    pc.block_size = g.spec->block_size() * W();
     pc.num_blocks = plan_.config.num_blocks;
-    pc.device = dev;
-    g.preparer = std::make_unique<BatchPreparer>(pc);
-    g.sample_batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
     pc.device = Device::cpu();
     g.sample_preparer = std::make_unique<BatchPreparer>(pc);
+    if (W() > 1 && cfg_.check_every > 0) g.shadow_preparer = std::make_unique<BatchPreparer>(pc);
     groups_.push_back(std::move(g));
+    ++out_gi;
   }
-  zeroer_ = std::make_unique<KVBlockZeroer>(dev, kv_groups, kernel_block_sizes, views_, plan_.config.num_blocks);
 
-  // ---- scheduler: one logical block = one physical block per group --------------------
+  // ---- scheduler: one logical block = one physical block per group (and per rank) ---------
   const int32_t G = static_cast<int32_t>(groups_.size());
   const int32_t logical_blocks = static_cast<int32_t>(1 + (plan_.config.num_blocks - 1) / G);
   SchedulerConfig sc;
-  sc.block_size = static_cast<int32_t>(plan_.block_size);
+  sc.block_size = static_cast<int32_t>(plan_.block_size * W());  // DCP: a block spans W shards
   sc.max_num_seqs = cfg_.max_num_seqs;
   sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   sc.max_model_len = plan_.model.max_model_len;
@@ -260,16 +337,8 @@ void Runner::setup() {
   scheduler_ = std::make_unique<Scheduler>(sc, logical_blocks, trace_.requests);
   row_of_req_.assign(trace_.requests.size(), -1);
 
-  // ---- step buffers -------------------------------------------------------------------
-  const int64_t T = cfg_.max_num_batched_tokens, Hq = model_.num_attention_heads,
-                Hk = model_.num_key_value_heads, D = model_.head_dim;
-  q_host_ = Tensor::empty({T, Hq, D}, model_.dtype);
-  k_host_ = Tensor::empty({T, Hk, D}, model_.dtype);
-  v_host_ = Tensor::empty({T, Hk, D}, model_.dtype);
-  out_ = Tensor::empty({T, Hq, D}, model_.dtype, dev);
-  qf_.resize(static_cast<size_t>(T * Hq * D));
-  kf_.resize(static_cast<size_t>(T * Hk * D));
-  vf_.resize(kf_.size());
+  const int64_t T = cfg_.max_num_batched_tokens, Hq = model_.num_attention_heads, D = model_.head_dim;
+  check_out_ = Tensor::empty({T, Hq, D}, model_.dtype);
 
   stats_.model = model_.name;
   stats_.device = dev.str();
@@ -280,6 +349,81 @@ void Runner::setup() {
   stats_.num_requests = static_cast<int64_t>(trace_.requests.size());
   stats_.trace_errors = static_cast<int64_t>(trace_.errors.size());
   stats_.num_blocks = plan_.config.num_blocks;
+  stats_.dcp = W();
+}
+
+void Runner::setup_rank(RankState& rs, const std::vector<int64_t>& kernel_block_sizes,
+                        const AttentionBackendPtr& backend) {
+  if (rs.device.is_cuda()) cuda::set_device(rs.device.index);
+  rs.views = allocate_kv_cache(plan_.config, rs.device, plan_.layout, kernel_block_sizes);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(model_.head_dim));
+  rs.native.resize(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LayerState& st = layers_[i];
+    rs.kv_cache.push_back(rs.views.at(st.name));
+    AttentionImplParams p;
+    p.num_heads = model_.num_attention_heads / W();
+    p.head_size = model_.head_dim;
+    p.scale = scale;
+    p.num_kv_heads = model_.num_key_value_heads;
+    if (st.sliding) p.sliding_window = model_.sliding_window;
+    p.kv_cache_dtype = cfg_.kv_cache_dtype;
+    auto ni = backend->make_impl(p, rs.cfg);
+    ni->process_weights_after_loading(model_.dtype);
+    if (rs.comm) ni->set_dcp_group(rs.comm);
+    rs.native[i] = AttentionLayer::make(st.name, ni, rs.device);
+  }
+  for (auto& l : rs.native) rs.registry.add(&l);
+  std::vector<AttentionGroup> kv_groups;
+  const auto& cfg_groups = plan_.config.kv_cache_groups;
+  for (size_t gi = 0; gi < cfg_groups.size(); ++gi) {
+    const auto& gs = cfg_groups[gi];
+    std::vector<std::string> names;
+    for (const auto& name : gs.layer_names)
+      if (std::any_of(layers_.begin(), layers_.end(), [&](const LayerState& l) { return l.name == name; }))
+        names.push_back(name);
+    if (names.empty()) continue;
+    auto b = std::make_unique<AttentionGroupBuilders>(backend, names, gs.kv_cache_spec, static_cast<int64_t>(gi), rs.cfg);
+    b->create_metadata_builders(kernel_block_sizes[gi], 1);
+    kv_groups.push_back(b->kv_group());
+    BatchPreparerConfig pc;
+    pc.max_num_reqs = cfg_.max_num_seqs;
+    pc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+    pc.max_model_len = plan_.model.max_model_len;
+    pc.block_size = gs.kv_cache_spec->block_size();
+    pc.num_blocks = plan_.config.num_blocks;
+    pc.device = rs.device;
+    pc.dcp_world_size = W();
+    pc.dcp_rank = rs.rank;
+    pc.cp_kv_cache_interleave_size = cfg_.dcp_interleave;
+    rs.preparers.push_back(std::make_unique<BatchPreparer>(pc));
+    rs.builders.push_back(std::move(b));
+  }
+  rs.step_metadata.assign(rs.builders.size(), nullptr);
+  rs.zeroer = std::make_unique<KVBlockZeroer>(rs.device, kv_groups, kernel_block_sizes, rs.views, plan_.config.num_blocks);
+  const int64_t T = cfg_.max_num_batched_tokens, Hq = model_.num_attention_heads,
+                Hk = model_.num_key_value_heads, D = model_.head_dim;
+  rs.q_host = Tensor::empty({T, Hq, D}, model_.dtype);
+  rs.k_host = Tensor::empty({T, Hk, D}, model_.dtype);
+  rs.v_host = Tensor::empty({T, Hk, D}, model_.dtype);
+  rs.out = Tensor::empty({T, Hq / W(), D}, model_.dtype, rs.device);
+  rs.qf.resize(static_cast<size_t>(T * Hq * D));
+  rs.kf.resize(static_cast<size_t>(T * Hk * D));
+  rs.vf.resize(rs.kf.size());
+}
+
+// DCP with checks: every rank holds a shard, so the reference reads a host copy of the whole
+// KV, written every step with the full K/V and a plain (non-DCP) slot mapping over blocks of
+// block_size * W tokens (the scheduler's blocks).
+void Runner::setup_shadow_cache(const std::vector<std::string>& attention_layers) {
+  std::vector<LayerKVCacheSpec> specs;
+  for (const auto& ls : plan_.layer_specs)
+    if (std::find(attention_layers.begin(), attention_layers.end(), ls.layer_name) != attention_layers.end())
+      specs.push_back({ls.layer_name, ls.spec->copy_with_new_block_size(ls.spec->block_size() * W())});
+  const KVCacheConfig shadow = materialize_kv_cache_config(get_kv_cache_groups(specs), KVCacheLayout::LBNHC,
+                                                           plan_.config.num_blocks);
+  shadow_views_ = allocate_kv_cache(shadow, Device::cpu(), KVCacheLayout::LBNHC);
+  for (auto& st : layers_) st.reference_cache = shadow_views_.at(st.name);
 }
 
 // Brings every group's InputBatch in line with the scheduler's decisions: rows of requests
@@ -353,7 +497,7 @@ int64_t Runner::common_prefix_len(const GroupState& g) const {
 
 // Q/K/V of this step's tokens for one layer, in the batch's row order: each element is a
 // hash of (seed, layer, request — or its shared prefix for prefix tokens —, position, index).
-void Runner::make_qkv(const LayerState& layer, const InputBatch& batch, int64_t num_tokens) {
+void Runner::make_qkv(RankState& rs, const LayerState& layer, const InputBatch& batch, int64_t num_tokens) {
   const int64_t Hq = model_.num_attention_heads, Hk = model_.num_key_value_heads, D = model_.head_dim;
   int64_t t = 0;
   for (int64_t row = 0; row < batch.num_reqs(); ++row) {
@@ -368,10 +512,10 @@ void Runner::make_qkv(const LayerState& layer, const InputBatch& batch, int64_t 
                                        : static_cast<uint64_t>(id);
       const uint64_t base = (cfg_.seed * 0x100000001b3ULL) ^ (static_cast<uint64_t>(layer.model_index) << 56) ^
                             (owner << 20) ^ (static_cast<uint64_t>(pos) * 0x9e3779b1ULL);
-      for (int64_t e = 0; e < Hq * D; ++e) qf_[static_cast<size_t>(t * Hq * D + e)] = synth_value(base ^ (uint64_t(e) << 1));
+      for (int64_t e = 0; e < Hq * D; ++e) rs.qf[static_cast<size_t>(t * Hq * D + e)] = synth_value(base ^ (uint64_t(e) << 1));
       for (int64_t e = 0; e < Hk * D; ++e) {
-        kf_[static_cast<size_t>(t * Hk * D + e)] = synth_value(base ^ ((uint64_t(e) << 1) | 1) ^ 0x5555ULL);
-        vf_[static_cast<size_t>(t * Hk * D + e)] = synth_value(base ^ ((uint64_t(e) << 1) | 1) ^ 0xaaaaULL);
+        rs.kf[static_cast<size_t>(t * Hk * D + e)] = synth_value(base ^ ((uint64_t(e) << 1) | 1) ^ 0x5555ULL);
+        rs.vf[static_cast<size_t>(t * Hk * D + e)] = synth_value(base ^ ((uint64_t(e) << 1) | 1) ^ 0xaaaaULL);
       }
     }
   }
@@ -380,13 +524,14 @@ void Runner::make_qkv(const LayerState& layer, const InputBatch& batch, int64_t 
     Tensor f = Tensor::from_blob(const_cast<float*>(src.data()), {count}, DType::f32);
     dst.view({-1}).narrow(0, 0, count).copy_from(f);
   };
-  store(qf_, q_host_, t * Hq * D);
-  store(kf_, k_host_, t * Hk * D);
-  store(vf_, v_host_, t * Hk * D);
+  store(rs.qf, rs.q_host, t * Hq * D);
+  store(rs.kf, rs.k_host, t * Hk * D);
+  store(rs.vf, rs.v_host, t * Hk * D);
 }
 
 // Recomputes a sample of this step's outputs of one layer with the reference backend, from
-// the same (already updated) cache, and compares.  The sample is every request's last
+// the same (already updated) cache — or, under DCP, from the host shadow of every rank's
+// shards — and compares with the native output rows saved by the ranks (check_out_).  The sample is every request's last
 // kCheckTokensPerRequest query tokens: a request whose chunk starts at c with n tokens
 // becomes a sample row with c + n - m computed and m scheduled tokens.
 void Runner::check_layer(GroupState& g, LayerState& layer, const CommonAttentionMetadata& cm, int64_t step) {
@@ -415,27 +560,25 @@ void Runner::check_layer(GroupState& g, LayerState& layer, const CommonAttention
   const int64_t Ts = static_cast<int64_t>(native_rows.size());
   const CommonAttentionMetadata& cm_s = g.sample_preparer->prepare(sb);
   const AttentionMetadata& md_ref = g.reference->build_metadata(cm_s);
-  Tensor kv_cpu = layer.kv_cache;
-  if (!layer.kv_cache.device().is_cpu()) {
+  Tensor kv_cpu = layer.reference_cache;
+  if (!kv_cpu.device().is_cpu()) {
     // The reference reads the cache on the host: copy the backing allocation and rebuild the
     // same strided view over the copy.
-    const auto& st = layer.kv_cache.storage();
+    const auto& st = kv_cpu.storage();
     auto host = Buffer::allocate(st->size(), Device::cpu());
     cuda::memcpy(host->data(), st->data(), st->size());
-    kv_cpu = Tensor::from_buffer(host, layer.kv_cache.byte_offset(), layer.kv_cache.shape(), layer.kv_cache.strides(),
-                                 layer.kv_cache.dtype());
+    kv_cpu = Tensor::from_buffer(host, kv_cpu.byte_offset(), kv_cpu.shape(), kv_cpu.strides(), kv_cpu.dtype());
   }
   const int64_t Hq = model_.num_attention_heads, Hk = model_.num_key_value_heads, D = model_.head_dim;
   Tensor qs = Tensor::empty({Ts, Hq, D}, model_.dtype), ks = Tensor::empty({Ts, Hk, D}, model_.dtype),
          vs = Tensor::empty({Ts, Hk, D}, model_.dtype);
-  Tensor got_all = out_.narrow(0, 0, cm.num_actual_tokens);
-  if (!got_all.device().is_cpu()) got_all = got_all.to(Device::cpu());
+  const Tensor got_all = check_out_.narrow(0, 0, cm.num_actual_tokens);
   Tensor got = Tensor::empty({Ts, Hq, D}, model_.dtype);
   for (int64_t i = 0; i < Ts; ++i) {
     const int64_t t = native_rows[static_cast<size_t>(i)];
-    qs.select(0, i).copy_from(q_host_.select(0, t));
-    ks.select(0, i).copy_from(k_host_.select(0, t));
-    vs.select(0, i).copy_from(v_host_.select(0, t));
+    qs.select(0, i).copy_from(check_q_.select(0, t));
+    ks.select(0, i).copy_from(check_k_.select(0, t));
+    vs.select(0, i).copy_from(check_v_.select(0, t));
     got.select(0, i).copy_from(got_all.select(0, t));
   }
   if (step == cfg_.corrupt_output_at_step && Ts > 0) got.set({Ts - 1, 0, 0}, got.get({Ts - 1, 0, 0}) + 1.0);
@@ -467,9 +610,85 @@ void Runner::check_layer(GroupState& g, LayerState& layer, const CommonAttention
   ++stats_.checks_passed;
 }
 
+// The cascade decision of one group for this step (the same on every rank); never under DCP
+// (the backend's DCP paths have no cascade form).
+void Runner::decide_cascade(GroupState& g) {
+  g.cascade_prefix_len = 0;
+  if (cfg_.cascade == "off" || W() > 1) return;
+  const int64_t candidate = common_prefix_len(g);
+  if (candidate <= 0) return;
+  const auto sched = g.batch->num_scheduled_tokens();
+  const std::vector<int32_t> qlens(sched.begin(), sched.begin() + g.batch->num_reqs());
+  const int64_t num_sms = ranks_[0].cfg.num_sms;
+  bool use = false;
+  if (cfg_.cascade == "rule") {
+    CascadeAttentionQuery q{candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads,
+                            false, g.spec->sliding_window().has_value(), false, num_sms, 1};
+    use = use_cascade_attention(q);
+  } else {
+    use = ranks_[0].builders[static_cast<size_t>(&g - groups_.data())]->get_metadata_builder().use_cascade_attention(
+        candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads, false,
+        g.spec->sliding_window().has_value(), false, num_sms, 1);
+  }
+  if (use) g.cascade_prefix_len = candidate;
+}
+
+// One rank's share of a step: zero the new blocks, prepare + build every group's metadata,
+// then per layer: Q/K/V, KV-cache write, forward.  Under DCP all ranks run this concurrently
+// (one thread each) and meet in the backend's collectives.  For the checked layer the rank
+// saves its output heads into check_out_ (rank 0 also its host Q/K/V and, under DCP, writes
+// the host shadow cache of every layer).
+void Runner::rank_step(RankState& rs, int64_t step, int64_t check_layer_index) {
+  rs.timing = StepTiming{};
+  if (rs.device.is_cuda()) cuda::set_device(rs.device.index);
+  auto tz = Clock::now();
+  rs.zeroer->zero_block_ids(zero_ids_);
+  rs.timing.attention_us += us_since(tz);
+  const int64_t H = model_.num_attention_heads / W();
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    GroupState& g = groups_[gi];
+    auto tb = Clock::now();
+    const CommonAttentionMetadata& cm = rs.preparers[gi]->prepare(*g.batch);
+    rs.step_metadata[gi] = &cm;
+    const AttentionMetadata& md = rs.builders[gi]->build_metadata(cm, 0, g.cascade_prefix_len);
+    rs.timing.host_us += us_since(tb);
+    const int64_t T = cm.num_actual_tokens;
+    const CommonAttentionMetadata* shadow = nullptr;
+    if (g.shadow_preparer && rs.rank == 0) shadow = &g.shadow_preparer->prepare(*g.batch);
+    for (size_t li : g.layers) {
+      LayerState& layer = layers_[li];
+      make_qkv(rs, layer, *g.batch, T);
+      Tensor q = rs.q_host.narrow(0, 0, T), k = rs.k_host.narrow(0, 0, T), v = rs.v_host.narrow(0, 0, T);
+      if (W() > 1) q = q.narrow(1, rs.rank * H, H).contiguous();  // this rank's query heads
+      if (rs.device.is_cuda()) {
+        q = q.to(rs.device);
+        k = k.to(rs.device);
+        v = v.to(rs.device);
+      }
+      if (shadow)
+        layer.reference.impl->do_kv_cache_update(layer.reference, rs.k_host.narrow(0, 0, T), rs.v_host.narrow(0, 0, T),
+                                                 layer.reference_cache, shadow->slot_mapping.narrow(0, 0, T));
+      Tensor o = rs.out.narrow(0, 0, T);
+      AttentionLayer& native = rs.native[li];
+      auto ta = Clock::now();
+      native.impl->do_kv_cache_update(native, k, v, rs.kv_cache[li], cm.slot_mapping.narrow(0, 0, T));
+      native.impl->forward(native, q, k, v, rs.kv_cache[li], &md, o);
+      if (rs.device.is_cuda()) cuda::synchronize();
+      rs.timing.attention_us += us_since(ta);
+      if (static_cast<int64_t>(li) == check_layer_index) {
+        check_out_.narrow(0, 0, T).narrow(1, rs.rank * H, H).copy_from(o.device().is_cpu() ? o : o.to(Device::cpu()));
+        if (rs.rank == 0) {
+          check_q_ = rs.q_host.narrow(0, 0, T).clone();
+          check_k_ = rs.k_host.narrow(0, 0, T).clone();
+          check_v_ = rs.v_host.narrow(0, 0, T).clone();
+        }
+      }
+    }
+  }
+}
+
 RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
   setup();
-  const Device dev = cfg_.device;
   const int32_t G = static_cast<int32_t>(groups_.size());
   const auto t_start = Clock::now();
   int64_t step = 0, finished = 0, tokens = 0;
@@ -482,16 +701,17 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
       ++step;
       continue;
     }
-    // New blocks are zeroed before this step writes them (every group's copy); device work,
-    // counted with the attention time.
+    // New blocks are zeroed (every group's copy, on every rank) before this step writes them.
     zero_ids_.clear();
     for (int32_t b : out.new_block_ids)
       for (int32_t gi = 0; gi < G; ++gi) zero_ids_.push_back(physical_block(b, gi, G));
-    auto tz = Clock::now();
-    zeroer_->zero_block_ids(zero_ids_);
-    timing.attention_us += us_since(tz);
     auto tu = Clock::now();
     update_batches(out);
+    bool step_cascade = false;
+    for (auto& g : groups_) {
+      decide_cascade(g);
+      step_cascade = step_cascade || g.cascade_prefix_len > 0;
+    }
     timing.host_us += us_since(tu);
     timing.tokens = out.total_tokens;
     for (const auto& s : out.scheduled) {
@@ -502,52 +722,40 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
       stats_.decode_tokens += s.num_new_tokens - prompt_part;
     }
     const bool check_step = cfg_.check_every > 0 && step % cfg_.check_every == 0;
-    bool step_cascade = false;
-    for (auto& g : groups_) {
-      auto tb = Clock::now();
-      const CommonAttentionMetadata& cm = g.preparer->prepare(*g.batch);
-      int64_t cpl = 0;
-      if (cfg_.cascade != "off") {
-        const int64_t candidate = common_prefix_len(g);
-        if (candidate > 0) {
-          std::vector<int32_t> qlens(static_cast<size_t>(cm.num_reqs));
-          cm.naive_query_lens(qlens);
-          bool use = false;
-          if (cfg_.cascade == "rule") {
-            CascadeAttentionQuery q{candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads,
-                                    false, g.spec->sliding_window().has_value(), false, native_cfg_.num_sms, 1};
-            use = use_cascade_attention(q);
-          } else {
-            use = g.native->get_metadata_builder().use_cascade_attention(
-                candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads, false,
-                g.spec->sliding_window().has_value(), false, native_cfg_.num_sms, 1);
+    const int64_t check_layer_index =
+        check_step ? (step / std::max(1, cfg_.check_every)) % static_cast<int64_t>(layers_.size()) : -1;
+
+    // The ranks' work: inline without DCP, one thread per rank with it.
+    if (W() == 1) {
+      rank_step(ranks_[0], step, check_layer_index);
+    } else {
+      std::vector<std::thread> threads;
+      for (auto& rs : ranks_)
+        threads.emplace_back([&, rsp = &rs] {
+          try {
+            rank_step(*rsp, step, check_layer_index);
+          } catch (const std::exception& e) {
+            rsp->error = e.what();
           }
-          if (use) cpl = candidate;
-        }
-      }
-      step_cascade = step_cascade || cpl > 0;
-      const AttentionMetadata& md = g.native->build_metadata(cm, 0, cpl);
-      timing.host_us += us_since(tb);
-      const int64_t T = cm.num_actual_tokens;
-      for (size_t li = 0; li < g.layers.size(); ++li) {
-        LayerState& layer = layers_[g.layers[li]];
-        make_qkv(layer, *g.batch, T);
-        Tensor q = q_host_.narrow(0, 0, T), k = k_host_.narrow(0, 0, T), v = v_host_.narrow(0, 0, T);
-        if (dev.is_cuda()) {
-          q = q.to(dev);
-          k = k.to(dev);
-          v = v.to(dev);
-        }
-        Tensor o = out_.narrow(0, 0, T);
-        auto ta = Clock::now();
-        layer.native.impl->do_kv_cache_update(layer.native, k, v, layer.kv_cache, cm.slot_mapping.narrow(0, 0, T));
-        layer.native.impl->forward(layer.native, q, k, v, layer.kv_cache, &md, o);
-        if (dev.is_cuda()) cuda::synchronize();
-        timing.attention_us += us_since(ta);
-        const bool check_this = check_step && static_cast<int64_t>(g.layers[li]) ==
-                                                   (step / std::max(1, cfg_.check_every)) % static_cast<int64_t>(layers_.size());
-        if (check_this) check_layer(g, layer, cm, step);
-      }
+        });
+      for (auto& t : threads) t.join();
+      for (const auto& rs : ranks_)
+        if (!rs.error.empty())
+          throw InternalError(fmt::format("step {}: DCP rank {} failed: {}", step, rs.rank, rs.error));
+    }
+    double rank_host = 0, rank_attn = 0;
+    for (const auto& rs : ranks_) {
+      rank_host = std::max(rank_host, rs.timing.host_us);
+      rank_attn = std::max(rank_attn, rs.timing.attention_us);
+    }
+    timing.host_us += rank_host;
+    timing.attention_us += rank_attn;
+    if (check_layer_index >= 0) {
+      LayerState& layer = layers_[static_cast<size_t>(check_layer_index)];
+      for (size_t gi = 0; gi < groups_.size(); ++gi)
+        if (std::find(groups_[gi].layers.begin(), groups_[gi].layers.end(), static_cast<size_t>(check_layer_index)) !=
+            groups_[gi].layers.end())
+          check_layer(groups_[gi], layer, *ranks_[0].step_metadata[gi], step);
     }
     stats_.cascade_steps += step_cascade;
     stats_.timings.push_back(timing);
@@ -586,6 +794,11 @@ RunStats run_trace(const RunConfig& config, const Trace& trace, const std::funct
   KVATTN_CHECK(config.cascade == "rule" || config.cascade == "backend" || config.cascade == "off",
                "unknown --cascade '{}'; valid: rule, backend, off", config.cascade);
   KVATTN_CHECK(config.check_every >= 0, "--check-every must be >= 0, got {}", config.check_every);
+  KVATTN_CHECK(config.dcp >= 1 && config.dcp <= 64, "--dcp {} must be in [1, 64] (ranks of decode context parallelism)",
+               config.dcp);
+  KVATTN_CHECK(config.dcp_comm_backend == "ag_rs" || config.dcp_comm_backend == "a2a",
+               "unknown --dcp-comm-backend '{}'; valid: ag_rs, a2a", config.dcp_comm_backend);
+  KVATTN_CHECK(config.dcp_interleave >= 1, "--dcp-interleave must be >= 1, got {}", config.dcp_interleave);
   KVATTN_CHECK(!trace.requests.empty(), "the trace has no valid request{}",
                trace.errors.empty() ? "" : fmt::format(" ({} malformed lines)", trace.errors.size()));
   Runner runner(config, trace);

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "kvattn/ops/cascade.h"
+#include "kvattn/ops/dcp_combine.h"
 #include "kvattn/ops/merge_attn_states.h"
 #include "kvattn/ops/paged_attention.h"
 #include "kvattn/ops/reshape_and_cache.h"
@@ -39,5 +40,12 @@ void mamba_align_block_table(const Tensor& out, const Tensor& block_table, const
 void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& block_tables,
                    const Tensor& k_scale, const Tensor& v_scale, const Tensor& out_k_cache,
                    const Tensor& out_v_cache);
+
+// DCP pieces (src/ops/cuda/dcp_ops.cu, dispatched by dcp_dispatch.cpp).
+void copy_(const Tensor& dst, const Tensor& src);
+void dcp_lse_scale_pack(const Tensor& partial, const Tensor& all_lse, int64_t rank, bool lse_base_e,
+                        const Tensor& packed, const Tensor& global_lse);
+void dcp_lse_combine(const Tensor& partials, const Tensor& lses, bool lse_base_e, const Tensor& out,
+                     const Tensor& global_lse);
 
 }  // namespace kvattn::ops::cuda_impl

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -30,6 +31,7 @@
 #include "kvattn/batch/batch_preparer.h"
 #include "kvattn/batch/input_batch.h"
 #include "kvattn/batch/slot_mapping.h"
+#include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/kv/allocate.h"
 #include "kvattn/kv/kv_cache_config.h"
 
@@ -92,6 +94,10 @@ struct E2EOptions {
   int64_t dcp = 1;
   int64_t dcp_interleave = 1;
   std::string dcp_comm_backend = "ag_rs";
+  // DCP transport: "in-process" (threads, host staging; ranks share `device`) or "nccl"
+  // (rank r on cuda:r).  dcp_device_per_rank puts in-process ranks on cuda:r too.
+  std::string dcp_transport = "in-process";
+  bool dcp_device_per_rank = false;
   uint32_t seed = 1234;
   bool shuffle = true;
   Device device = Device::cpu();  // where the cache, metadata and step tensors live
@@ -120,8 +126,21 @@ struct E2EResult {
   int64_t checked_values = 0;
   bool poison_intact = true;
   std::string kernel_path;
-  std::vector<std::string> errors;  // what each failing rank threw  // what the metadata chose, e.g. "prefill=native decode=xqa"
+  std::vector<std::string> errors;  // what each failing rank threw
+  // Every output value, [layer][request (spec order)][query token][q head][dim] flattened.
+  std::vector<float> outputs;
 };
+
+// Largest |a - b| over two runs' outputs of the same batch (infinity on a size mismatch or NaN).
+inline double max_output_diff(const E2EResult& a, const E2EResult& b) {
+  if (a.outputs.size() != b.outputs.size() || a.outputs.empty()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.outputs.size(); ++i) {
+    const double d = std::abs(double(a.outputs[i]) - double(b.outputs[i]));
+    m = std::isnan(d) ? INFINITY : std::max(m, d);
+  }
+  return m;
+}
 
 class E2ERunner {
  public:
@@ -129,23 +148,43 @@ class E2ERunner {
 
   E2EResult run(const BatchSpec& batch) {
     make_data(batch);
+    req_q_offset_.clear();
+    int64_t total_q = 0;
+    for (const auto& r : batch.reqs) {
+      req_q_offset_.push_back(total_q);
+      total_q += r.query_len;
+    }
+    total_q_ = total_q;
+    outputs_.assign(static_cast<size_t>(total_layers() * total_q * o_.num_q_heads * o_.head_size), NAN);
     if (o_.dcp == 1) {
       try {
-        return run_rank(batch, 0, nullptr);
+        E2EResult r = run_rank(batch, 0, nullptr);
+        r.outputs = outputs_;
+        return r;
       } catch (const std::exception& e) {
         E2EResult r;
         r.errors.push_back(e.what());
         return r;
       }
     }
-    InProcessDcpGroup group(o_.dcp);
+    std::unique_ptr<InProcessDcpGroup> in_process;
+    std::unique_ptr<NcclDcpGroup> nccl;
+    if (o_.dcp_transport == "nccl") {
+      std::vector<int> devices(static_cast<size_t>(o_.dcp));
+      std::iota(devices.begin(), devices.end(), 0);
+      nccl = std::make_unique<NcclDcpGroup>(devices);
+    } else {
+      in_process = std::make_unique<InProcessDcpGroup>(o_.dcp);
+    }
     std::vector<E2EResult> results(static_cast<size_t>(o_.dcp));
     std::vector<std::string> errors(static_cast<size_t>(o_.dcp));
     std::vector<std::thread> threads;
     for (int64_t r = 0; r < o_.dcp; ++r)
       threads.emplace_back([&, r] {
         try {
-          results[r] = run_rank(batch, r, &group.communicator(r));
+          const Device dev = rank_device(r);
+          if (dev.is_cuda()) cuda::set_device(dev.index);
+          results[r] = run_rank(batch, r, nccl ? &nccl->communicator(r) : &in_process->communicator(r));
         } catch (const std::exception& e) {
           errors[r] = e.what();
         }
@@ -159,10 +198,17 @@ class E2ERunner {
       all.poison_intact = all.poison_intact && results[r].poison_intact;
       all.kernel_path = results[r].kernel_path;
     }
+    all.outputs = outputs_;
     return all;
   }
 
   const E2EOptions& options() const { return o_; }
+
+  Device rank_device(int64_t rank) const {
+    if (o_.device.is_cuda() && (o_.dcp_transport == "nccl" || o_.dcp_device_per_rank))
+      return Device::cuda(static_cast<int>(rank));
+    return o_.device;
+  }
 
  private:
   static std::string layer_name(int64_t i) { return "model.layers." + std::to_string(i) + ".self_attn.attn"; }
@@ -232,7 +278,7 @@ class E2ERunner {
     KVCacheConfig kv_config = materialize_kv_cache_config(groups, o_.layout, num_blocks);
     std::optional<std::vector<int64_t>> kbs;
     if (o_.kernel_block_size) kbs = std::vector<int64_t>{*o_.kernel_block_size};
-    const Device dev = o_.device;
+    const Device dev = rank_device(rank);
     KVCacheViews views = allocate_kv_cache(kv_config, dev, o_.layout, kbs);
     // Poison the cache so a read of an unwritten slot shows (host caches; device ones are zero).
     if (dev.is_cpu())
@@ -268,7 +314,7 @@ class E2ERunner {
     std::vector<AttentionLayer> attn_layers(static_cast<size_t>(total_layers()));
     std::vector<std::string> names;
     Tensor sinks_local;
-    if (o_.sinks) sinks_local = to_dev(Tensor::from_vector(std::vector<float>(sinks_.begin() + rank * H, sinks_.begin() + (rank + 1) * H)));
+    if (o_.sinks) sinks_local = to_dev(dev, Tensor::from_vector(std::vector<float>(sinks_.begin() + rank * H, sinks_.begin() + (rank + 1) * H)));
     for (int64_t l = 0; l < total_layers(); ++l) {
       AttentionImplParams p;
       p.num_heads = H;
@@ -330,9 +376,9 @@ class E2ERunner {
       Tensor bt_t = Tensor::from_vector(bt, {1, max_blocks_per_req});
       Tensor slots = compute_slot_mapping(Tensor::from_vector(qsl), Tensor::from_vector(pos), bt_t, sp);
       for (int64_t l = 0; l < o_.num_layers; ++l) {
-        Tensor k = to_dev(kv_tensor(data_[l][r].k, 0, ctx));
-        Tensor v = to_dev(kv_tensor(data_[l][r].v, 0, ctx));
-        attn_layers[l].impl->do_kv_cache_update(attn_layers[l], k, v, views.at(layer_name(l)), to_dev(slots));
+        Tensor k = to_dev(dev, kv_tensor(data_[l][r].k, 0, ctx));
+        Tensor v = to_dev(dev, kv_tensor(data_[l][r].v, 0, ctx));
+        attn_layers[l].impl->do_kv_cache_update(attn_layers[l], k, v, views.at(layer_name(l)), to_dev(dev, slots));
       }
     }
 
@@ -393,9 +439,9 @@ class E2ERunner {
           std::copy_n(&d.v[(ctx + i) * kvrow], kvrow, &vv[t * kvrow]);
         }
       }
-      q[l] = to_dev(Tensor::from_vector(qv, {padded_tokens, H, o_.head_size}).to(o_.dtype));
-      k[l] = to_dev(Tensor::from_vector(kv, {padded_tokens, o_.num_kv_heads, o_.head_size}).to(o_.dtype));
-      v[l] = to_dev(Tensor::from_vector(vv, {padded_tokens, o_.num_kv_heads, o_.head_size}).to(o_.dtype));
+      q[l] = to_dev(dev, Tensor::from_vector(qv, {padded_tokens, H, o_.head_size}).to(o_.dtype));
+      k[l] = to_dev(dev, Tensor::from_vector(kv, {padded_tokens, o_.num_kv_heads, o_.head_size}).to(o_.dtype));
+      v[l] = to_dev(dev, Tensor::from_vector(vv, {padded_tokens, o_.num_kv_heads, o_.head_size}).to(o_.dtype));
     }
 
     // ---- build, update, forward -----------------------------------------------------------
@@ -409,7 +455,7 @@ class E2ERunner {
     for (int64_t l = 0; l < L; ++l) {
       Tensor out = Tensor::empty({padded_tokens, H, o_.head_size}, o_.dtype);
       out.fill_(poison);
-      out = to_dev(out);
+      out = to_dev(dev, out);
       const bool sharing = kv_layer_of(l) != l;
       attn_layers[l].impl->forward(attn_layers[l], q[l], sharing ? Tensor() : k[l], sharing ? Tensor() : v[l],
                                    views.at(layer_name(kv_layer_of(l))), &md, out);
@@ -418,7 +464,7 @@ class E2ERunner {
     return res;
   }
 
-  Tensor to_dev(const Tensor& t) const { return o_.device.is_cpu() ? t : t.contiguous().to(o_.device); }
+  static Tensor to_dev(Device dev, const Tensor& t) { return dev.is_cpu() ? t : t.contiguous().to(dev); }
 
   Tensor kv_tensor(const std::vector<float>& src, int64_t begin, int64_t n) const {
     const int64_t row = o_.num_kv_heads * o_.head_size;
@@ -486,6 +532,9 @@ class E2ERunner {
             const double g = got[static_cast<size_t>((t * H + h) * D + c)];
             const double w = want[static_cast<size_t>((i * o_.num_q_heads + rank * H + h) * D + c)];
             const double err = std::abs(g - w);
+            outputs_[static_cast<size_t>(
+                (((l * total_q_ + req_q_offset_[static_cast<size_t>(r)] + i) * o_.num_q_heads) + rank * H + h) * D + c)] =
+                static_cast<float>(g);
             res.max_abs_err = std::max(res.max_abs_err, std::isfinite(err) ? err : 1e30);
             ++res.checked_values;
             if (!(err <= tol + tol * std::abs(w)) && res.checked_values < 1000000) {
@@ -502,6 +551,9 @@ class E2ERunner {
   E2EOptions o_;
   std::vector<std::vector<RequestData>> data_;  // [layer][request]
   std::vector<float> sinks_;                    // [num_q_heads]
+  std::vector<int64_t> req_q_offset_;           // first query token of each request (spec order)
+  int64_t total_q_ = 0;
+  std::vector<float> outputs_;                  // see E2EResult::outputs (ranks write disjoint heads)
 };
 
 // Runs `spec` and checks it against the oracle; returns the result for extra assertions.

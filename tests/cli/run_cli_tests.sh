@@ -27,4 +27,16 @@ grep -q "8192 fit" "$tmp/plan" || fail "plan output: $(cat "$tmp/plan")"
 grep -q "LBNHC" "$tmp/err" || fail "bad layout message lists the valid layouts: $(cat "$tmp/err")"
 "$kvattn" run --trace /nonexistent.jsonl --quiet >/dev/null 2>"$tmp/err"
 [ $? -eq 2 ] || fail "missing trace: expected exit code 2"
-echo "cli tests: 3 passed, 0 failed"
+
+# Decode context parallelism on CPU: 2 ranks as threads, every step checked against the
+# reference (which reads a host shadow of both ranks' shards); a bad rank count is rejected.
+"$kvattn" run --dcp 2 --dcp-comm-backend a2a --dcp-interleave 4 --num-requests 8 --num-layers 2 \
+  --json "$tmp/dcp.json" --quiet >"$tmp/out" 2>"$tmp/err" || fail "run --dcp 2: $(cat "$tmp/err")"
+grep -q "DCP                 2 ranks (in-process" "$tmp/out" || fail "DCP summary line: $(cat "$tmp/out")"
+grep -q '"dcp": 2' "$tmp/dcp.json" || fail "json dcp"
+grep -q '"all_outputs_correct": true' "$tmp/dcp.json" || fail "dcp outputs"
+grep -Eq '"checks_passed": [1-9]' "$tmp/dcp.json" || fail "dcp checks: $(cat "$tmp/dcp.json")"
+"$kvattn" run --dcp 3 --quiet >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] || fail "--dcp 3 with 8 heads: expected exit code 2"
+grep -q "valid --dcp values divide 8" "$tmp/err" || fail "--dcp 3 message: $(cat "$tmp/err")"
+echo "cli tests: 4 passed, 0 failed"

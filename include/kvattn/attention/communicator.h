@@ -8,15 +8,20 @@
 // exp(lse_r - lse_global) and reduce-scatters over heads, so rank r ends with heads
 // [r*H, (r+1)*H) of the exact attention.
 //
-// `InProcessDcpGroup` simulates W ranks in one process: one thread per rank, collectives
-// rendezvous on a barrier.  Every rank of a group must call the same collectives in the same
-// order (as NCCL requires).
+// Two transports implement DcpCommunicator:
+//   * InProcessDcpGroup — W ranks as threads of one process; collectives rendezvous on a
+//     barrier and move data through host memory (CPU or CUDA tensors).  The tests' and the
+//     CPU engine's transport.
+//   * NcclDcpGroup — W ranks on W GPUs of this process (one thread drives each rank), the
+//     collectives are NCCL's.  Built when NCCL is found (NcclDcpGroup::available()).
+// Every rank of a group must call the same collectives in the same order (as NCCL requires);
+// results are ordered after the rank's earlier work on its device (same stream).
 #pragma once
 
 #include <barrier>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <string>
 #include <vector>
 
 #include "kvattn/core/tensor.h"
@@ -31,10 +36,13 @@ class DcpCommunicator {
   // Concatenation of every rank's `t` along `dim` (rank order).  Shapes must match.
   virtual Tensor all_gather(const Tensor& t, int dim) = 0;
   // Sum over ranks of `t`, then this rank's slice [rank*n/W, (rank+1)*n/W) along `dim`.
+  // Float dtypes only; the sum is in `t`'s dtype (pass f32 for an exact-enough sum).
   virtual Tensor reduce_scatter(const Tensor& t, int dim) = 0;
   // Splits `t` along `dim` into W equal parts, sends part j to rank j; returns the W parts
   // received stacked in a new leading dimension [W, ...] (rank order).
   virtual Tensor all_to_all(const Tensor& t, int dim) = 0;
+  // "in-process" or "nccl".
+  virtual const char* transport() const noexcept = 0;
 };
 
 // W ranks in one process.  Create once, hand communicator(r) to the thread running rank r.
@@ -49,13 +57,35 @@ class InProcessDcpGroup {
   class Rank;
   friend class Rank;
   int64_t world_size_;
-  std::vector<Tensor> slots_;  // one contribution per rank (contiguous f32 copies)
+  std::vector<Tensor> slots_;  // one contribution per rank (contiguous host copies)
   std::barrier<> barrier_;
   std::vector<std::unique_ptr<Rank>> ranks_;
 };
 
+// W ranks on the GPUs `devices` (distinct CUDA ordinals) of this process, over NCCL
+// (ncclCommInitAll).  Rank r's tensors must live on cuda:devices[r]; its collectives run on
+// that device's default stream.  Throws Unsupported in builds without NCCL, InvalidArgument
+// for a bad device list.
+class NcclDcpGroup {
+ public:
+  static bool available() noexcept;  // this build has NCCL
+  explicit NcclDcpGroup(const std::vector<int>& devices);
+  ~NcclDcpGroup();
+  NcclDcpGroup(const NcclDcpGroup&) = delete;
+  NcclDcpGroup& operator=(const NcclDcpGroup&) = delete;
+  int64_t world_size() const noexcept;
+  DcpCommunicator& communicator(int64_t rank);
+  // e.g. "NCCL 2.27.7, 2 ranks on cuda:0 cuda:1".
+  std::string describe() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // ---------------------------------------------------------------------------------------
-// Combines (vLLM's is_lse_base_on_e selects exp vs exp2 for the LSE).
+// Combines (vLLM's is_lse_base_on_e selects exp vs exp2 for the LSE); any device, through
+// ops::dcp_lse_scale_pack / ops::dcp_lse_combine and the group's collectives.
 //   cp_attn_out [T, W*H, D] f32/f16/bf16: this rank's partial output over its shard
 //   cp_attn_lse [T, W*H] f32: its LSE (-inf for rows that saw no key)
 // Returns out [T, H, D] (dtype of cp_attn_out) = this rank's heads of the combined attention;

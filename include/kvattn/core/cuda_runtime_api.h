@@ -23,6 +23,8 @@ void free(void* p, int device) noexcept;
 // Copy kinds resolved from the pointer attributes (cudaMemcpyDefault).
 void memcpy(void* dst, const void* src, std::size_t bytes);
 void memset(void* dst, int value, std::size_t bytes);
-void synchronize();
+void synchronize();  // the calling thread's current device
+// The calling thread's current device (a new thread starts on device 0).
+void set_device(int device);
 
 }  // namespace kvattn::cuda

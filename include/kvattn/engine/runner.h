@@ -1,6 +1,10 @@
 // kvattn/engine/runner.h — `kvattn run`: a serving trace driven through the whole attention
 // layer, step after step.
 //
+// Under DCP (RunConfig::dcp = W > 1) every rank runs the step in its own thread with its own
+// KV cache shard, native layers (num_attention_heads / W query heads) and metadata; the
+// scheduler's blocks span block_size * W tokens; checks read a host shadow of the whole KV.
+//
 // Setup: model geometry -> KV cache plan (the `kvattn plan` logic) -> allocate_kv_cache ->
 // per attention group: the native backend's AttentionGroupBuilders and impls, the reference
 // backend's (the oracle), an InputBatch and a BatchPreparer -> KVBlockZeroer.
@@ -42,6 +46,11 @@ struct RunConfig {
   bool prefix_sharing = true;
   int32_t check_every = 1;              // check one layer every N steps (0: never)
   uint64_t seed = 1;
+  // Decode context parallelism: ranks (1 = off).  CUDA: one GPU per rank from `device` on, over
+  // NCCL; CPU: ranks as threads of this process (in-process group).
+  int32_t dcp = 1;
+  std::string dcp_comm_backend = "ag_rs";  // "ag_rs" | "a2a"
+  int32_t dcp_interleave = 1;              // cp_kv_cache_interleave_size (tokens)
   // Test hook: add 1.0 to one native output element at this step, so the reference check must
   // fail (-1: off).
   int64_t corrupt_output_at_step = -1;
@@ -59,6 +68,8 @@ struct RunStats {
   std::string layout;
   std::string kv_cache_dtype;
   std::string backend;
+  int64_t dcp = 1;
+  std::string dcp_transport;  // empty without DCP
   int64_t num_layers = 0;
   int64_t num_requests = 0;
   int64_t trace_errors = 0;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kvattn/ops/cascade.h"
+#include "kvattn/ops/dcp_combine.h"
 #include "kvattn/ops/merge_attn_states.h"
 #include "kvattn/ops/page_utils.h"
 #include "kvattn/ops/paged_attention.h"

@@ -66,5 +66,6 @@ void memset(void* dst, int value, std::size_t bytes) {
   check(cudaMemset(dst, value, bytes), "cudaMemset");
 }
 void synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void set_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
 
 }  // namespace kvattn::cuda
