@@ -51,6 +51,7 @@ run_case dcp2_a2a_il16 --device cuda --dcp 2 --dcp-comm-backend a2a --dcp-interl
 run_case dcp2_llama8l --device cuda --dcp 2 --model llama3-8b --num-layers 4 --gpu-memory 2GiB --max-num-seqs 64 \
   --max-num-batched-tokens 4096 --num-requests 64 --check-every 8
 run_case cuda_default --device cuda
+run_case dcp2_one_gpu --device cuda --dcp 2 --dcp-transport in-process
 
 for comm in ag_rs a2a; do
   stamp "bench-dcp --comm $comm -> bench_dcp_$comm.txt"

@@ -36,6 +36,7 @@ struct RunOptions {
   std::string dcp = "1";
   std::string dcp_comm_backend = "ag_rs";
   std::string dcp_interleave = "1";
+  std::string dcp_transport = "auto";
   int default_requests = 48;
   bool no_prefix_sharing = false;
   bool quiet = false;
@@ -84,6 +85,8 @@ std::function<int()> setup_run(CLI::App& app) {
                  "decode context parallel ranks: each holds 1/N of every request's KV and 1/N of the query heads "
                  "(CUDA: one GPU per rank over NCCL, from --device on; CPU: ranks as threads)");
   app.add_option("--dcp-comm-backend", o->dcp_comm_backend, "DCP combine: ag_rs (all-gather LSE + reduce-scatter) or a2a");
+  app.add_option("--dcp-transport", o->dcp_transport,
+                 "DCP collectives: auto (NCCL on CUDA, threads on CPU), nccl, in-process (all ranks on one device)");
   app.add_option("--dcp-interleave", o->dcp_interleave, "DCP: consecutive tokens per rank (cp_kv_cache_interleave_size)");
   app.add_flag("--no-prefix-sharing", o->no_prefix_sharing, "do not share shared-prefix blocks between requests");
   app.add_option("--json", o->json_path, "also write the summary as JSON to this file ('-' for stdout)");
@@ -115,6 +118,7 @@ std::function<int()> setup_run(CLI::App& app) {
     rc.prefix_sharing = !o->no_prefix_sharing;
     rc.dcp = static_cast<int32_t>(parse_int("--dcp", o->dcp, 1));
     rc.dcp_comm_backend = o->dcp_comm_backend;
+    rc.dcp_transport = o->dcp_transport;
     rc.dcp_interleave = static_cast<int32_t>(parse_int("--dcp-interleave", o->dcp_interleave, 1));
 
     ModelConfig model = load_model_config(rc.model);

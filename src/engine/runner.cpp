@@ -177,21 +177,21 @@ void Runner::setup() {
   const Device dev = cfg_.device;
 
   // ---- the DCP transport ----------------------------------------------------------------
-  if (W() > 1) {
-    if (dev.is_cuda()) {
-      const int n = cuda::device_count();
-      KVATTN_CHECK(dev.index + W() <= n,
-                   "--dcp {} on {} needs GPUs cuda:{}..cuda:{} (one per rank), but this machine has {}; lower "
-                   "--dcp or run on CPU (--device cpu simulates the ranks as threads)",
-                   W(), dev.str(), dev.index, dev.index + W() - 1, n);
-      std::vector<int> devices;
-      for (int r = 0; r < W(); ++r) devices.push_back(dev.index + r);
-      nccl_group_ = std::make_unique<NcclDcpGroup>(devices);  // Unsupported without NCCL
-      stats_.dcp_transport = nccl_group_->describe();
-    } else {
-      in_process_group_ = std::make_unique<InProcessDcpGroup>(W());
-      stats_.dcp_transport = fmt::format("in-process, {} ranks as threads", W());
-    }
+  const bool use_nccl = W() > 1 && (cfg_.dcp_transport == "nccl" || (cfg_.dcp_transport == "auto" && dev.is_cuda()));
+  if (use_nccl) {
+    KVATTN_CHECK(dev.is_cuda(), "--dcp-transport nccl needs --device cuda, got {}", dev.str());
+    const int n = cuda::device_count();
+    KVATTN_CHECK(dev.index + W() <= n,
+                 "--dcp {} on {} needs GPUs cuda:{}..cuda:{} (one per rank), but this machine has {}; lower --dcp, "
+                 "or use --dcp-transport in-process (every rank on one GPU)",
+                 W(), dev.str(), dev.index, dev.index + W() - 1, n);
+    std::vector<int> devices;
+    for (int r = 0; r < W(); ++r) devices.push_back(dev.index + r);
+    nccl_group_ = std::make_unique<NcclDcpGroup>(devices);  // Unsupported without NCCL
+    stats_.dcp_transport = nccl_group_->describe();
+  } else if (W() > 1) {
+    in_process_group_ = std::make_unique<InProcessDcpGroup>(W());
+    stats_.dcp_transport = fmt::format("in-process, {} ranks as threads on {}", W(), dev.str());
   }
 
   // ---- backend configuration ------------------------------------------------------------
@@ -266,7 +266,7 @@ void Runner::setup() {
   for (int64_t r = 0; r < W(); ++r) {
     RankState& rs = ranks_[static_cast<size_t>(r)];
     rs.rank = r;
-    rs.device = dev.is_cuda() ? Device::cuda(dev.index + static_cast<int>(r)) : dev;
+    rs.device = nccl_group_ ? Device::cuda(dev.index + static_cast<int>(r)) : dev;
     rs.comm = nccl_group_ ? &nccl_group_->communicator(r) : in_process_group_ ? &in_process_group_->communicator(r) : nullptr;
     rs.cfg = bc;
     rs.cfg.platform.device = rs.device;
@@ -798,6 +798,8 @@ RunStats run_trace(const RunConfig& config, const Trace& trace, const std::funct
                config.dcp);
   KVATTN_CHECK(config.dcp_comm_backend == "ag_rs" || config.dcp_comm_backend == "a2a",
                "unknown --dcp-comm-backend '{}'; valid: ag_rs, a2a", config.dcp_comm_backend);
+  KVATTN_CHECK(config.dcp_transport == "auto" || config.dcp_transport == "nccl" || config.dcp_transport == "in-process",
+               "unknown --dcp-transport '{}'; valid: auto, nccl, in-process", config.dcp_transport);
   KVATTN_CHECK(config.dcp_interleave >= 1, "--dcp-interleave must be >= 1, got {}", config.dcp_interleave);
   KVATTN_CHECK(!trace.requests.empty(), "the trace has no valid request{}",
                trace.errors.empty() ? "" : fmt::format(" ({} malformed lines)", trace.errors.size()));

@@ -51,6 +51,9 @@ struct RunConfig {
   int32_t dcp = 1;
   std::string dcp_comm_backend = "ag_rs";  // "ag_rs" | "a2a"
   int32_t dcp_interleave = 1;              // cp_kv_cache_interleave_size (tokens)
+  // "auto" (NCCL on CUDA, in-process on CPU), "nccl", or "in-process" (every rank a thread on
+  // `device`: DCP's math and data flow on one GPU, without NCCL).
+  std::string dcp_transport = "auto";
   // Test hook: add 1.0 to one native output element at this step, so the reference check must
   // fail (-1: off).
   int64_t corrupt_output_at_step = -1;
