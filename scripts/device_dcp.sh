@@ -52,6 +52,7 @@ run_case dcp2_llama8l --device cuda --dcp 2 --model llama3-8b --num-layers 4 --g
   --max-num-batched-tokens 4096 --num-requests 64 --check-every 8
 run_case cuda_default --device cuda
 run_case dcp2_one_gpu --device cuda --dcp 2 --dcp-transport in-process
+run_case cuda_len1000 --device cuda --max-model-len 1000 --num-requests 24
 
 for comm in ag_rs a2a; do
   stamp "bench-dcp --comm $comm -> bench_dcp_$comm.txt"

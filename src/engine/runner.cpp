@@ -389,7 +389,11 @@ void Runner::setup_rank(RankState& rs, const std::vector<int64_t>& kernel_block_
     BatchPreparerConfig pc;
     pc.max_num_reqs = cfg_.max_num_seqs;
     pc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
-    pc.max_model_len = plan_.model.max_model_len;
+    // The device preparer's block-table copy must be as wide as the InputBatch rows, which
+    // follow the builder's 128-token-aligned kernel table: size it from that width (not from
+    // max_model_len, which need not be aligned; the scheduler bounds the lengths).
+    const int64_t width = b->block_table_width() * kernel_block_sizes[gi] / gs.kv_cache_spec->block_size();
+    pc.max_model_len = width * gs.kv_cache_spec->block_size() * W();
     pc.block_size = gs.kv_cache_spec->block_size();
     pc.num_blocks = plan_.config.num_blocks;
     pc.device = rs.device;

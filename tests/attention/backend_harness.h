@@ -258,7 +258,10 @@ class E2ERunner {
     const int64_t max_seq = std::max_element(batch.reqs.begin(), batch.reqs.end(), [](auto& a, auto& b) {
                               return a.seq_len < b.seq_len;
                             })->seq_len;
-    const int64_t max_model_len = std::max<int64_t>(512, max_seq);
+    // A multiple of 128 * W tokens, so the device preparer's block table (cdiv(len / W, block))
+    // is exactly as wide as the group's 128-token-aligned kernel table.
+    const int64_t align = 128 * W;
+    const int64_t max_model_len = (std::max<int64_t>(512, max_seq) + align - 1) / align * align;
     int64_t total_tokens = 0;
     for (const auto& r : batch.reqs) total_tokens += r.query_len;
     const int64_t max_num_seqs = std::max<int64_t>(16, o_.num_reqs_padded);

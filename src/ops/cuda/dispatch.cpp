@@ -90,6 +90,15 @@ void* workspace_for(int device, int64_t bytes) {
   return b->data();
 }
 
+// Serialises the enqueue of one paged_attention call (plan kernel, attention, split merge) per
+// device: calls from several host threads on one device (e.g. DCP ranks sharing a GPU) would
+// otherwise interleave their launches on the device's default stream and overwrite each
+// other's plan and partial results in the shared workspace.  Held only while enqueuing.
+std::mutex& launch_mutex(int device) {
+  static std::mutex m[16];
+  return m[device & 15];
+}
+
 int sm_count(int device) {
   static int cached[16] = {0};
   int& c = cached[device & 15];
@@ -227,6 +236,7 @@ void paged_attention(const PagedAttentionArgs& a) {
   if (why != nullptr)
     throw Unsupported(fmt::format("{}: {} (head_dim {}, query {}, cache {}); use CPU tensors for this case", op, why,
                                   d.head_dim, dtype_name(a.query.dtype()), dtype_name(a.k_cache.dtype())));
+  std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
   void* ws = workspace_for(dev, shape.workspace_bytes);
   check_launch(k::launch_paged_attention(p, shape, ws), op);
 }
