@@ -18,7 +18,7 @@ using namespace testing;
 
 const Device kGpu = Device::cuda(0);
 
-// Bitwise equality of two tensors' values (NaN == NaN).
+// Values equal within `tol` (NaN only where NaN is expected; equal infinities match).
 void expect_same_values(const Tensor& got, const Tensor& want, double tol = 0.0) {
   const auto g = got.to_double_vector(), w = want.to_double_vector();
   ASSERT_EQ(g.size(), w.size());
@@ -27,6 +27,7 @@ void expect_same_values(const Tensor& got, const Tensor& want, double tol = 0.0)
       EXPECT_TRUE(std::isnan(g[i])) << i;
       continue;
     }
+    if (g[i] == w[i]) continue;  // equal infinities included
     EXPECT_LE(std::abs(g[i] - w[i]), tol) << "element " << i << ": got " << g[i] << ", want " << w[i];
   }
 }
