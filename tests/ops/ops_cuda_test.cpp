@@ -309,9 +309,11 @@ TEST_F(CudaOps, PagedDecodeSplitKvLongAndOptions) {
   run_attn_case(c, 302);
 }
 
-// The decode kernel's stream-K schedule: units cut into pieces across CTAs, merged by the
-// last piece through a self-resetting counter.  Repeated calls on the same workspace (as in
-// CUDA-graph replays) must give the same right answer, so the counters must be back at zero.
+// Split-KV decode called repeatedly on the same persistent workspace (as CUDA-graph replays
+// do): every call must rewrite every row and give the right answer, so whatever scheduling
+// state the workspace holds (work counter, per-unit counters) must be back at its start value.
+// Shapes: 1 request split over many CTAs, one long request cut into many pieces per unit,
+// mixed lengths with empty and zero-query requests (fp8).
 TEST_F(CudaOps, PagedDecodeStreamKRepeatedCalls) {
   AttnCase c;
   c.name = "1x1024 repeated";
@@ -339,7 +341,7 @@ TEST_F(CudaOps, PagedDecodeStreamKRepeatedCalls) {
   run_attn_case(c, 703);
 }
 
-// More requests than one round of the in-kernel plan (128 threads x 8 requests).
+// More requests than one CTA-wide round of planning (1024 threads; 128 x 8 in the v7 attempt).
 TEST_F(CudaOps, PagedDecodeLargeBatch) {
   std::mt19937 rng(801);
   AttnCase c;

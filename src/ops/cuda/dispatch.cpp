@@ -86,9 +86,6 @@ void* workspace_for(int device, int64_t bytes) {
     b.reset();
     const int64_t grow = std::max<int64_t>(bytes, int64_t(1) << 20);
     b = Buffer::allocate(static_cast<size_t>(grow + grow / 4), Device::cuda(device));
-    // the decode kernel's arrival counters live at offset 0 and must start at zero (the
-    // kernel leaves them at zero after every launch)
-    kvattn::cuda::memset(b->data(), 0, b->size());
   }
   return b->data();
 }

@@ -2,7 +2,6 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #include <cmath>
-#include <cstdlib>
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -41,70 +40,56 @@ __device__ __forceinline__ float merge_one(float po, float so, const MergeW& w) 
   return w.wp * po + w.ws * so;
 }
 
-// 16-bit in and out, head dims contiguous: one thread per V x 8 elements (16-byte loads; the
-// V vectors of a thread are blockDim apart, so a warp's accesses stay contiguous, and all 2V
-// data loads are issued before the LSE loads and the arithmetic).
-template <bool BF16, int V>
+// 16-bit in and out, head dims contiguous: one thread per 8 elements (16-byte loads).
+template <bool BF16>
 __global__ void merge_vec16(MergeParams p) {
   const int64_t vpr = p.head_dim / 8;  // vectors per (t, h)
   const int64_t total = p.num_tokens * p.num_heads * vpr;
   const bool small = total < (int64_t(1) << 31);
-  const int64_t step = int64_t(gridDim.x) * blockDim.x * V;
-  for (int64_t i0 = blockIdx.x * int64_t(blockDim.x) * V + threadIdx.x; i0 < total; i0 += step) {
-    int64_t t[V], h[V], d[V];
-    uint4 pv[V], sv[V];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t t, h, d;
+    if (small) {  // 32-bit index math
+      const uint32_t i32 = static_cast<uint32_t>(i), v = static_cast<uint32_t>(vpr);
+      const uint32_t row = i32 / v, H = static_cast<uint32_t>(p.num_heads);
+      const uint32_t t32 = row / H;
+      t = t32; h = row - t32 * H; d = int64_t(i32 - row * v) * 8;
+    } else {
+      const int64_t row = i / vpr;
+      d = (i - row * vpr) * 8;
+      t = row / p.num_heads;
+      h = row - t * p.num_heads;
+    }
+    // data loads first (independent of the LSEs, so both are in flight together); the
+    // prefix is skipped only where it is known unused (tokens past the context ones)
+    const uint16_t* pp = static_cast<const uint16_t*>(p.prefix) + t * p.p_st + h * p.p_sh + d;
+    const uint16_t* sp = static_cast<const uint16_t*>(p.suffix) + t * p.s_st + h * p.s_sh + d;
+    const bool need_prefix = p.prefill_tokens_with_context < 0 || t < p.prefill_tokens_with_context;
+    uint4 pv = make_uint4(0, 0, 0, 0);
+    if (need_prefix) pv = __ldcs(reinterpret_cast<const uint4*>(pp));
+    const uint4 sv = __ldcs(reinterpret_cast<const uint4*>(sp));
+    const MergeW w = merge_weights(p, t, h);
+    const uint16_t* pe = reinterpret_cast<const uint16_t*>(&pv);
+    const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
+    uint4 ov;
+    uint32_t* ow = reinterpret_cast<uint32_t*>(&ov);
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      const int64_t i = i0 + int64_t(v) * blockDim.x;
-      t[v] = -1;
-      pv[v] = sv[v] = make_uint4(0, 0, 0, 0);
-      if (i >= total) continue;
-      if (small) {  // 32-bit index math
-        const uint32_t i32 = static_cast<uint32_t>(i), vv = static_cast<uint32_t>(vpr);
-        const uint32_t row = i32 / vv, H = static_cast<uint32_t>(p.num_heads);
-        const uint32_t t32 = row / H;
-        t[v] = t32; h[v] = row - t32 * H; d[v] = int64_t(i32 - row * vv) * 8;
+    for (int e = 0; e < 8; e += 2) {
+      const float p0 = BF16 ? bf16_bits_to_f32(pe[e]) : f16_bits_to_f32(pe[e]);
+      const float p1 = BF16 ? bf16_bits_to_f32(pe[e + 1]) : f16_bits_to_f32(pe[e + 1]);
+      const float s0 = BF16 ? bf16_bits_to_f32(se[e]) : f16_bits_to_f32(se[e]);
+      const float s1 = BF16 ? bf16_bits_to_f32(se[e + 1]) : f16_bits_to_f32(se[e + 1]);
+      const float o0 = merge_one(p0, s0, w), o1 = merge_one(p1, s1, w);
+      // hardware round-to-nearest-even pack (same bits as kvattn's software conversion)
+      if constexpr (BF16) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(o0, o1);
+        ow[e / 2] = *reinterpret_cast<uint32_t*>(&h);
       } else {
-        const int64_t row = i / vpr;
-        d[v] = (i - row * vpr) * 8;
-        t[v] = row / p.num_heads;
-        h[v] = row - t[v] * p.num_heads;
+        __half2 h = __floats2half2_rn(o0, o1);
+        ow[e / 2] = *reinterpret_cast<uint32_t*>(&h);
       }
-      // data loads first (independent of the LSEs, so both are in flight together); the
-      // prefix is skipped only where it is known unused (tokens past the context ones)
-      const uint16_t* pp = static_cast<const uint16_t*>(p.prefix) + t[v] * p.p_st + h[v] * p.p_sh + d[v];
-      const uint16_t* sp = static_cast<const uint16_t*>(p.suffix) + t[v] * p.s_st + h[v] * p.s_sh + d[v];
-      const bool need_prefix = p.prefill_tokens_with_context < 0 || t[v] < p.prefill_tokens_with_context;
-      if (need_prefix) pv[v] = __ldcs(reinterpret_cast<const uint4*>(pp));
-      sv[v] = __ldcs(reinterpret_cast<const uint4*>(sp));
     }
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-      if (t[v] < 0) continue;
-      const MergeW w = merge_weights(p, t[v], h[v]);
-      const uint16_t* pe = reinterpret_cast<const uint16_t*>(&pv[v]);
-      const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv[v]);
-      uint4 ov;
-      uint32_t* ow = reinterpret_cast<uint32_t*>(&ov);
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const float p0 = BF16 ? bf16_bits_to_f32(pe[e]) : f16_bits_to_f32(pe[e]);
-        const float p1 = BF16 ? bf16_bits_to_f32(pe[e + 1]) : f16_bits_to_f32(pe[e + 1]);
-        const float s0 = BF16 ? bf16_bits_to_f32(se[e]) : f16_bits_to_f32(se[e]);
-        const float s1 = BF16 ? bf16_bits_to_f32(se[e + 1]) : f16_bits_to_f32(se[e + 1]);
-        const float o0 = merge_one(p0, s0, w), o1 = merge_one(p1, s1, w);
-        // hardware round-to-nearest-even pack (same bits as kvattn's software conversion)
-        if constexpr (BF16) {
-          __nv_bfloat162 hh = __floats2bfloat162_rn(o0, o1);
-          ow[e / 2] = *reinterpret_cast<uint32_t*>(&hh);
-        } else {
-          __half2 hh = __floats2half2_rn(o0, o1);
-          ow[e / 2] = *reinterpret_cast<uint32_t*>(&hh);
-        }
-      }
-      __stcs(reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + t[v] * p.o_st + h[v] * p.o_sh + d[v]), ov);
-      if (p.out_lse != nullptr && d[v] == 0) p.out_lse[h[v] * p.ol_sh + t[v] * p.ol_st] = w.lse;
-    }
+    __stcs(reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + t * p.o_st + h * p.o_sh + d), ov);
+    if (p.out_lse != nullptr && d == 0) p.out_lse[h * p.ol_sh + t * p.ol_st] = w.lse;
   }
 }
 
@@ -154,21 +139,9 @@ int launch_merge_attn_states(const MergeParams& p) {
   const bool vec = same16 && p.head_dim % 8 == 0 && p.o_sd == 1 && p.p_sd == 1 && p.s_sd == 1 &&
                    al(p.out, p.o_st, p.o_sh) && al(p.prefix, p.p_st, p.p_sh) && al(p.suffix, p.s_st, p.s_sh);
   if (vec) {
-    // KVATTN_MERGE_V=1 selects one vector per thread (the v6 kernel) for A/B timing
-    static const int kV = [] {
-      const char* e = std::getenv("KVATTN_MERGE_V");
-      return (e != nullptr && e[0] == '1') ? 1 : 2;
-    }();
-    const int64_t vecs = p.num_tokens * p.num_heads * (p.head_dim / 8);
-    if (kV == 1) {
-      const int grid = grid_for(vecs, threads);
-      if (p.in_t == Elt::bf16) merge_vec16<true, 1><<<grid, threads>>>(p);
-      else merge_vec16<false, 1><<<grid, threads>>>(p);
-    } else {
-      const int grid = grid_for((vecs + 1) / 2, threads);
-      if (p.in_t == Elt::bf16) merge_vec16<true, 2><<<grid, threads>>>(p);
-      else merge_vec16<false, 2><<<grid, threads>>>(p);
-    }
+    const int grid = grid_for(p.num_tokens * p.num_heads * (p.head_dim / 8), threads);
+    if (p.in_t == Elt::bf16) merge_vec16<true><<<grid, threads>>>(p);
+    else merge_vec16<false><<<grid, threads>>>(p);
   } else {
     merge_generic<<<grid_for(p.num_tokens * p.num_heads * p.head_dim, threads), threads>>>(p);
   }

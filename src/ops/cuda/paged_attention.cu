@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <cstdlib>
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -126,103 +125,6 @@ struct Plan {
   int32_t* tok2req;      // [num_tokens] (split runs only)
   float* part_o;         // [S_max, num_tokens, hq, D]
   float* part_lse;       // [S_max, num_tokens, hq] base 2
-  // decode (stream-K) schedule: partial slots 2c, 2c+1 of CTA c, and per-CTA arrival
-  // counters (zero between launches: the last arriving CTA of a group resets its counter)
-  int32_t* cnt;          // [kMaxCounters], at workspace offset 0, zeroed when allocated
-  float* sp_o;           // [2 * grid, kRows, D] normalised partial O
-  float* sp_lse;         // [2 * grid, kRows] base 2
-};
-constexpr int kMaxCounters = 16384;  // 64 KiB reserved at the start of the workspace
-
-// ---------------------------------------------------------------------------------------------
-// Decode schedule (stream-K).  Work units are (request, 16-row tile, KV head) — head innermost —
-// each of cost max(1, tiles of its key range).  The flattened sequence of unit tiles
-// [0, T) is cut into gridDim.x equal contiguous ranges S_c = c * T / G, so every CTA gets the
-// same number of tiles whatever the length mix (no tail), and a CTA walks its range unit by
-// unit knowing the next unit in advance.  A unit cut by range boundaries is computed in
-// pieces (one per CTA it spans); each piece writes a normalised partial (O, LSE) to a slot
-// of its CTA, and the last piece to arrive (per-unit counter, indexed by the CTA holding the
-// unit's first piece — unique, since only a CTA's last unit can cross into the next range)
-// merges them and resets the counter.  Everything is computed in the kernel (one launch).
-struct ReqLite {
-  int32_t q_start, q_len, kv_len;
-  int64_t page_base;
-};
-__device__ __forceinline__ ReqLite req_load(const AttnParams& p, int r) {
-  int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
-  int64_t kv = 0, pb = 0;
-  if (p.paged_form) {
-    const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
-    const int64_t last = load_idx(p.last_page_len, r);
-    const int64_t np = max(e - b, int64_t(0));
-    kv = np > 0 ? (np - 1) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size)) : 0;
-    pb = b;
-  } else {
-    kv = load_idx(p.seq_lens, r);
-    kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
-  }
-  qs = min(max(qs, int64_t(0)), p.num_tokens);
-  qe = min(max(qe, qs), p.num_tokens);
-  ReqLite ri;
-  ri.q_start = static_cast<int32_t>(qs);
-  ri.q_len = static_cast<int32_t>(qe - qs);
-  ri.kv_len = static_cast<int32_t>(kv);
-  ri.page_base = pb;
-  return ri;
-}
-// Key range [lo, hi) of row tile `rtile` of a request and its tiles (from tile t0 on).
-template <int ROWS, int TILE>
-__device__ __forceinline__ void unit_geom(const AttnParams& p, const ReqLite& ri, int rtile, int& lo, int& hi,
-                                          int& t0, int& n) {
-  const int rows_r = ri.q_len * p.group;
-  const int row0 = rtile * ROWS;
-  const int last_row = min(rows_r, row0 + ROWS) - 1;
-  const int qpos_first = ri.kv_len - ri.q_len + row0 / p.group;
-  const int qpos_last = ri.kv_len - ri.q_len + last_row / p.group;
-  hi = ri.kv_len;
-  if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi = min(hi, qpos_last + 1);
-  lo = 0;
-  if (p.window_left >= 0) lo = max(0, qpos_first - static_cast<int>(min(p.window_left, int64_t(1) << 30)));
-  t0 = lo / TILE;
-  n = hi > lo ? (hi - t0 * TILE + TILE - 1) / TILE : 0;
-}
-template <int ROWS>
-__device__ __forceinline__ int req_rtiles(const AttnParams& p, const ReqLite& ri) {
-  return (ri.q_len * p.group + ROWS - 1) / ROWS;
-}
-template <int ROWS, int TILE>
-__device__ __forceinline__ int64_t req_cost(const AttnParams& p, const ReqLite& ri) {
-  const int nrt = req_rtiles<ROWS>(p, ri);
-  int64_t c = 0;
-  for (int rt = 0; rt < nrt; ++rt) {
-    int lo, hi, t0, n;
-    unit_geom<ROWS, TILE>(p, ri, rt, lo, hi, t0, n);
-    c += max(n, 1);
-  }
-  return c * p.hkv;
-}
-__device__ __forceinline__ int64_t range_start(int64_t c, int64_t T, int64_t G) { return c * T / G; }
-// The CTA whose range holds flattened position x (ranges are non-empty: G <= T).
-__device__ __forceinline__ int cta_of(int64_t x, int64_t T, int64_t G) {
-  int64_t c = ((x + 1) * G - 1) / T;
-  c = min(max(c, int64_t(0)), G - 1);
-  while (c > 0 && range_start(c, T, G) > x) --c;
-  while (c + 1 < G && range_start(c + 1, T, G) <= x) ++c;
-  return static_cast<int>(c);
-}
-// One piece of work of a CTA (written by thread 0 into shared memory).
-struct Piece {
-  int32_t valid, req, rtile, hk;
-  ReqLite ri;
-  int32_t kstart, kend;
-  int32_t whole;                    // 1: the whole unit (write the output directly)
-  int32_t slot;                     // partial slot of this piece (whole == 0)
-  int32_t c_first, c_last, slot_first;  // merge group of the unit
-};
-struct WalkState {
-  int64_t pos, end, t, S_c, T, G;
-  int32_t r, rtile, hk, n_rt;
-  ReqLite ri;
 };
 
 template <int ROWS, int TILE>
@@ -387,14 +289,8 @@ struct Cfg {
   static constexpr int kEpiPitch = D + 4;
   static constexpr int kEpiBytes = WN * kRows * kEpiPitch * 4 + 3 * WN * kRows * 4;
   static constexpr int kPipeBytes = kStages * kStageBytes * 2;
-  // Decode (kStream): static stream-K schedule; the next unit's first tiles are issued into
-  // stages 0..kStages-2 before the current unit's epilogue, so the epilogue buffer starts at
-  // the last stage (stage s holds K then V at s * 2 * kStageBytes).  Q is loaded straight into
-  // registers.  Prefill: the epilogue and the Q staging buffer alias the whole pipeline.
-  static constexpr bool kStream = WN > 1;
-  static constexpr int kEpiOff = kStream ? (kStages - 1) * 2 * kStageBytes : 0;
-  static constexpr int kQBytes = kStream ? 0 : kRows * (D + 4) * 4;
-  static constexpr int kSmemMain0 = kPipeBytes > kEpiOff + kEpiBytes ? kPipeBytes : kEpiOff + kEpiBytes;
+  static constexpr int kQBytes = kRows * (D + 4) * 4;
+  static constexpr int kSmemMain0 = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
   static constexpr int kSmemMain = ((kSmemMain0 > kQBytes ? kSmemMain0 : kQBytes) + 127) / 128 * 128;
   static constexpr int kSmem = kSmemMain + kStages * 2 * kTile * 8;
   static_assert(kNT % 16 == 0, "keys per warp must be a multiple of 16");
@@ -432,18 +328,21 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   using C = Cfg<KV, D, WM, WN>;
   using TR = KVTraits<KV>;
   constexpr bool kBf16 = TR::kBf16;
-  constexpr bool kStream = C::kStream;
   constexpr int kTile = C::kTile, kNT = C::kNT, kCPR = C::kCPR, kStages = C::kStages;
   constexpr int kKSteps = D / 16;
   constexpr int kNTilesS = kNT / 8;   // S n-tiles per warp
   constexpr int kNTilesO = D / 8;     // O n-tiles
   extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* sK = smem;
+  unsigned char* sV = smem + kStages * C::kStageBytes;
   int64_t* sOff = reinterpret_cast<int64_t*>(smem + C::kSmemMain);  // [kStages][2][kTile]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
   const int g = lane >> 2, t4 = lane & 3;
 
+  const int total = plan.num_items[0] * p.hkv;
+  const int chunk = plan.chunk[0];
   if constexpr (TR::kE4m3) { kv_logit_factor = kE4m3Factor; kv_out_factor = kE4m3Factor; }
   const float scale_log2 = p.sm_scale * kv_logit_factor * kLog2e;
   const float scale_lin = p.sm_scale * kv_logit_factor;
@@ -451,305 +350,35 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 
   __shared__ int s_work;
   __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
-  __shared__ Piece s_piece[2];
-  __shared__ WalkState s_walk;
-  __shared__ long long s_scan[C::kWarps + 1];
-  __shared__ long long s_found[2];
-
-  // ---- loader helpers (one key range `U` of one request and KV head) ----
-  // Row offsets (bytes from p.k / p.v) of each key row of a tile are computed once per
-  // tile by 2*kTile threads (K rows, then V rows) into a ring of kStages smem slots, from a
-  // page id fetched one tile earlier (so its latency hides behind a tile of compute).  The
-  // copy threads then only read the offset: thread chunks are (row = tid / CPR + i * step,
-  // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
-  struct Span {
-    int n_tiles, tile0, kstart, kend, req, hk;
-    int64_t pbase;
-  };
-  const int my_chunk = tid % kCPR;
-  const int my_row0 = tid / kCPR;
-  constexpr int kOffPer = C::kOffPer;
-  auto page_of = [&](const Span& U, int blk) -> int64_t {
-    if (p.paged_form) return load_idx(p.kv_indices, U.pbase + blk);
-    return load_idx2(p.block_table, U.req, blk);
-  };
-  auto load_page = [&](const Span& U, int tile, int k) -> int64_t {
-    const int idx = tid + k * C::kThreads;
-    const int which = idx / kTile, row = idx % kTile;
-    if (which > 1 || tile >= U.n_tiles) return -1;
-    const int j = U.tile0 + tile * kTile + row;
-    if (j < U.kstart || j >= U.kend) return -1;
-    const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-    const int64_t pg = page_of(U, blk);
-    return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
-  };
-  auto store_off = [&](const Span& U, int tile, int k, int64_t pg) {
-    const int idx = tid + k * C::kThreads;
-    const int which = idx / kTile, row = idx % kTile;
-    if (which > 1) return;
-    const int j = U.tile0 + tile * kTile + row;
-    const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-    const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(U.hk) * p.k_sh
-                                   : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(U.hk) * p.v_sh;
-    sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
-  };
-  auto issue = [&](const Span& U, int tile) {
-    (void)U;
-    const int st = tile % kStages;
-    const uint32_t sk = smem_u32(smem + st * 2 * C::kStageBytes);
-    const uint32_t sv = sk + C::kStageBytes;
-    const int64_t* offk = sOff + (st * 2) * kTile;
-    const int64_t* offv = offk + kTile;
-    const unsigned char* kb = static_cast<const unsigned char*>(p.k);
-    const unsigned char* vb = static_cast<const unsigned char*>(p.v);
-#pragma unroll
-    for (int i = 0; i < C::kChunksPerThread; ++i) {
-      const int row = my_row0 + i * C::kRowStepPerChunk;
-      const int off = swz<kCPR>(row, my_chunk);
-      const int64_t ok = offk[row], ov = offv[row];
-      cp_async16(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
-      cp_async16(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
-    }
-  };
-  // prologue of a key range: offsets of tiles 0..S-1, page ids of tile S, issue tiles 0..S-2
-  // (stages 0..S-2 only: the epilogue buffer starts at stage S-1)
-  auto prologue = [&](const Span& U, int64_t (&pg_pref)[kOffPer]) {
-#pragma unroll
-    for (int k = 0; k < kOffPer; ++k) pg_pref[k] = -1;
-    if (U.n_tiles > 0) {
-      int64_t pgs[kStages][kOffPer];
-#pragma unroll
-      for (int t = 0; t < kStages; ++t)
-#pragma unroll
-        for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(U, t, k);
-#pragma unroll
-      for (int t = 0; t < kStages; ++t)
-#pragma unroll
-        for (int k = 0; k < kOffPer; ++k) store_off(U, t, k, pgs[t][k]);
-#pragma unroll
-      for (int k = 0; k < kOffPer; ++k) pg_pref[k] = load_page(U, kStages, k);
-      __syncthreads();
-#pragma unroll
-      for (int t = 0; t < kStages - 1; ++t) {
-        if (t < U.n_tiles) issue(U, t);
-        cp_async_commit();
-      }
-    }
-  };
-
-  // ---- decode: in-kernel plan (every CTA computes the total and finds its range start) ----
-  // Walk helpers, run by thread 0 only: extract the piece at the walk position into
-  // s_piece[buf]; advance the walk past it (loads the next request's info when needed).
-  auto walk_extract = [&](int buf) {
-    WalkState& W = s_walk;
-    Piece P;
-    P.valid = W.pos < W.end;
-    if (P.valid) {
-      int lo, hi, t0, n;
-      unit_geom<C::kRows, kTile>(p, W.ri, W.rtile, lo, hi, t0, n);
-      const int64_t cost = max(n, 1);
-      const int64_t len = min(cost - W.t, W.end - W.pos);
-      P.req = W.r;
-      P.rtile = W.rtile;
-      P.hk = W.hk;
-      P.ri = W.ri;
-      P.kstart = static_cast<int32_t>(max(int64_t(lo), (int64_t(t0) + W.t) * kTile));
-      P.kend = static_cast<int32_t>(min(int64_t(hi), (int64_t(t0) + W.t + len) * kTile));
-      P.whole = (W.t == 0 && len == cost) ? 1 : 0;
-      P.slot = P.c_first = P.c_last = P.slot_first = 0;
-      if (!P.whole) {
-        const int c = blockIdx.x;
-        const int64_t u0 = W.pos - W.t, u1 = u0 + cost;
-        P.slot = 2 * c + (W.pos == W.S_c ? 0 : 1);
-        P.c_first = cta_of(u0, W.T, W.G);
-        P.c_last = cta_of(u1 - 1, W.T, W.G);
-        P.slot_first = 2 * P.c_first + (u0 == range_start(P.c_first, W.T, W.G) ? 0 : 1);
-      }
-      W.pos += len;
-      W.t += len;
-    }
-    s_piece[buf] = P;
-  };
-  auto walk_advance = [&]() {
-    WalkState& W = s_walk;
-    if (W.pos >= W.end) return;
-    int lo, hi, t0, n;
-    unit_geom<C::kRows, kTile>(p, W.ri, W.rtile, lo, hi, t0, n);
-    if (W.t < max(n, 1)) return;  // more of the same unit (cannot happen: ranges end there)
-    W.t = 0;
-    if (++W.hk < p.hkv) return;
-    W.hk = 0;
-    if (++W.rtile < W.n_rt) return;
-    W.rtile = 0;
-    do {
-      ++W.r;
-      W.ri = req_load(p, W.r);
-      W.n_rt = req_rtiles<C::kRows>(p, W.ri);
-    } while (W.n_rt == 0 && W.r + 1 < p.batch);
-  };
-
-  int64_t pg_pref[kOffPer];
-  int buf = 0;
-  if constexpr (kStream) {
-    constexpr int kPer = 8;
-    const int span = C::kThreads * kPer;
-    const int B = p.batch;
-    int64_t cst[kPer];
-    int64_t excl = 0, T = 0;
-    auto round = [&](int rb) {
-      ReqLite rq[kPer];
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int r = rb + tid * kPer + i;
-        if (r < B) rq[i] = req_load(p, r);
-      }
-      int64_t sum = 0;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int r = rb + tid * kPer + i;
-        cst[i] = r < B ? req_cost<C::kRows, kTile>(p, rq[i]) : 0;
-        sum += cst[i];
-      }
-      int64_t x = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-      }
-      if (lane == 31) s_scan[warp] = x;
-      __syncthreads();
-      if (tid == 0) {
-        long long acc = 0;
-        for (int w = 0; w < C::kWarps; ++w) { const long long t = s_scan[w]; s_scan[w] = acc; acc += t; }
-        s_scan[C::kWarps] = acc;
-      }
-      __syncthreads();
-      excl = s_scan[warp] + x - sum;
-      const int64_t tot = s_scan[C::kWarps];
-      __syncthreads();
-      return tot;
-    };
-    auto search = [&](int rb, int64_t base, int64_t S) {
-      int64_t pre = base + excl;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        if (cst[i] > 0 && S >= pre && S < pre + cst[i]) {
-          s_found[0] = rb + tid * kPer + i;
-          s_found[1] = S - pre;
-        }
-        pre += cst[i];
-      }
-    };
-    for (int rb = 0; rb < B; rb += span) T += round(rb);
-    const int64_t G = min(int64_t(gridDim.x), T);
-    if (int64_t(blockIdx.x) >= G) return;  // uniform: this CTA has no work
-    const int64_t S_c = range_start(blockIdx.x, T, G);
-    if (B <= span) {
-      search(0, 0, S_c);
-    } else {
-      int64_t base = 0;
-      for (int rb = 0; rb < B; rb += span) {
-        const int64_t tot = round(rb);
-        search(rb, base, S_c);
-        base += tot;
-      }
-    }
-    __syncthreads();
-    if (tid == 0) {
-      WalkState& W = s_walk;
-      W.T = T;
-      W.G = G;
-      W.S_c = S_c;
-      W.pos = S_c;
-      W.end = range_start(blockIdx.x + 1, T, G);
-      W.r = static_cast<int32_t>(s_found[0]);
-      W.ri = req_load(p, W.r);
-      W.n_rt = req_rtiles<C::kRows>(p, W.ri);
-      int64_t off = s_found[1];
-      W.rtile = 0;
-      for (;;) {
-        int lo, hi, t0, n;
-        unit_geom<C::kRows, kTile>(p, W.ri, W.rtile, lo, hi, t0, n);
-        const int64_t cost = max(n, 1);
-        if (off < cost * p.hkv || W.rtile + 1 >= W.n_rt) {
-          W.hk = static_cast<int32_t>(off / cost);
-          W.t = off % cost;
-          break;
-        }
-        off -= cost * p.hkv;
-        ++W.rtile;
-      }
-      walk_extract(0);
-    }
-    __syncthreads();
-    {
-      const Piece& P = s_piece[0];
-      Span U0;
-      U0.req = P.req;
-      U0.hk = P.hk;
-      U0.pbase = P.ri.page_base;
-      U0.kstart = P.kstart;
-      U0.kend = P.kend;
-      U0.tile0 = (P.kstart / kTile) * kTile;
-      U0.n_tiles = P.kend > P.kstart ? (P.kend - U0.tile0 + kTile - 1) / kTile : 0;
-      prologue(U0, pg_pref);
-    }
-    if (tid == 0) walk_advance();
-  } else {
-#pragma unroll
-    for (int k = 0; k < kOffPer; ++k) pg_pref[k] = -1;
-  }
-
-  const int total = kStream ? 0 : plan.num_items[0] * p.hkv;
-  const int chunk = kStream ? 0 : plan.chunk[0];
   for (;;) {
-    // ---- the unit: request, row tile, KV head, key range ----
-    ReqLite ri;
-    int req, rtile, hk, split = 0;
-    bool split_run = false;  // prefill: partial to part_o for the merge kernel
-    Span U;
-    if constexpr (kStream) {
-      __syncthreads();  // s_piece[buf] written (and the previous epilogue done)
-      const Piece& P = s_piece[buf];  // read from smem where needed (keeps registers free)
-      if (!P.valid) break;
-      ri = P.ri;
-      req = P.req;
-      rtile = P.rtile;
-      hk = P.hk;
-      U.kstart = P.kstart;
-      U.kend = P.kend;
-    } else {
-      if (tid == 0) s_work = atomicAdd(plan.counter, 1);
-      __syncthreads();
-      const int w = s_work;
-      if (w >= total) break;
-      const Item it = plan.items[w / p.hkv];
-      hk = w % p.hkv;
-      const ReqInfo rq = plan.req[it.req];
-      ri.q_start = rq.q_start;
-      ri.q_len = rq.q_len;
-      ri.kv_len = rq.kv_len;
-      ri.page_base = plan.page_base[it.req];
-      rtile = it.rtile;
-      split = it.split;
-      split_run = rq.splits > 1;
-      req = it.req;
-      int lo, hi, t0, n;
-      unit_geom<C::kRows, kTile>(p, ri, rtile, lo, hi, t0, n);
-      U.kstart = max(lo, it.split * chunk);
-      U.kend = min(hi, (it.split + 1) * chunk);
-    }
+    if (tid == 0) s_work = atomicAdd(plan.counter, 1);
+    __syncthreads();
+    const int w = s_work;
+    if (w >= total) break;
+    const Item it = plan.items[w / p.hkv];
+    const int hk = w % p.hkv;
+    const ReqInfo ri = plan.req[it.req];
     const int rows_r = ri.q_len * p.group;
-    const int row0 = rtile * C::kRows;
+    const int row0 = it.rtile * C::kRows;
+    // key range of this work unit
     const int last_row = min(rows_r, row0 + C::kRows) - 1;
     const int qpos_first = ri.kv_len - ri.q_len + row0 / p.group;
     const int qpos_last = ri.kv_len - ri.q_len + last_row / p.group;
-    U.req = req;
-    U.hk = hk;
-    U.pbase = ri.page_base;
-    U.tile0 = (U.kstart / kTile) * kTile;
-    U.n_tiles = U.kend > U.kstart ? (U.kend - U.tile0 + kTile - 1) / kTile : 0;
-    const int kstart = U.kstart, kend = U.kend, tile0 = U.tile0, n_tiles = U.n_tiles;
+    int hi = ri.kv_len;
+    if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi = min(hi, qpos_last + 1);
+    int lo = 0;
+    if (p.window_left >= 0) lo = max(0, qpos_first - static_cast<int>(p.window_left));
+    const int kstart = max(lo, it.split * chunk);
+    const int kend = min(hi, (it.split + 1) * chunk);
+    const int tile0 = (kstart / kTile) * kTile;
+    const int n_tiles = kend > kstart ? (kend - tile0 + kTile - 1) / kTile : 0;
+
+    // page table of this request
+    const int64_t pbase = plan.page_base[it.req];
+    auto page_of = [&](int blk) -> int64_t {
+      if (p.paged_form) return load_idx(p.kv_indices, pbase + blk);
+      return load_idx2(p.block_table, it.req, blk);
+    };
 
     // ---- rows of this thread (g and g + 8 of the warp's 16) ----
     RowInfo rinfo[2];
@@ -775,85 +404,58 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       s_rtok[tid] = rr < rows_r ? ri.q_start + rr / p.group : -1;
       s_rhead[tid] = hk * p.group + (rr < rows_r ? rr % p.group : 0);
     }
+    __syncthreads();
+    // ---- Q: rows staged in smem as float (independent coalesced loads), then fragments ----
+    {
+      float* sQ = reinterpret_cast<float*>(smem);
+      constexpr int kQP = D + 4;
+      if (p.q_vec) {  // 16-bit query, 16-byte rows: one uint4 (8 dims) per step
+#pragma unroll 2
+        for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
+          const int row = idx / (D / 8), c = idx % (D / 8);
+          const int tok = s_rtok[row];
+          float x[8];
+          if (tok >= 0) {
+            const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + int64_t(tok) * p.q_st +
+                                                            int64_t(s_rhead[row]) * p.q_sh + c * 8);
+            const uint16_t* e = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = p.q_t == Elt::bf16 ? bf16_bits_to_f32(e[k]) : f16_bits_to_f32(e[k]);
+          } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = 0.f;
+          }
+          float4* dst = reinterpret_cast<float4*>(sQ + row * kQP + c * 8);
+          dst[0] = make_float4(x[0], x[1], x[2], x[3]);
+          dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+        }
+      } else {
+#pragma unroll 4
+        for (int idx = tid; idx < C::kRows * D; idx += C::kThreads) {
+          const int row = idx / D, d = idx % D;
+          const int tok = s_rtok[row];
+          sQ[row * kQP + d] = tok >= 0 ? load_q(p, tok, s_rhead[row], d) : 0.f;
+        }
+      }
+      __syncthreads();
+    }
     uint32_t qf[kKSteps][4];
-    if constexpr (kStream) {
-      // ---- Q straight into fragments: independent 4-byte loads (the next unit's first
-      // tiles are already in flight in the pipeline buffers) ----
-      const bool raw = p.q_vec && (kBf16 ? p.q_t == Elt::bf16 : p.q_t == Elt::f16);
+    {
+      const float* sQ = reinterpret_cast<const float*>(smem);
+      constexpr int kQP = D + 4;
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const RowInfo& R = rinfo[r & 1];  // a0,a2: row g; a1,a3: row g+8
+          const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
           int d0;
           if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
           else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
-          uint32_t v = 0;
-          if (R.valid) {
-            if (raw) {
-              v = *reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.q) + R.tok * p.q_st +
-                                                     int64_t(R.head) * p.q_sh + d0);
-            } else {
-              v = pack2<kBf16>(load_q(p, R.tok, R.head, d0), load_q(p, R.tok, R.head, d0 + 1));
-            }
-          }
-          qf[s][r] = v;
+          const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
+          qf[s][r] = pack2<kBf16>(x.x, x.y);
         }
       }
-    } else {
-      __syncthreads();
-      // ---- Q: rows staged in smem as float (independent coalesced loads), then fragments ----
-      {
-        float* sQ = reinterpret_cast<float*>(smem);
-        constexpr int kQP = D + 4;
-        if (p.q_vec) {  // 16-bit query, 16-byte rows: one uint4 (8 dims) per step
-#pragma unroll 2
-          for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
-            const int row = idx / (D / 8), c = idx % (D / 8);
-            const int tok = s_rtok[row];
-            float x[8];
-            if (tok >= 0) {
-              const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + int64_t(tok) * p.q_st +
-                                                              int64_t(s_rhead[row]) * p.q_sh + c * 8);
-              const uint16_t* e = reinterpret_cast<const uint16_t*>(&v);
-#pragma unroll
-              for (int k = 0; k < 8; ++k) x[k] = p.q_t == Elt::bf16 ? bf16_bits_to_f32(e[k]) : f16_bits_to_f32(e[k]);
-            } else {
-#pragma unroll
-              for (int k = 0; k < 8; ++k) x[k] = 0.f;
-            }
-            float4* dst = reinterpret_cast<float4*>(sQ + row * kQP + c * 8);
-            dst[0] = make_float4(x[0], x[1], x[2], x[3]);
-            dst[1] = make_float4(x[4], x[5], x[6], x[7]);
-          }
-        } else {
-#pragma unroll 4
-          for (int idx = tid; idx < C::kRows * D; idx += C::kThreads) {
-            const int row = idx / D, d = idx % D;
-            const int tok = s_rtok[row];
-            sQ[row * kQP + d] = tok >= 0 ? load_q(p, tok, s_rhead[row], d) : 0.f;
-          }
-        }
-        __syncthreads();
-      }
-      {
-        const float* sQ = reinterpret_cast<const float*>(smem);
-        constexpr int kQP = D + 4;
-#pragma unroll
-        for (int s = 0; s < kKSteps; ++s) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
-            int d0;
-            if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
-            else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
-            const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
-            qf[s][r] = pack2<kBf16>(x.x, x.y);
-          }
-        }
-        __syncthreads();  // sQ aliases the pipeline buffers
-      }
-      prologue(U, pg_pref);
+      __syncthreads();  // sQ aliases the pipeline buffers
     }
 
     float o[kNTilesO][4];
@@ -861,22 +463,94 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     for (int n = 0; n < kNTilesO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
+    // ---- loader ----
+    // Row offsets (bytes from p.k / p.v) of each key row of a tile are computed once per
+    // tile by 2*kTile threads (K rows, then V rows) into a ring of kStages smem slots, from a
+    // page id fetched one tile earlier (so its latency hides behind a tile of compute).  The
+    // copy threads then only read the offset: thread chunks are (row = tid / CPR + i * step,
+    // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
+    const int my_chunk = tid % kCPR;
+    const int my_row0 = tid / kCPR;
+    // Offset slot k of this thread: index tid + k * kThreads over [K rows | V rows].
+    constexpr int kOffPer = C::kOffPer;
+    auto load_page = [&](int tile, int k) -> int64_t {
+      const int idx = tid + k * C::kThreads;
+      const int which = idx / kTile, row = idx % kTile;
+      if (which > 1 || tile >= n_tiles) return -1;
+      const int j = tile0 + tile * kTile + row;
+      if (j < kstart || j >= kend) return -1;
+      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+      const int64_t pg = page_of(blk);
+      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+    };
+    auto store_off = [&](int tile, int k, int64_t pg) {
+      const int idx = tid + k * C::kThreads;
+      const int which = idx / kTile, row = idx % kTile;
+      if (which > 1) return;
+      const int j = tile0 + tile * kTile + row;
+      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+      const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
+                                     : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+      sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+    };
+    auto issue = [&](int tile) {
+      const int st = tile % kStages;
+      const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
+      const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
+      const int64_t* offk = sOff + (st * 2) * kTile;
+      const int64_t* offv = offk + kTile;
+      const unsigned char* kb = static_cast<const unsigned char*>(p.k);
+      const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+#pragma unroll
+      for (int i = 0; i < C::kChunksPerThread; ++i) {
+        const int row = my_row0 + i * C::kRowStepPerChunk;
+        const int off = swz<kCPR>(row, my_chunk);
+        const int64_t ok = offk[row], ov = offv[row];
+        cp_async16(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
+        cp_async16(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+      }
+    };
+
+    int64_t pg_pref[kOffPer];
+#pragma unroll
+    for (int k = 0; k < kOffPer; ++k) pg_pref[k] = -1;
+    if (n_tiles > 0) {
+      // prologue: offsets of tiles 0..S-1, issue tiles 0..S-2
+      int64_t pgs[kStages][kOffPer];
+#pragma unroll
+      for (int t = 0; t < kStages; ++t)
+#pragma unroll
+        for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(t, k);
+#pragma unroll
+      for (int t = 0; t < kStages; ++t)
+#pragma unroll
+        for (int k = 0; k < kOffPer; ++k) store_off(t, k, pgs[t][k]);
+#pragma unroll
+      for (int k = 0; k < kOffPer; ++k) pg_pref[k] = load_page(kStages, k);
+      __syncthreads();
+#pragma unroll
+      for (int t = 0; t < kStages - 1; ++t) {
+        if (t < n_tiles) issue(t);
+        cp_async_commit();
+      }
+    }
+
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait<kStages - 2>();
       __syncthreads();
       {
         const int nt = tile + kStages - 1;
-        if (nt < n_tiles) issue(U, nt);
+        if (nt < n_tiles) issue(nt);
         cp_async_commit();
 #pragma unroll
         for (int k = 0; k < kOffPer; ++k) {
-          store_off(U, tile + kStages, k, pg_pref[k]);  // slot of `tile`, issued long ago
-          pg_pref[k] = load_page(U, tile + kStages + 1, k);
+          store_off(tile + kStages, k, pg_pref[k]);  // slot of `tile`, issued long ago
+          pg_pref[k] = load_page(tile + kStages + 1, k);
         }
       }
       const int st = tile % kStages;
-      const unsigned char* tK = smem + st * 2 * C::kStageBytes;
-      const unsigned char* tV = tK + C::kStageBytes;
+      const unsigned char* tK = sK + st * C::kStageBytes;
+      const unsigned char* tV = sV + st * C::kStageBytes;
       const int key0 = tile0 + tile * kTile + wn * kNT;  // first key of this warp's slice
 
       // ---- S = Q K^T ----
@@ -1012,12 +686,9 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline smem is free
+
     // ---- epilogue: combine the WN warps of each row, normalise, write ----
-    // mode: direct (whole unit), split_run (prefill: part_o for the merge kernel),
-    // piece (decode: slot partial, the last piece of the unit merges)
-    const Piece& P = s_piece[buf];  // (decode only)
-    const bool piece = kStream && !P.whole;
-    float* sO = reinterpret_cast<float*>(smem + C::kEpiOff);
+    float* sO = reinterpret_cast<float*>(smem);
     float* sM = sO + WN * C::kRows * C::kEpiPitch;
     float* sL = sM + WN * C::kRows;
     float* sF = sL + WN * C::kRows;  // per (warp, row) factor
@@ -1052,27 +723,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         sL[wn * C::kRows + wm * 16 + g + 8] = l_r[1];
       }
     }
-    if constexpr (kStream) {
-      // cross-unit pipelining: the next piece's page ids and first tiles go out now (after
-      // O left the registers, before the rest of the epilogue), so their latency hides
-      // behind this unit's epilogue
-      if (tid == 0) walk_extract(buf ^ 1);
-      __syncthreads();
-      const Piece& N = s_piece[buf ^ 1];
-      if (N.valid) {
-        Span V;
-        V.req = N.req;
-        V.hk = N.hk;
-        V.pbase = N.ri.page_base;
-        V.kstart = N.kstart;
-        V.kend = N.kend;
-        V.tile0 = (N.kstart / kTile) * kTile;
-        V.n_tiles = N.kend > N.kstart ? (N.kend - V.tile0 + kTile - 1) / kTile : 0;
-        prologue(V, pg_pref);
-      }
-    }
-
     __syncthreads();
+    const bool split_run = ri.splits > 1;
     for (int row = tid; row < C::kRows; row += C::kThreads) {
       float M = -INFINITY;
       for (int x = 0; x < WN; ++x) M = fmaxf(M, sM[x * C::kRows + row]);
@@ -1088,7 +740,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       float scale_o = 0.f, lse2 = -INFINITY;
       if (rr < rows_r) {
         const int head = hk * p.group + rr % p.group;
-        if (!split_run && !piece) {
+        if (!split_run) {
           float Mf = M, Lf = L;
           if (p.sinks != nullptr) {
             const float s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
@@ -1108,39 +760,13 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         } else {
           scale_o = L > 0.f ? 1.f / L : 0.f;
           lse2 = L > 0.f ? M + log2f(L) : -INFINITY;
-          if (piece) {
-            plan.sp_lse[int64_t(P.slot) * C::kRows + row] = lse2;
-          } else {
-            const int64_t tok = ri.q_start + rr / p.group;
-            plan.part_lse[(int64_t(split) * p.num_tokens + tok) * p.hq + head] = lse2;
-          }
+          const int64_t tok = ri.q_start + rr / p.group;
+          plan.part_lse[(int64_t(it.split) * p.num_tokens + tok) * p.hq + head] = lse2;
         }
       }
       sM[row] = scale_o;  // reuse: row 0..kRows of warp slot 0 (already consumed)
     }
     __syncthreads();
-    // 8 output values of (token, head, dims c*8..c*8+7)
-    auto store8 = [&](int tok, int head, int c, const float (&acc)[8]) {
-      if (p.o_vec) {
-        uint4 v;
-        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (p.out_t == Elt::bf16) {
-            __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
-            w[k] = *reinterpret_cast<uint32_t*>(&h);
-          } else {
-            __half2 h = __floats2half2_rn(acc[2 * k], acc[2 * k + 1]);
-            w[k] = *reinterpret_cast<uint32_t*>(&h);
-          }
-        }
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + c * 8) = v;
-      } else {
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          store_elt(p.out, int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + int64_t(c * 8 + k) * p.o_sd, p.out_t, acc[k]);
-      }
-    };
     // thread per (row, 8 dims): sum the WN warps' partial O, scale, store
     for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
       const int row = idx / (D / 8), c = idx % (D / 8);
@@ -1160,79 +786,33 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       const float sc = sM[row];
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[k] *= sc;
-      if (piece) {
-        float4* dst = reinterpret_cast<float4*>(plan.sp_o + (int64_t(P.slot) * C::kRows + row) * D + c * 8);
+      if (split_run) {
+        float4* dst = reinterpret_cast<float4*>(plan.part_o + ((int64_t(it.split) * p.num_tokens + tok) * p.hq + head) * D + c * 8);
         dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      } else if (split_run) {
-        float4* dst = reinterpret_cast<float4*>(plan.part_o + ((int64_t(split) * p.num_tokens + tok) * p.hq + head) * D + c * 8);
-        dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      } else {
-        store8(tok, head, c, acc);
-      }
-    }
-    if (piece) {
-      // publish the partial; the last piece of the unit to arrive merges all of them
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) {
-        const int npieces = P.c_last - P.c_first + 1;
-        const int prev = atomicAdd(plan.cnt + P.c_first, 1);
-        const bool last = prev == npieces - 1;
-        if (last) atomicExch(plan.cnt + P.c_first, 0);  // self-resetting: zero for the next launch
-        s_work = last ? 1 : 0;
-      }
-      __syncthreads();
-      if (s_work) {
-        __threadfence();
-        for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
-          const int row = idx / (D / 8), c = idx % (D / 8);
-          const int tok = s_rtok[row];
-          if (tok < 0) continue;
-          const int head = s_rhead[row];
-          float M = -INFINITY;
-          for (int cc = P.c_first; cc <= P.c_last; ++cc) {
-            const int slot = cc == P.c_first ? P.slot_first : 2 * cc;
-            M = fmaxf(M, __ldcg(plan.sp_lse + int64_t(slot) * C::kRows + row));
-          }
-          float s2 = -INFINITY;
-          if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
-          const float Mf = fmaxf(M, s2);
-          const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
-          float acc[8];
+      } else if (p.o_vec) {
+        uint4 v;
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
-          for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-          float denom = 0.f;
-          for (int cc = P.c_first; cc <= P.c_last; ++cc) {
-            const int slot = cc == P.c_first ? P.slot_first : 2 * cc;
-            const float w = exp2f(__ldcg(plan.sp_lse + int64_t(slot) * C::kRows + row) - Mu);
-            const float4* src = reinterpret_cast<const float4*>(plan.sp_o + (int64_t(slot) * C::kRows + row) * D + c * 8);
-            const float4 a = __ldcg(src), b = __ldcg(src + 1);
-            denom += w;
-            acc[0] += w * a.x; acc[1] += w * a.y; acc[2] += w * a.z; acc[3] += w * a.w;
-            acc[4] += w * b.x; acc[5] += w * b.y; acc[6] += w * b.z; acc[7] += w * b.w;
-          }
-          if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
-          const float inv = (denom > 0.f && M != -INFINITY) ? p.v_scale * kv_out_factor / denom : 0.f;
-#pragma unroll
-          for (int k = 0; k < 8; ++k) acc[k] *= inv;
-          store8(tok, head, c, acc);
-          if (c == 0 && p.lse != nullptr) {
-            const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
-            p.lse[int64_t(tok) * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+        for (int k = 0; k < 4; ++k) {
+          if (p.out_t == Elt::bf16) {
+            __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+            w[k] = *reinterpret_cast<uint32_t*>(&h);
+          } else {
+            __half2 h = __floats2half2_rn(acc[2 * k], acc[2 * k + 1]);
+            w[k] = *reinterpret_cast<uint32_t*>(&h);
           }
         }
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + c * 8) = v;
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          store_elt(p.out, int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + int64_t(c * 8 + k) * p.o_sd, p.out_t, acc[k]);
       }
     }
     __syncthreads();  // smem reused by the next work unit
-    if constexpr (kStream) {
-      if (tid == 0) walk_advance();
-      buf ^= 1;
-    }
   }
 }
-
 
 // Combine the splits of split requests: one warp per (token, qo head); lane s holds split
 // s's LSE (and s + 32, ...), so every load is issued up front.
@@ -1294,22 +874,12 @@ __global__ void merge_splits_kernel(AttnParams p, Plan plan, float kv_out_factor
 // ---------------------------------------------------------------------------------------------
 // Host side.
 struct WsLayout {
-  int64_t cnt, sp_o, sp_lse;
   int64_t req, page_base, items, num_items, chunk, counter, tok2req, part_o, part_lse, total;
 };
-// Workspace: [counters (64 KiB, offset 0, zero between launches) | decode slots or prefill plan].
 WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
   WsLayout w{};
   int64_t off = 0;
-  w.cnt = off; off += int64_t(kMaxCounters) * 4;
-  if (s.config == 0) {
-    constexpr int kRows = 16;
-    w.sp_o = off; off += al(int64_t(2) * s.grid * kRows * p.head_dim * 4);
-    w.sp_lse = off; off += al(int64_t(2) * s.grid * kRows * 4);
-    w.total = off;
-    return w;
-  }
   w.req = off; off += al(int64_t(p.batch) * sizeof(ReqInfo) + 16);
   w.page_base = off; off += al(int64_t(p.batch) * 8 + 16);
   w.items = off; off += al(s.max_items * int64_t(sizeof(Item)) + 16);
@@ -1337,14 +907,9 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
     if (e != cudaSuccess) return static_cast<int>(e);
     attr_set[dev & 63] = true;
   }
-  cudaError_t e;
-  if constexpr (C::kStream) {  // decode: one launch (plan, attention and merge in the kernel)
-    kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
-    return static_cast<int>(cudaGetLastError());
-  }
   plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
                                                       s.max_splits > 1);
-  e = cudaGetLastError();
+  cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
   kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
   e = cudaGetLastError();
@@ -1432,16 +997,7 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
   int occ = 1;
   int e = dispatch(p, s, nullptr, true, &occ);
   if (e != 0) return e;
-  if (s->config == 0) {
-    // KVATTN_DECODE_CTAS_PER_SM=n (< the occupancy) shrinks the decode grid (for A/B timing)
-    static const int env_occ = [] {
-      const char* e = std::getenv("KVATTN_DECODE_CTAS_PER_SM");
-      return e != nullptr ? std::atoi(e) : 0;
-    }();
-    if (env_occ > 0) occ = std::min(occ, env_occ);
-  }
   s->grid = std::max(1, num_sms * occ);
-  if (s->config == 0) s->grid = std::min(s->grid, kMaxCounters);
   s->target_ctas = s->grid;
   // split bound: keep the partial-state workspace under ~256 MB
   const int64_t per_split = std::max<int64_t>(1, p.num_tokens * p.hq * (p.head_dim + 1) * 4);
@@ -1470,9 +1026,6 @@ int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* wo
   plan.tok2req = reinterpret_cast<int32_t*>(base + w.tok2req);
   plan.part_o = reinterpret_cast<float*>(base + w.part_o);
   plan.part_lse = reinterpret_cast<float*>(base + w.part_lse);
-  plan.cnt = reinterpret_cast<int32_t*>(base + w.cnt);
-  plan.sp_o = reinterpret_cast<float*>(base + w.sp_o);
-  plan.sp_lse = reinterpret_cast<float*>(base + w.sp_lse);
   int dummy = 0;
   return dispatch(p, &s, &plan, false, &dummy);
 }
