@@ -133,6 +133,7 @@ struct AttnCase {
   bool mm = false;
   double k_scale = 1.0, v_scale = 1.0;
   int64_t pad_rows = 2;
+  int repeats = 1;  // calls on the same inputs (each re-poisoned and checked)
   std::string name;
 };
 
@@ -206,10 +207,18 @@ void run_attn_case(const AttnCase& c, uint32_t seed) {
   g.paged_kv_indptr = to_gpu(a.paged_kv_indptr); g.paged_kv_indices = to_gpu(a.paged_kv_indices);
   g.paged_kv_last_page_len = to_gpu(a.paged_kv_last_page_len);
   g.block_table = to_gpu(a.block_table); g.seq_lens = to_gpu(a.seq_lens);
-  g.out = out_ref.to(gpu());  // poisoned (NaN) copy
-  g.lse = c.lse ? lse_ref.to(gpu()) : Tensor();
+  const Tensor out_poison = out_ref.to(gpu());  // poisoned (NaN) copies
+  const Tensor lse_poison = c.lse ? lse_ref.to(gpu()) : Tensor();
+  g.out = out_poison;
+  g.lse = lse_poison;
   g.sinks = to_gpu(sinks); g.mm_prefix_ranges = to_gpu(mm); g.xqa_draft_mask = to_gpu(xqa);
   reference::paged_attention(a);
+  for (int rep = 0; rep < c.repeats; ++rep) {
+  SCOPED_TRACE(::testing::Message() << "call " << rep);
+  if (rep > 0) {  // fresh poisoned outputs: every call must write every row again
+    g.out = out_poison.to(Device::cpu()).to(gpu());
+    if (c.lse) g.lse = lse_poison.to(Device::cpu()).to(gpu());
+  }
   paged_attention(g);
   kvattn::cuda::synchronize();
   const Tensor out_gpu = g.out.to(Device::cpu());
@@ -234,6 +243,7 @@ void run_attn_case(const AttnCase& c, uint32_t seed) {
       }
       EXPECT_LT(worst, 2e-2) << "lse";
     }
+  }
   }
 }
 
@@ -297,6 +307,54 @@ TEST_F(CudaOps, PagedDecodeSplitKvLongAndOptions) {
   c.k_scale = c.v_scale = 1.0;
   c.paged_form = false;
   run_attn_case(c, 302);
+}
+
+// Split-KV decode called repeatedly on the same persistent workspace (as CUDA-graph replays
+// do): every call must rewrite every row and give the right answer, so whatever scheduling
+// state the workspace holds (work counter, per-unit counters) must be back at its start value.
+// Shapes: 1 request split over many CTAs, one long request cut into many pieces per unit,
+// mixed lengths with empty and zero-query requests (fp8).
+TEST_F(CudaOps, PagedDecodeStreamKRepeatedCalls) {
+  AttnCase c;
+  c.name = "1x1024 repeated";
+  c.q_lens = {1};
+  c.kv_lens = {1024};
+  c.repeats = 3;
+  run_attn_case(c, 700);
+  c.name = "one long request, many pieces per unit";
+  c.kv_lens = {20011};
+  c.repeats = 2;
+  c.sinks = true;
+  run_attn_case(c, 701);
+  c.name = "mixed lengths with empty and zero-query requests, repeated";
+  c.q_lens = {1, 0, 1, 1, 2, 1, 0, 1};
+  c.kv_lens = {3000, 5, 0, 64, 700, 1, 0, 4097};
+  c.sinks = false;
+  c.repeats = 3;
+  c.kv_dt = DType::fp8_e4m3; c.k_scale = 0.8; c.v_scale = 1.1;
+  run_attn_case(c, 702);
+  c.name = "1x1024 again after other shapes";
+  c.q_lens = {1};
+  c.kv_lens = {1024};
+  c.kv_dt = DType::bf16; c.k_scale = c.v_scale = 1.0;
+  c.repeats = 2;
+  run_attn_case(c, 703);
+}
+
+// More requests than one CTA-wide round of planning (1024 threads; 128 x 8 in the v7 attempt).
+TEST_F(CudaOps, PagedDecodeLargeBatch) {
+  std::mt19937 rng(801);
+  AttnCase c;
+  c.name = "1100 requests";
+  c.hq = 8; c.hkv = 2; c.dim = 64;
+  for (int r = 0; r < 1100; ++r) {
+    c.q_lens.push_back(r % 97 == 5 ? 0 : 1);
+    c.kv_lens.push_back(rng() % 7 == 0 ? 0 : 1 + rng() % 300);
+  }
+  c.kv_lens[17] = 5000;  // one long request split over many CTAs
+  c.paged_form = false;
+  c.repeats = 2;
+  run_attn_case(c, 800);
 }
 
 TEST_F(CudaOps, PagedMultiTokenDecodeDraftMask) {
