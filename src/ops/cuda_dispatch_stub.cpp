@@ -32,4 +32,8 @@ void kvfp8_dequant(const Tensor&, const Tensor&, const Tensor&, const Tensor&, c
   no_cuda("kvfp8_dequant");
 }
 
+void set_prefill_kernel_mode(int) {}
+int prefill_kernel_mode() noexcept { return 0; }
+int64_t prefill_kernel_launches() noexcept { return 0; }
+
 }  // namespace kvattn::ops::cuda_impl
