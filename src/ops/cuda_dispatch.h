@@ -41,8 +41,8 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
                    const Tensor& out_v_cache);
 
 // Routing of paged_attention between the prefill kernel (prefill_kernel.cu) and attn_kernel,
-// for tests and benchmarks: 0 automatic (default, or KVATTN_PREFILL=off|force|b), 1 off,
-// 2 force (every call the prefill kernel supports), 3 automatic with the head_dim-128 variant B.
+// for tests and benchmarks: 0 automatic (default, or KVATTN_PREFILL=off|force), 1 off,
+// 2 force (every call the prefill kernel supports); see kernels.h PrefillMode.
 // prefill_kernel_launches() counts calls routed to the prefill kernel (0 without CUDA).
 void set_prefill_kernel_mode(int mode);
 int prefill_kernel_mode() noexcept;

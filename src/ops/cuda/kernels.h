@@ -154,11 +154,15 @@ enum class PrefillMode : int {
   automatic = 0,  // prefill kernel when supported and the call is large (default)
   off = 1,        // always attn_kernel
   force = 2,      // prefill kernel for every supported call (tests)
-  variant_b = 3,  // automatic, head_dim 128 with 4 warps x 32 rows (2 CTAs / SM)
 };
-// Initial mode from the environment: KVATTN_PREFILL=off|force|b (else automatic).
+// Initial mode from the environment: KVATTN_PREFILL=off|force (else automatic).
 void set_prefill_mode(PrefillMode m);
 PrefillMode prefill_mode();
+// head_dim-128 configuration: 0 = A (8 warps x 16 rows, 1 CTA / SM), 1 = B (4 warps x 32 rows,
+// 2 CTAs / SM), 2 = C (4 warps x 16 rows, 64-row CTAs, 2 CTAs / SM).  Initial value from
+// KVATTN_PREFILL_VARIANT=a|b|c.
+void set_prefill_variant(int v);
+int prefill_variant();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
 bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)

@@ -36,7 +36,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kPlanThreads = 1024;
 constexpr int kBuckets = 2048;  // cost buckets of the plan's counting sort (KV tiles, clamped)
-constexpr int kRowsPerCta = 128;
+constexpr int kRowsPerCta = 128;  // rows per CTA of the default configs (64 for variant C)
 constexpr int kKeyTile = 64;
 
 // ---- PTX wrappers -----------------------------------------------------------------------------
@@ -64,13 +64,13 @@ __device__ __forceinline__ void ldsm4t(uint32_t addr, uint32_t (&r)[4]) {
 template <bool BF16>
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   if constexpr (BF16) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   } else {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -141,10 +141,10 @@ __device__ __forceinline__ int block_excl_scan(int v, int* s_warp, int* total) {
 }
 
 // Cost (KV tiles to visit, + 1 for the unit's fixed work) of row tile t of a request.
-__device__ __forceinline__ int item_cost(const AttnParams& p, const PfReq& r, int t) {
+__device__ __forceinline__ int item_cost(const AttnParams& p, const PfReq& r, int t, int cta_rows) {
   const int rows = r.q_len * p.group;
-  const int row0 = t * kRowsPerCta;
-  const int last = min(rows, row0 + kRowsPerCta) - 1;
+  const int row0 = t * cta_rows;
+  const int last = min(rows, row0 + cta_rows) - 1;
   const int ctx = r.kv_len - r.q_len;
   const int qf = ctx + row0 / p.group, ql = ctx + last / p.group;
   int hi = r.kv_len;
@@ -166,7 +166,7 @@ __device__ __forceinline__ int find_req(const PfPlan& plan, int batch, int i) {
   return lo;
 }
 
-__global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfPlan plan, int64_t max_items) {
+__global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfPlan plan, int64_t max_items, int cta_rows) {
   __shared__ int s_hist[kBuckets];
   __shared__ int s_warp[33];
   const int tid = threadIdx.x;
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
       ri.q_start = static_cast<int32_t>(qs);
       ri.q_len = static_cast<int32_t>(qe - qs);
       ri.kv_len = static_cast<int32_t>(kv);
-      nt = (ri.q_len * p.group + kRowsPerCta - 1) / kRowsPerCta;
+      nt = (ri.q_len * p.group + cta_rows - 1) / cta_rows;
     }
     int tot = 0;
     const int off = block_excl_scan(nt, s_warp, &tot);
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
   for (int i = tid; i < T; i += blockDim.x) {
     const int r = find_req(plan, p.batch, i);
     const PfReq ri = plan.req[r];
-    const int c = min(item_cost(p, ri, i - ri.tile_start), kBuckets - 1);
+    const int c = min(item_cost(p, ri, i - ri.tile_start, cta_rows), kBuckets - 1);
     atomicAdd(&s_hist[c], 1);
   }
   __syncthreads();
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
     const int r = find_req(plan, p.batch, i);
     const PfReq ri = plan.req[r];
     const int t = i - ri.tile_start;
-    const int c = min(item_cost(p, ri, t), kBuckets - 1);
+    const int c = min(item_cost(p, ri, t, cta_rows), kBuckets - 1);
     const int pos = atomicAdd(&s_hist[c], 1);
     plan.items[pos] = make_int2(r, t);
   }
@@ -240,13 +240,14 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
 }
 
 // ---- the attention kernel ---------------------------------------------------------------------------
-// MT m-tiles of 16 rows per warp, NW warps: 16 * MT * NW = 128 rows per CTA.
+// MT m-tiles of 16 rows per warp, NW warps: 16 * MT * NW rows per CTA.
 template <int D, int MT, int NW>
 struct PfCfg {
   static constexpr int kThreads = 32 * NW;
   static constexpr int kRows = 16 * MT * NW;
   static constexpr int kTile = kKeyTile;
-  static constexpr bool kQRegs = MT * D <= 128;
+  static constexpr bool kQRegs = MT * D <= 128;  // Q fragments held in registers
+  static constexpr bool kFragDB = MT * D <= 128;  // K fragments double-buffered in registers
   static constexpr int kCPR = D * 2 / 16;
   static constexpr int kStageBytes = kTile * D * 2;  // one of K / V
   static constexpr int kQBytes = kRows * D * 2;
@@ -258,7 +259,6 @@ struct PfCfg {
   static constexpr int kSmem = kOffBase + kStages * 2 * kTile * 8;
   static constexpr int kChunksPerThread = kTile * kCPR / kThreads;
   static constexpr int kRowStep = kThreads / kCPR;
-  static_assert(kRows == kRowsPerCta, "128 rows per CTA");
   static_assert(kStagesFit >= 2, "shared memory");
   static_assert((kTile * kCPR) % kThreads == 0 && kThreads % kCPR == 0, "loader mapping");
   static_assert(kThreads >= 2 * kTile, "one offset per thread");
@@ -447,60 +447,79 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
       const unsigned char* tV = tK + C::kStageBytes;
 
       // ---- S = Q K^T ----
+      // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
+      // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
       float s[MT][kNTs][4];
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int j = 0; j < kNTs; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+      {
+        constexpr int kKB = C::kFragDB ? 2 : 1;
+        uint32_t kf[kKB][kNTs / 2][4];
+        uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
+        auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ks += 2) {
-        uint32_t qa[MT][2][4];
-        if constexpr (!C::kQRegs) {
+          for (int jj = 0; jj < kNTs / 2; ++jj)
+            ldsm4(su32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
+        };
+        auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
 #pragma unroll
           for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int u = 0; u < 2; ++u)
-              ldsm4(su32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                        2 * (ks + u) + (lane >> 4))),
-                    qa[m][u]);
+            ldsm4(su32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
+        };
+        if constexpr (C::kFragDB) {
+          load_k(0, kf[0]);
+          if constexpr (!C::kQRegs) load_q(0, qa[0]);
         }
 #pragma unroll
-        for (int j = 0; j < kNTs; ++j) {
-          uint32_t b[4];
-          ldsm4(su32(tK + swz<kCPR>(8 * j + (lane & 7), 2 * ks + (lane >> 3))), b);
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            if constexpr (C::kQRegs) {
-              mma<BF16>(s[m][j], qf[ks], b[0], b[1]);
-              mma<BF16>(s[m][j], qf[ks + 1], b[2], b[3]);
-            } else {
-              mma<BF16>(s[m][j], qa[m][0], b[0], b[1]);
-              mma<BF16>(s[m][j], qa[m][1], b[2], b[3]);
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          const int cur = C::kFragDB ? (ks & 1) : 0;
+          if constexpr (C::kFragDB) {
+            if (ks + 1 < kKSteps) {
+              load_k(ks + 1, kf[(ks + 1) & 1]);
+              if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
             }
+          } else {
+            load_k(ks, kf[0]);
+            if constexpr (!C::kQRegs) load_q(ks, qa[0]);
           }
+#pragma unroll
+          for (int jj = 0; jj < kNTs / 2; ++jj)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
+              mma<BF16>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
+              mma<BF16>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
+            }
         }
       }
-      // ---- soft cap, mask (only where needed) ----
+      // ---- soft cap, mask (each a uniform branch around the whole tile) ----
+      if (softcap) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
+      }
       const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
                              (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
+      if (need_mask) {
 #pragma unroll
-      for (int m = 0; m < MT; ++m)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int j = 0; j < kNTs; ++j)
+          for (int j = 0; j < kNTs; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x = s[m][j][e];
-            if (softcap) x = cap_out * tanhf(x * cap_in);
-            if (need_mask) {
+            for (int e = 0; e < 4; ++e) {
               const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
               const int q = qp[m][e >> 1];
               bool vis = key < ri.kv_len;
               if (p.causal && key > q) vis = false;
               if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
-              if (!vis) x = -INFINITY;
+              if (!vis) s[m][j][e] = -INFINITY;
             }
-            s[m][j][e] = x;
-          }
+      }
       // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
       bool moved = false;
       float alpha[MT][2];
@@ -541,25 +560,36 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
           }
       }
       // ---- O += P V ----
-#pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
+      // P stays in registers (the S accumulator layout is the A layout); V fragments by
+      // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
+      {
+        constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
+        constexpr int kNV = (kTile / 16) * kNP;    // ldmatrix.x4.trans per tile
+        uint32_t vf[3][4];
+        auto load_v = [&](int idx, uint32_t (&b)[4]) {
+          const int kk = idx / kNP, np = idx % kNP;
+          ldsm4t(su32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+        };
+        load_v(0, vf[0]);
+        if (kNV > 1) load_v(1, vf[1]);
         uint32_t a[MT][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          a[m][0] = pk2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
-          a[m][1] = pk2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
-          a[m][2] = pk2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-          a[m][3] = pk2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-        }
-        const int vrow = 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+        for (int idx = 0; idx < kNV; ++idx) {
+          if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
+          const int kk = idx / kNP, n = 2 * (idx % kNP);
+          if (n == 0) {
 #pragma unroll
-        for (int n = 0; n < kNTo; n += 2) {
-          uint32_t b[4];
-          ldsm4t(su32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b);
+            for (int m = 0; m < MT; ++m) {
+              a[m][0] = pk2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
+              a[m][1] = pk2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
+              a[m][2] = pk2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+              a[m][3] = pk2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+            }
+          }
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
-            mma<BF16>(o[m][n], a[m], b[0], b[1]);
-            mma<BF16>(o[m][n + 1], a[m], b[2], b[3]);
+            mma<BF16>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
+            mma<BF16>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
           }
         }
       }
@@ -637,7 +667,8 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
 }
 
 // ---- host side ------------------------------------------------------------------------------------
-std::atomic<int> g_mode{-1};          // PrefillMode, -1 = not read from the environment yet
+std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
+std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C; -1 = not read yet
 std::atomic<int64_t> g_launches{0};
 
 int mode_now() {
@@ -647,10 +678,20 @@ int mode_now() {
   if (const char* e = std::getenv("KVATTN_PREFILL")) {
     if (!std::strcmp(e, "off")) m = 1;
     else if (!std::strcmp(e, "force")) m = 2;
-    else if (!std::strcmp(e, "b")) m = 3;
   }
   g_mode.store(m, std::memory_order_relaxed);
   return m;
+}
+int variant_now() {
+  int v = g_variant.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  v = 0;
+  if (const char* e = std::getenv("KVATTN_PREFILL_VARIANT")) {
+    if (!std::strcmp(e, "b")) v = 1;
+    else if (!std::strcmp(e, "c")) v = 2;
+  }
+  g_variant.store(v, std::memory_order_relaxed);
+  return v;
 }
 
 struct PfWs {
@@ -658,7 +699,7 @@ struct PfWs {
 };
 PfWs pf_ws(const AttnParams& p) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
-  const int64_t max_items = (p.num_tokens * p.group + kRowsPerCta - 1) / kRowsPerCta + p.batch;
+  const int64_t max_items = (p.num_tokens * p.group + 63) / 64 + p.batch;  // 64 = smallest CTA tile
   PfWs w{};
   int64_t off = 0;
   w.req = off; off += al(int64_t(p.batch) * sizeof(PfReq) + 16);
@@ -671,8 +712,9 @@ PfWs pf_ws(const AttnParams& p) {
 }
 
 template <bool BF16, int D, int MT, int NW>
-int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, int64_t max_items) {
+int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   using C = PfCfg<D, MT, NW>;
+  const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
   auto kern = pf_attn_kernel<BF16, D, MT, NW>;
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
@@ -686,7 +728,7 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, int64_t max_ite
     if (e != cudaSuccess) return static_cast<int>(e);
     occ = n > 0 ? n : 1;
   }
-  pf_plan_kernel<<<1, kPlanThreads>>>(p, plan, max_items);
+  pf_plan_kernel<<<1, kPlanThreads>>>(p, plan, max_items, C::kRows);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
   // never more CTAs than units
@@ -697,13 +739,14 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, int64_t max_ite
 }
 
 template <bool BF16>
-int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int64_t max_items, bool variant_b) {
+int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, 64, 1, 8>(p, num_sms, plan, max_items);
+    case 64: return pf_run<BF16, 64, 1, 8>(p, num_sms, plan);
     case 128:
-      return variant_b ? pf_run<BF16, 128, 2, 4>(p, num_sms, plan, max_items)
-                       : pf_run<BF16, 128, 1, 8>(p, num_sms, plan, max_items);
-    case 256: return pf_run<BF16, 256, 1, 8>(p, num_sms, plan, max_items);
+      if (variant == 1) return pf_run<BF16, 128, 2, 4>(p, num_sms, plan);
+      if (variant == 2) return pf_run<BF16, 128, 1, 4>(p, num_sms, plan);
+      return pf_run<BF16, 128, 1, 8>(p, num_sms, plan);
+    case 256: return pf_run<BF16, 256, 1, 8>(p, num_sms, plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -712,6 +755,8 @@ int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int64_t ma
 
 void set_prefill_mode(PrefillMode m) { g_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
 PrefillMode prefill_mode() { return static_cast<PrefillMode>(mode_now()); }
+void set_prefill_variant(int v) { g_variant.store(v, std::memory_order_relaxed); }
+int prefill_variant() { return variant_now(); }
 int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 bool prefill_supported(const AttnParams& p) {
@@ -727,8 +772,9 @@ bool prefill_supported(const AttnParams& p) {
   }
   optin = optin_cache[dev & 63];
   const int need = p.head_dim == 64 ? PfCfg<64, 1, 8>::kSmem
-                   : p.head_dim == 128 ? (mode_now() == int(PrefillMode::variant_b) ? PfCfg<128, 2, 4>::kSmem
-                                                                                   : PfCfg<128, 1, 8>::kSmem)
+                   : p.head_dim == 128 ? (variant_now() == 1   ? PfCfg<128, 2, 4>::kSmem
+                                          : variant_now() == 2 ? PfCfg<128, 1, 4>::kSmem
+                                                               : PfCfg<128, 1, 8>::kSmem)
                                        : PfCfg<256, 1, 8>::kSmem;
   if (need + 2048 > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return false;  // fp8 pages: attn_kernel
@@ -764,11 +810,9 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.items = reinterpret_cast<int2*>(base + w.items);
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
-  const int64_t max_items = (p.num_tokens * p.group + kRowsPerCta - 1) / kRowsPerCta + p.batch;
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  const bool vb = mode_now() == int(PrefillMode::variant_b);
-  return p.kv_t == Elt::bf16 ? pf_dispatch<true>(p, num_sms, plan, max_items, vb)
-                             : pf_dispatch<false>(p, num_sms, plan, max_items, vb);
+  const int v = variant_now();
+  return p.kv_t == Elt::bf16 ? pf_dispatch<true>(p, num_sms, plan, v) : pf_dispatch<false>(p, num_sms, plan, v);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k
