@@ -159,8 +159,8 @@ enum class PrefillMode : int {
 void set_prefill_mode(PrefillMode m);
 PrefillMode prefill_mode();
 // head_dim-128 configuration: 0 = A (8 warps x 16 rows, 1 CTA / SM), 1 = B (4 warps x 32 rows,
-// 2 CTAs / SM), 2 = C (4 warps x 16 rows, 64-row CTAs, 2 CTAs / SM).  Initial value from
-// KVATTN_PREFILL_VARIANT=a|b|c.
+// 2 CTAs / SM; the default), 2 = C (4 warps x 16 rows, 64-row CTAs, 2 CTAs / SM), 3 = D (B with
+// 32-key tiles).  Initial value from KVATTN_PREFILL_VARIANT=a|b|c|d.
 void set_prefill_variant(int v);
 int prefill_variant();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far

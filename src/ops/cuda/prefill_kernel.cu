@@ -37,7 +37,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kPlanThreads = 1024;
 constexpr int kBuckets = 2048;  // cost buckets of the plan's counting sort (KV tiles, clamped)
 constexpr int kRowsPerCta = 128;  // rows per CTA of the default configs (64 for variant C)
-constexpr int kKeyTile = 64;
+constexpr int kKeyTile = 64;  // keys per K/V tile (variant D: 32); the plan's cost unit
 
 // ---- PTX wrappers -----------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t su32(const void* p) {
@@ -241,11 +241,11 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
 
 // ---- the attention kernel ---------------------------------------------------------------------------
 // MT m-tiles of 16 rows per warp, NW warps: 16 * MT * NW rows per CTA.
-template <int D, int MT, int NW>
+template <int D, int MT, int NW, int KT = kKeyTile>
 struct PfCfg {
   static constexpr int kThreads = 32 * NW;
   static constexpr int kRows = 16 * MT * NW;
-  static constexpr int kTile = kKeyTile;
+  static constexpr int kTile = KT;
   static constexpr bool kQRegs = MT * D <= 128;  // Q fragments held in registers
   static constexpr bool kFragDB = MT * D <= 128;  // K fragments double-buffered in registers
   static constexpr int kCPR = D * 2 / 16;
@@ -264,10 +264,10 @@ struct PfCfg {
   static_assert(kThreads >= 2 * kTile, "one offset per thread");
 };
 
-template <bool BF16, int D, int MT, int NW>
-__global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::kMinBlocks)
+template <bool BF16, int D, int MT, int NW, int KT>
+__global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
-  using C = PfCfg<D, MT, NW>;
+  using C = PfCfg<D, MT, NW, KT>;
   constexpr int kTile = C::kTile, kCPR = C::kCPR, kS = C::kStages;
   constexpr int kKSteps = D / 16;
   constexpr int kNTs = kTile / 8;  // S n-tiles
@@ -668,7 +668,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
 
 // ---- host side ------------------------------------------------------------------------------------
 std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
-std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C; -1 = not read yet
+std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
 
 int mode_now() {
@@ -685,10 +685,11 @@ int mode_now() {
 int variant_now() {
   int v = g_variant.load(std::memory_order_relaxed);
   if (v >= 0) return v;
-  v = 0;
+  v = 1;  // B: measured fastest for head_dim 128 (docs/cuda-notes.md)
   if (const char* e = std::getenv("KVATTN_PREFILL_VARIANT")) {
-    if (!std::strcmp(e, "b")) v = 1;
+    if (!std::strcmp(e, "a")) v = 0;
     else if (!std::strcmp(e, "c")) v = 2;
+    else if (!std::strcmp(e, "d")) v = 3;
   }
   g_variant.store(v, std::memory_order_relaxed);
   return v;
@@ -711,11 +712,11 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, int D, int MT, int NW>
+template <bool BF16, int D, int MT, int NW, int KT = kKeyTile>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
-  using C = PfCfg<D, MT, NW>;
+  using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
-  auto kern = pf_attn_kernel<BF16, D, MT, NW>;
+  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT>;
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
   cudaGetDevice(&dev);
@@ -743,9 +744,10 @@ int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int varian
   switch (p.head_dim) {
     case 64: return pf_run<BF16, 64, 1, 8>(p, num_sms, plan);
     case 128:
-      if (variant == 1) return pf_run<BF16, 128, 2, 4>(p, num_sms, plan);
+      if (variant == 0) return pf_run<BF16, 128, 1, 8>(p, num_sms, plan);
       if (variant == 2) return pf_run<BF16, 128, 1, 4>(p, num_sms, plan);
-      return pf_run<BF16, 128, 1, 8>(p, num_sms, plan);
+      if (variant == 3) return pf_run<BF16, 128, 2, 4, 32>(p, num_sms, plan);
+      return pf_run<BF16, 128, 2, 4>(p, num_sms, plan);  // B (default)
     case 256: return pf_run<BF16, 256, 1, 8>(p, num_sms, plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
@@ -772,9 +774,10 @@ bool prefill_supported(const AttnParams& p) {
   }
   optin = optin_cache[dev & 63];
   const int need = p.head_dim == 64 ? PfCfg<64, 1, 8>::kSmem
-                   : p.head_dim == 128 ? (variant_now() == 1   ? PfCfg<128, 2, 4>::kSmem
+                   : p.head_dim == 128 ? (variant_now() == 0   ? PfCfg<128, 1, 8>::kSmem
                                           : variant_now() == 2 ? PfCfg<128, 1, 4>::kSmem
-                                                               : PfCfg<128, 1, 8>::kSmem)
+                                          : variant_now() == 3 ? PfCfg<128, 2, 4, 32>::kSmem
+                                                               : PfCfg<128, 2, 4>::kSmem)
                                        : PfCfg<256, 1, 8>::kSmem;
   if (need + 2048 > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return false;  // fp8 pages: attn_kernel
