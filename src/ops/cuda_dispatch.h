@@ -48,4 +48,12 @@ void dcp_lse_scale_pack(const Tensor& partial, const Tensor& all_lse, int64_t ra
 void dcp_lse_combine(const Tensor& partials, const Tensor& lses, bool lse_base_e, const Tensor& out,
                      const Tensor& global_lse);
 
+// Routing of paged_attention between the prefill kernel (prefill_kernel.cu) and attn_kernel,
+// for tests and benchmarks: 0 automatic (default, or KVATTN_PREFILL=off|force), 1 off,
+// 2 force (every call the prefill kernel supports); see kernels.h PrefillMode.
+// prefill_kernel_launches() counts calls routed to the prefill kernel (0 without CUDA).
+void set_prefill_kernel_mode(int mode);
+int prefill_kernel_mode() noexcept;
+int64_t prefill_kernel_launches() noexcept;
+
 }  // namespace kvattn::ops::cuda_impl

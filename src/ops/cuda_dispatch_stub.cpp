@@ -38,4 +38,8 @@ void dcp_lse_scale_pack(const Tensor&, const Tensor&, int64_t, bool, const Tenso
 }
 void dcp_lse_combine(const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&) { no_cuda("dcp_lse_combine"); }
 
+void set_prefill_kernel_mode(int) {}
+int prefill_kernel_mode() noexcept { return 0; }
+int64_t prefill_kernel_launches() noexcept { return 0; }
+
 }  // namespace kvattn::ops::cuda_impl

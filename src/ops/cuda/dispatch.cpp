@@ -230,6 +230,10 @@ void paged_attention(const PagedAttentionArgs& a) {
   }
   if (p.batch == 0 || p.num_tokens == 0) return;
   const int dev = a.query.device().index;
+  if (k::prefill_eligible(p, sm_count(dev))) {  // many rows per request: prefill_kernel.cu
+    check_launch(k::launch_prefill_attention(p, sm_count(dev), workspace_for(dev, k::prefill_workspace_bytes(p))), op);
+    return;
+  }
   k::AttnPlanShape shape;
   const char* why = nullptr;
   check_launch(k::plan_paged_attention(p, sm_count(dev), &shape, &why), op);
@@ -346,5 +350,10 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
   p.v_scale = static_cast<const float*>(v_scale.data());
   check_launch(k::launch_kvfp8_dequant(p), op);
 }
+
+
+void set_prefill_kernel_mode(int mode) { k::set_prefill_mode(static_cast<k::PrefillMode>(mode)); }
+int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode()); }
+int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
 
 }  // namespace kvattn::ops::cuda_impl

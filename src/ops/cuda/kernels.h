@@ -146,6 +146,30 @@ struct AttnPlanShape {
 int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* shape, const char** why);
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& shape, void* workspace);
 
+// ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
+// FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the
+// launcher runs its own plan kernel (no split-KV).  dispatch.cpp asks prefill_eligible() first
+// and falls back to launch_paged_attention() for everything else.
+enum class PrefillMode : int {
+  automatic = 0,  // prefill kernel when supported and the call is large (default)
+  off = 1,        // always attn_kernel
+  force = 2,      // prefill kernel for every supported call (tests)
+};
+// Initial mode from the environment: KVATTN_PREFILL=off|force (else automatic).
+void set_prefill_mode(PrefillMode m);
+PrefillMode prefill_mode();
+// head_dim-128 configuration: 0 = A (8 warps x 16 rows, 1 CTA / SM; the default), 1 = B (4 warps
+// x 32 rows, 2 CTAs / SM; 14 % faster, see docs/cuda-notes.md), 2 = C (4 warps x 16 rows, 64-row
+// CTAs, 2 CTAs / SM), 3 = D (B with 32-key tiles).  Initial value from
+// KVATTN_PREFILL_VARIANT=a|b|c|d.
+void set_prefill_variant(int v);
+int prefill_variant();
+int64_t prefill_launches();                        // calls routed to the prefill kernel so far
+bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
+bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)
+int64_t prefill_workspace_bytes(const AttnParams& p);
+int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace);
+
 }  // namespace kvattn::ops::cuda_impl::k
 
 // ---- benchmark support (used by `kvattn bench-cuda`) --------------------------------------
