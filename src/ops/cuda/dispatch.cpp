@@ -231,6 +231,7 @@ void paged_attention(const PagedAttentionArgs& a) {
   if (p.batch == 0 || p.num_tokens == 0) return;
   const int dev = a.query.device().index;
   if (k::prefill_eligible(p, sm_count(dev))) {  // many rows per request: prefill_kernel.cu
+    std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
     check_launch(k::launch_prefill_attention(p, sm_count(dev), workspace_for(dev, k::prefill_workspace_bytes(p))), op);
     return;
   }
