@@ -7,10 +7,17 @@
 //
 // The batch is restored to its arrival order before each iteration outside the timed region
 // (manual timing), so every measured step starts from the same unsorted batch.
+//
+// BM_StepFloor_* time, in the same setting, only the step's unavoidable data movement: the
+// reorder (its row swaps are the seed's algorithm), writing the int64 positions and slots, and
+// one memcpy per request of its page ids into a flat buffer — what any implementation of the
+// step pays before per-request bookkeeping.  A timed region also carries the clock read itself
+// (~0.5 us thread CPU on this VM: see BM_ClockOverhead).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <random>
 
@@ -128,6 +135,58 @@ void BM_StepMetadata_Decode1024(benchmark::State& state) {
   run_step(state, s);
 }
 BENCHMARK(BM_StepMetadata_Decode1024)->ArgName("thread_cpu")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void run_floor(benchmark::State& state, const Scenario& s) {
+  InputBatch batch(s.max_num_reqs, (kMaxModelLen + kBlockSize - 1) / kBlockSize);
+  std::vector<int64_t> pos(static_cast<size_t>(s.max_num_batched_tokens));
+  std::vector<int64_t> slots(static_cast<size_t>(s.max_num_batched_tokens));
+  std::vector<int32_t> ids(static_cast<size_t>(s.max_num_reqs * batch.max_num_blocks_per_req()));
+  for (auto _ : state) {
+    restore(batch, s);  // untimed
+    const double t0 = now_seconds(true);
+    reorder_batch_to_split_decodes_and_prefills(batch, 1);
+    const int32_t* sched = batch.num_scheduled_tokens().data();
+    const int32_t* nblocks = batch.num_blocks_per_row().data();
+    int64_t tokens = 0;
+    for (int64_t r = 0; r < batch.num_reqs(); ++r) tokens += sched[r];
+    for (int64_t t = 0; t < tokens; ++t) {
+      pos[t] = t;
+      slots[t] = t;
+    }
+    const int32_t* bt = batch.block_table().data_ptr<int32_t>();
+    int64_t off = 0;
+    for (int64_t r = 0; r < batch.num_reqs(); ++r) {
+      std::memcpy(ids.data() + off, bt + r * batch.max_num_blocks_per_req(),
+                  sizeof(int32_t) * static_cast<size_t>(nblocks[r]));
+      off += nblocks[r];
+    }
+    const double t1 = now_seconds(true);
+    benchmark::DoNotOptimize(ids.data());
+    benchmark::DoNotOptimize(slots.data());
+    state.SetIterationTime(t1 - t0);
+  }
+}
+
+void BM_StepFloor_Mixed256(benchmark::State& state) {
+  static const Scenario s = make_scenario(192, 32, 32, 1, /*shuffle=*/true);
+  run_floor(state, s);
+}
+BENCHMARK(BM_StepFloor_Mixed256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_StepFloor_Decode1024(benchmark::State& state) {
+  static const Scenario s = make_scenario(1024, 0, 0, 2, /*shuffle=*/false);
+  run_floor(state, s);
+}
+BENCHMARK(BM_StepFloor_Decode1024)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_ClockOverhead(benchmark::State& state) {
+  for (auto _ : state) {
+    const double t0 = now_seconds(true);
+    const double t1 = now_seconds(true);
+    state.SetIterationTime(t1 - t0);
+  }
+}
+BENCHMARK(BM_ClockOverhead)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 // Components of the mixed step, for attribution.
 void BM_Reorder_Mixed256(benchmark::State& state) {

@@ -3,17 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "kvattn/attention/native_backend.h"
 #include "kvattn/attention/paged_kv_metadata.h"
+#include "kvattn/attention/xqa_mask.h"
 #include "kvattn/batch/slot_mapping.h"
 #include "kvattn/batch/split.h"
 #include "kvattn/batch/tensor_access.h"
 #include "kvattn/core/error.h"
 #include "kvattn/core/log.h"
 #include "kvattn/ops/page_utils.h"
-#include "native_fastdiv.h"
 
 namespace kvattn {
 
@@ -79,7 +78,6 @@ struct FlashInferMetadataBuilder::StepPlan {
   bool all_uses_trtllm = false;
   // Host sequence lengths (nullptr when not needed) and page counts.
   const int32_t* seq_lens_cpu = nullptr;  // [num_reqs]
-  const int32_t* num_blocks = nullptr;    // [num_reqs]
   int64_t num_common_kv_blocks = 0;
   bool has_paged_kv = false;
 };
@@ -191,7 +189,6 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(std::shared_ptr<const Atten
   paged_kv_last_page_len_ = CpuGpuBuffer({max_num_reqs_}, DType::i32, device_);
   kv_lens_cpu_ = Tensor::zeros({max_num_reqs_}, DType::i32);
   seq_lens_cpu_ = Tensor::zeros({max_num_reqs_}, DType::i32);
-  num_blocks_cpu_ = Tensor::zeros({max_num_reqs_}, DType::i32);
   qo_indptr_prefill_ = CpuGpuBuffer({max_num_reqs_ + 1}, DType::i32, device_);
   paged_kv_indptr_prefill_ = CpuGpuBuffer({max_num_reqs_ + 1}, DType::i32, device_);
   const int64_t arange_n = std::max(max_num_reqs_, max_num_batched_tokens_) + 1;
@@ -265,35 +262,8 @@ std::optional<FlashInferDecodeKernel> FlashInferMetadataBuilder::get_flashinfer_
 
 FlashInferMetadataBuilder::DecodeQueryLens FlashInferMetadataBuilder::compute_decode_query_lens(
     std::span<const int32_t> qo, int64_t num_decodes, int64_t num_decode_tokens) const {
-  if (num_decodes == 0 || num_decode_tokens == 0) return {1, false};
-  if (!use_xqa_) {
-    const int64_t q_len_per_req = num_decode_tokens / num_decodes;
-    bool uniform = num_decode_tokens % num_decodes == 0;
-    int64_t max_q = 0;
-    for (int64_t r = 0; r < num_decodes; ++r) {
-      const int64_t q = qo[r + 1] - qo[r];
-      uniform = uniform && q == q_len_per_req;
-      max_q = std::max(max_q, q);
-    }
-    if (uniform) return {q_len_per_req, false};
-    // CUDA-graph padding can leave zero-length requests after a uniform spec-decode batch:
-    // describe the packed query through the varlen offsets.
-    if (max_q > 1) return {max_q, true};
-    return {1, false};
-  }
-  int64_t max_nonzero = 0, first_nonzero = 0, count_nonzero = 0;
-  bool uniform = true;
-  for (int64_t r = 0; r < num_decodes; ++r) {
-    const int64_t q = qo[r + 1] - qo[r];
-    if (q <= 0) continue;
-    if (count_nonzero++ == 0) first_nonzero = q;
-    uniform = uniform && q == first_nonzero;
-    max_nonzero = std::max(max_nonzero, q);
-  }
-  const int64_t q_len_per_req = count_nonzero > 0 ? max_nonzero : 1;
-  if (uniform && num_decode_tokens == num_decodes * q_len_per_req) return {q_len_per_req, false};
-  if (q_len_per_req <= 1) return {1, false};
-  return {q_len_per_req, true};
+  const DecodeQueryWidth w = decode_query_width(qo, num_decodes, num_decode_tokens, use_xqa_);  // the shared rule
+  return {w.q_len_per_req, w.use_qo_indptr};
 }
 
 AttentionPlanParams FlashInferMetadataBuilder::plan_params(DType q_dtype, bool causal, int64_t num_qo_heads) const {
@@ -423,93 +393,51 @@ void FlashInferMetadataBuilder::init_output_metadata(const StepPlan& s, const Co
 void FlashInferMetadataBuilder::compute_host_seq_lens(StepPlan& s, const CommonAttentionMetadata& cm) {
   const bool needs_seq_lens_cpu = dcp_world_size_ > 1 || s.use_cascade || !s.all_uses_trtllm;
   if (!needs_seq_lens_cpu) return;
-  if (num_speculative_tokens_ == 0 && cm.seq_lens_cpu_upper_bound.defined()) {
-    // No speculative token accounting: the upper bound is exact.
-    s.seq_lens_cpu = host_i32(cm.seq_lens_cpu_upper_bound, s.num_reqs, "seq_lens_cpu_upper_bound");
-  } else if (cm.seq_lens.device().is_cpu()) {
-    s.seq_lens_cpu = host_i32(cm.seq_lens, s.num_reqs, "seq_lens");
-  } else {
-    seq_lens_cpu_.narrow(0, 0, s.num_reqs).copy_from(cm.seq_lens.narrow(0, 0, s.num_reqs));  // device sync
-    s.seq_lens_cpu = seq_lens_cpu_.data_ptr<int32_t>();
-  }
-  for (int64_t r = 0; r < s.num_reqs; ++r)
-    KVATTN_CHECK(s.seq_lens_cpu[r] >= s.qo_indptr_cpu[r + 1] - s.qo_indptr_cpu[r],
-                 "FlashInferMetadataBuilder.build: request {} has seq_len {} shorter than its query ({} tokens)", r,
-                 s.seq_lens_cpu[r], s.qo_indptr_cpu[r + 1] - s.qo_indptr_cpu[r]);
+  // No speculative token accounting: the upper bound is exact.  Checks query_len <= seq_len.
+  s.seq_lens_cpu = paged_kv_host_seq_lens(cm, {s.qo_indptr_cpu, static_cast<size_t>(s.num_reqs + 1)}, s.num_reqs,
+                                          num_speculative_tokens_ == 0, seq_lens_cpu_);
 }
 
-void FlashInferMetadataBuilder::adjust_seq_lens_for_dcp(StepPlan& s, const CommonAttentionMetadata& cm) {
+void FlashInferMetadataBuilder::adjust_seq_lens_for_dcp(StepPlan& s, const CommonAttentionMetadata&) {
   if (dcp_world_size_ <= 1) return;
   KVATTN_ASSERT(s.seq_lens_cpu != nullptr, "DCP needs host sequence lengths");
-  // Other attention groups may reuse the same metadata: work on our own copy.
+  // Other attention groups may reuse the same metadata: write our own copy.
   int32_t* out = seq_lens_cpu_.data_ptr<int32_t>();
-  if (s.seq_lens_cpu != out) std::memcpy(out, s.seq_lens_cpu, sizeof(int32_t) * static_cast<size_t>(s.num_reqs));
-  // Prefill rows attend to their context through the paged cache and to their new tokens
-  // directly: the paged part is the context only.
-  for (int64_t r = s.num_decodes; r < s.num_reqs; ++r) out[r] -= s.qo_indptr_cpu[r + 1] - s.qo_indptr_cpu[r];
-  for (int64_t r = 0; r < s.num_reqs; ++r)
-    out[r] = dcp_local_seq_len(out[r], dcp_world_size_, dcp_rank_, dcp_kv_cache_interleave_size_);
+  dcp_paged_kv_seq_lens(s.seq_lens_cpu, {s.qo_indptr_cpu, static_cast<size_t>(s.num_reqs + 1)}, s.num_reqs,
+                        s.num_decodes, dcp_world_size_, dcp_rank_, dcp_kv_cache_interleave_size_, out);
   s.seq_lens_cpu = out;
 }
 
 void FlashInferMetadataBuilder::compute_paged_kv_metadata(StepPlan& s, const CommonAttentionMetadata& cm) {
   if (s.seq_lens_cpu == nullptr) return;
-  const native_detail::FastDiv page(page_size_);
-  int32_t* nb = num_blocks_cpu_.data_ptr<int32_t>();
-  for (int64_t r = 0; r < s.num_reqs; ++r) nb[r] = static_cast<int32_t>(page.cdiv(s.seq_lens_cpu[r]));
-  s.num_blocks = nb;
   if (s.use_cascade) {
     KVATTN_CHECK(s.common_prefix_len % page_size_ == 0,
                  "cascade attention: common_prefix_len {} must be a multiple of the page size {}", s.common_prefix_len,
                  page_size_);
     s.num_common_kv_blocks = s.common_prefix_len / page_size_;
-    for (int64_t r = 0; r < s.num_reqs; ++r) {
-      KVATTN_CHECK(nb[r] >= s.num_common_kv_blocks,
-                   "cascade attention: request {} has {} pages, fewer than the {} shared prefix pages", r, nb[r],
-                   s.num_common_kv_blocks);
-      nb[r] -= static_cast<int32_t>(s.num_common_kv_blocks);
-    }
   }
   const bool needs_native_paged_prefill = s.num_prefills > 0 && !s.prefill_use_trtllm;
   const bool needs_native_paged_decode = s.num_decodes > 0 && !s.decode_with_trtllm_api;
   if (!(s.use_cascade || needs_native_paged_prefill || needs_native_paged_decode)) return;
 
-  // paged_kv_indptr = [0, cumsum(num_blocks)].
-  int32_t* indptr = paged_kv_indptr_.np<int32_t>();
-  indptr[0] = 0;
-  for (int64_t r = 0; r < s.num_reqs; ++r) indptr[r + 1] = indptr[r] + nb[r];
-  const int64_t num_actual_pages = indptr[s.num_reqs];
-  KVATTN_CHECK(num_actual_pages <= paged_kv_indices_.size(0),
-               "FlashInferMetadataBuilder.build: the batch needs {} pages but the builder holds {} (max_num_seqs * "
-               "cdiv(max_model_len, page_size))",
-               num_actual_pages, paged_kv_indices_.size(0));
+  // Pages (minus the cascade prefix), indptr and last-page lengths: the shared implementation.
   const int64_t col0 = s.num_common_kv_blocks;  // cascade: the unique level starts after the shared pages
-  const int64_t width = cm.block_table_tensor.size(1);  // copy_page_indices checks every row against it
+  const int64_t width = cm.block_table_tensor.size(1);
+  int32_t* indptr = paged_kv_indptr_.np<int32_t>();
+  int32_t* last = paged_kv_last_page_len_.np<int32_t>();
+  compute_paged_kv_indptr(s.seq_lens_cpu, s.num_reqs, page_size_, col0, width, paged_kv_indices_.size(0), indptr,
+                          last);
+  if (col0 > 0) {
+    // kvattn's kernels take an empty unique level as kv length 0 (vLLM passes seq % page).
+    for (int64_t r = 0; r < s.num_reqs; ++r)
+      if (indptr[r + 1] == indptr[r]) last[r] = 0;
+  }
   Tensor indptr_dev = paged_kv_indptr_.copy_to_gpu(s.num_reqs + 1);
   if (cm.block_table_tensor.device().is_cpu() && device_.is_cpu()) {
-    // One memcpy per row (the kernels range-check every page id they read).
-    const BlockTableView bt = host_block_table(cm.block_table_tensor, "block_table_tensor");
-    int32_t* idx = paged_kv_indices_.data_ptr<int32_t>();
-    for (int64_t r = 0; r < s.num_reqs; ++r) {
-      KVATTN_CHECK(col0 + nb[r] <= bt.width,
-                   "FlashInferMetadataBuilder.build: request {} needs {} pages but its block-table row has {} "
-                   "columns; the block table is narrower than the sequence needs",
-                   r, col0 + nb[r], bt.width);
-      const int32_t* row = bt.row_ptr(r) + col0 * bt.col_stride;
-      if (bt.col_stride == 1) {
-        std::memcpy(idx + indptr[r], row, sizeof(int32_t) * static_cast<size_t>(nb[r]));
-      } else {
-        for (int64_t i = 0; i < nb[r]; ++i) idx[indptr[r] + i] = row[i * bt.col_stride];
-      }
-    }
+    gather_page_indices(paged_kv_indices_.data_ptr<int32_t>(), host_block_table(cm.block_table_tensor, "block_table_tensor"),
+                        indptr, s.num_reqs, col0, /*num_blocks=*/0);
   } else {
     ops::copy_page_indices(paged_kv_indices_, cm.block_table_tensor.narrow(1, col0, width - col0), indptr_dev);
-  }
-  // last_page_len = seq % page, or page when the last page is full; 0 for no pages.
-  int32_t* last = paged_kv_last_page_len_.np<int32_t>();
-  for (int64_t r = 0; r < s.num_reqs; ++r) {
-    const int32_t rem = static_cast<int32_t>(page.mod(s.seq_lens_cpu[r]));
-    last[r] = nb[r] == 0 ? 0 : (rem == 0 ? static_cast<int32_t>(page_size_) : rem);
   }
   get_seq_lens({indptr, static_cast<size_t>(s.num_reqs + 1)}, {last, static_cast<size_t>(s.num_reqs)}, page_size_,
                {kv_lens_cpu_.data_ptr<int32_t>(), static_cast<size_t>(s.num_reqs)});
@@ -671,16 +599,6 @@ Tensor FlashInferMetadataBuilder::get_decode_mask(int64_t q_len_per_req, bool ra
   KVATTN_CHECK(q_len_per_req <= mask_words_ * 32,
                "XQA draft mask: query length {} exceeds the planned maximum {} (reorder_batch_threshold)",
                q_len_per_req, mask_words_ * 32);
-  auto fill_row = [&](int32_t* row, int64_t i, int64_t len) {
-    for (int64_t w = 0; w < mask_words_; ++w) {
-      uint32_t bits = 0;
-      for (int64_t b = 0; b < 32; ++b) {
-        const int64_t j = w * 32 + b;
-        if (j < len && (!causal || j <= i)) bits |= 1u << b;
-      }
-      row[w] = static_cast<int32_t>(bits);
-    }
-  };
   if (!ragged) {
     // Persistent per (q_len, causal): a stable address for CUDA graphs.
     auto key = std::make_pair(q_len_per_req, causal);
@@ -689,7 +607,8 @@ Tensor FlashInferMetadataBuilder::get_decode_mask(int64_t q_len_per_req, bool ra
       Tensor host = Tensor::zeros({max_num_reqs_ * q_len_per_req, mask_words_}, DType::i32);
       int32_t* p = host.data_ptr<int32_t>();
       for (int64_t r = 0; r < max_num_reqs_; ++r)
-        for (int64_t i = 0; i < q_len_per_req; ++i) fill_row(p + (r * q_len_per_req + i) * mask_words_, i, q_len_per_req);
+        fill_xqa_draft_mask_rows(reinterpret_cast<uint32_t*>(p + r * q_len_per_req * mask_words_), mask_words_,
+                                 q_len_per_req, causal);
       it = decode_mask_cache_.emplace(key, device_.is_cpu() ? host : host.to(device_)).first;
     }
     return it->second.narrow(0, 0, num_decodes * q_len_per_req);
@@ -698,10 +617,8 @@ Tensor FlashInferMetadataBuilder::get_decode_mask(int64_t q_len_per_req, bool ra
   if (!device_.is_cpu())
     throw Unsupported("XQA ragged draft masks are built on the host; their upload to a CUDA device is not implemented");
   int32_t* p = ragged_mask_.data_ptr<int32_t>();
-  for (int64_t r = 0; r < num_decodes; ++r) {
-    const int64_t len = qo[r + 1] - qo[r];
-    for (int64_t i = 0; i < len; ++i) fill_row(p + (qo[r] + i) * mask_words_, i, len);
-  }
+  for (int64_t r = 0; r < num_decodes; ++r)
+    fill_xqa_draft_mask_rows(reinterpret_cast<uint32_t*>(p + qo[r] * mask_words_), mask_words_, qo[r + 1] - qo[r], causal);
   return ragged_mask_.narrow(0, 0, rows);
 }
 

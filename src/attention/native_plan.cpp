@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "kvattn/attention/communicator.h"
-#include "native_fastdiv.h"
+#include "kvattn/batch/fast_div.h"
 #include "kvattn/core/error.h"
 #include "kvattn/ops/cascade.h"
 #include "kvattn/ops/merge_attn_states.h"
@@ -83,7 +83,7 @@ void WorkPlan::plan(std::span<const int32_t> qo_indptr, std::span<const int32_t>
   KVATTN_ASSERT(qo_indptr.empty() || static_cast<int64_t>(qo_indptr.size()) == batch + 1,
                 "WorkPlan: qo_indptr has {} entries for {} requests", qo_indptr.size(), batch);
   KVATTN_ASSERT(page_size > 0 && cta_tile_q > 0 && num_kv_heads > 0, "WorkPlan: bad sizes");
-  const native_detail::FastDiv page(page_size), tile(cta_tile_q);
+  const BlockDiv page(page_size), tile(cta_tile_q);
   // Pass 1: pages and query tiles per request (kept in the scratch of the outputs).
   int32_t* pages = kv_tile_indices_.data_ptr<int32_t>() + (capacity() - batch);  // scratch tail
   int32_t* tiles = qo_tile_indices_.data_ptr<int32_t>() + (capacity() - batch);

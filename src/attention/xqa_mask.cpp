@@ -33,20 +33,22 @@ Tensor pack_draft_block_bool_mask(std::span<const uint8_t> bool_mask, int64_t nu
   return out;
 }
 
+void fill_xqa_draft_mask_rows(uint32_t* out, int64_t num_words, int64_t len, bool causal) noexcept {
+  for (int64_t qi = 0; qi < len; ++qi) {
+    const int64_t limit = causal ? qi + 1 : len;  // keys [0, limit) are visible
+    for (int64_t w = 0; w < num_words; ++w) {
+      const int64_t nbits = std::clamp<int64_t>(limit - w * 32, 0, 32);
+      out[qi * num_words + w] = nbits == 32 ? 0xffffffffu : ((uint32_t{1} << nbits) - 1u);
+    }
+  }
+}
+
 Tensor make_xqa_draft_block_mask(int64_t q_len, bool causal) {
   KVATTN_CHECK(q_len >= 1 && q_len <= kMaxDraftLen,
                "make_xqa_draft_block_mask: q_len = {} must be in [1, {}]", q_len, kMaxDraftLen);
   const int64_t P = (q_len + 31) / 32;
   Tensor out = Tensor::empty({q_len, P}, DType::i32);
-  auto* o = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
-  for (int64_t qi = 0; qi < q_len; ++qi) {
-    const int64_t limit = causal ? qi + 1 : q_len;  // keys [0, limit) are visible
-    for (int64_t w = 0; w < P; ++w) {
-      const int64_t lo = w * 32;
-      const int64_t nbits = std::clamp<int64_t>(limit - lo, 0, 32);
-      o[qi * P + w] = nbits == 32 ? 0xffffffffu : ((uint32_t{1} << nbits) - 1u);
-    }
-  }
+  fill_xqa_draft_mask_rows(reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()), P, q_len, causal);
   return out;
 }
 
@@ -65,15 +67,9 @@ Tensor make_xqa_ragged_draft_block_mask(std::span<const int32_t> q_lens, int64_t
   const int64_t P = (max_q_len + 31) / 32;
   Tensor out = Tensor::empty({rows, P}, DType::i32);
   auto* o = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
-  int64_t row = 0;
   for (int32_t len : q_lens) {
-    for (int64_t qi = 0; qi < len; ++qi, ++row) {
-      const int64_t limit = causal ? std::min<int64_t>(qi + 1, len) : len;
-      for (int64_t w = 0; w < P; ++w) {
-        const int64_t nbits = std::clamp<int64_t>(limit - w * 32, 0, 32);
-        o[row * P + w] = nbits == 32 ? 0xffffffffu : ((uint32_t{1} << nbits) - 1u);
-      }
-    }
+    fill_xqa_draft_mask_rows(o, P, len, causal);
+    o += static_cast<int64_t>(len) * P;
   }
   return out;
 }
@@ -86,9 +82,9 @@ std::span<const uint16_t> xqa_mask_u16(const Tensor& mask) {
   return {reinterpret_cast<const uint16_t*>(mask.data()), static_cast<size_t>(mask.numel() * 2)};
 }
 
-DecodeQueryLens compute_decode_query_lens(std::span<const int32_t> qsl, int64_t num_decodes,
-                                          int64_t num_decode_tokens, bool use_xqa) {
-  DecodeQueryLens out;
+DecodeQueryWidth decode_query_width(std::span<const int32_t> qsl, int64_t num_decodes,
+                                    int64_t num_decode_tokens, bool use_xqa) {
+  DecodeQueryWidth out;
   if (num_decodes == 0 || num_decode_tokens == 0) return out;
   KVATTN_CHECK(num_decodes > 0 && static_cast<int64_t>(qsl.size()) >= num_decodes + 1,
                "compute_decode_query_lens: num_decodes = {} needs {} query_start_loc entries, got {}",
@@ -130,9 +126,20 @@ DecodeQueryLens compute_decode_query_lens(std::span<const int32_t> qsl, int64_t 
   if (per_req <= 1) return out;
   out.q_len_per_req = per_req;
   out.use_qo_indptr = true;
-  std::vector<int32_t> lens(static_cast<size_t>(num_decodes));
-  for (int64_t r = 0; r < num_decodes; ++r) lens[r] = static_cast<int32_t>(qlen(r));
-  out.ragged_q_lens = std::move(lens);
+  return out;
+}
+
+DecodeQueryLens compute_decode_query_lens(std::span<const int32_t> qsl, int64_t num_decodes,
+                                          int64_t num_decode_tokens, bool use_xqa) {
+  const DecodeQueryWidth w = decode_query_width(qsl, num_decodes, num_decode_tokens, use_xqa);
+  DecodeQueryLens out;
+  out.q_len_per_req = w.q_len_per_req;
+  out.use_qo_indptr = w.use_qo_indptr;
+  if (use_xqa && w.use_qo_indptr) {  // XQA ragged: the per-request lengths
+    std::vector<int32_t> lens(static_cast<size_t>(num_decodes));
+    for (int64_t r = 0; r < num_decodes; ++r) lens[r] = qsl[r + 1] - qsl[r];
+    out.ragged_q_lens = std::move(lens);
+  }
   return out;
 }
 
@@ -151,11 +158,12 @@ std::optional<Tensor> XqaDecodeMaskCache::get_decode_mask(
     const auto key = std::make_pair(q_len_per_req, causal);
     auto it = cache_.find(key);
     if (it == cache_.end()) {
-      const Tensor per_req = make_xqa_draft_block_mask(q_len_per_req, causal);
-      const int64_t rows = per_req.size(0), P = per_req.size(1);
+      KVATTN_CHECK(q_len_per_req <= kMaxDraftLen, "get_decode_mask: q_len_per_req = {} must be in "
+                   "[1, {}]", q_len_per_req, kMaxDraftLen);
+      const int64_t rows = q_len_per_req, P = (q_len_per_req + 31) / 32;
       Tensor buf = Tensor::empty({max_num_reqs_, rows, P}, DType::i32);
-      for (int64_t r = 0; r < max_num_reqs_; ++r)
-        std::copy_n(per_req.data_ptr<int32_t>(), rows * P, buf.data_ptr<int32_t>() + r * rows * P);
+      auto* o = reinterpret_cast<uint32_t*>(buf.data_ptr<int32_t>());
+      for (int64_t r = 0; r < max_num_reqs_; ++r) fill_xqa_draft_mask_rows(o + r * rows * P, P, rows, causal);
       it = cache_.emplace(key, std::move(buf)).first;
     }
     return it->second.slice(0, 0, num_decodes);

@@ -1,9 +1,10 @@
 #include "kvattn/batch/batch_preparer.h"
 
-#include "kvattn/batch/fast_div.h"
-
 #include <algorithm>
 #include <climits>
+
+#include "kvattn/batch/fast_div.h"
+#include "kvattn/batch/tensor_access.h"
 
 namespace kvattn {
 
@@ -47,6 +48,160 @@ BatchPreparer::BatchPreparer(const BatchPreparerConfig& config) : cfg_(config) {
   is_prefilling_ = Tensor::zeros({cfg_.max_num_reqs}, DType::u8);
 }
 
+namespace {
+
+// The slow path of prepare()'s row check: names the row and the first condition it breaks.
+[[noreturn, gnu::noinline, gnu::cold]] void throw_bad_row(const InputBatch& b, const BatchPreparerConfig& cfg,
+                                                          const BlockDiv& bdiv, int64_t r,
+                                                          int64_t tokens_before) {
+  const int64_t q = b.num_scheduled_tokens()[r], c = b.num_computed_tokens_cpu()[r];
+  if (q < 0 || c < 0 || c + q > cfg.max_model_len) {
+    throw InvalidArgument(fmt::format(
+        "request row {} ({}): num_computed_tokens = {}, num_scheduled_tokens = {}; both must be "
+        ">= 0 and their sum (the sequence length) at most max_model_len = {}",
+        r, b.req_id(r), c, q, cfg.max_model_len));
+  }
+  if (tokens_before + q > cfg.max_num_batched_tokens) {
+    throw InvalidArgument(fmt::format(
+        "request row {} ({}): the batch reaches {} scheduled tokens, more than "
+        "max_num_batched_tokens = {}; schedule fewer tokens or raise the limit",
+        r, b.req_id(r), tokens_before + q, cfg.max_num_batched_tokens));
+  }
+  throw InvalidArgument(fmt::format(
+      "request row {} ({}): sequence length {} needs {} blocks of {} tokens on this rank but "
+      "its block-table row holds {}; allocate blocks before scheduling the tokens",
+      r, b.req_id(r), c + q, bdiv.cdiv(c + q), cfg.block_size, b.num_blocks_per_row()[r]));
+}
+
+// The slow path of the block-id check: the first id outside the pool among the columns read.
+[[noreturn, gnu::noinline, gnu::cold]] void throw_bad_block(const InputBatch& b, const BatchPreparerConfig& cfg,
+                                                            const BlockDiv& bdiv) {
+  const uint32_t limit = block_id_limit(cfg.num_blocks);
+  for (int64_t r = 0; r < b.num_reqs(); ++r) {
+    const int64_t c = b.num_computed_tokens_cpu()[r], end = c + b.num_scheduled_tokens()[r];
+    const auto row = b.block_row(r);
+    for (int64_t col = bdiv.div(c); col < bdiv.cdiv(end); ++col) {
+      if (static_cast<uint32_t>(row[col]) >= limit) {
+        throw InvalidArgument(fmt::format(
+            "request row {}: block id {} at block-table column {} is outside the pool [0, {}); "
+            "the block table must hold ids the KV cache allocated", r, row[col], col,
+            cfg.num_blocks > 0 ? cfg.num_blocks : int64_t{INT32_MAX}));
+      }
+    }
+  }
+  KVATTN_ASSERT(false, "prepare: a bad block id was reported but not found");
+  throw InvalidArgument("unreachable");
+}
+
+// prepare()'s per-row inputs and outputs, passed by value so the loop holds them in registers
+// (stores through the int64 outputs cannot alias them).
+struct StepRows {
+  const int32_t *sched, *computed, *prompt, *nblocks, *bt_rows;
+  int32_t *qsl, *seq;
+  uint8_t* prefilling;
+  int64_t *pos, *slots;
+  int64_t width, bs, max_len, max_tokens;
+  bool dcp;
+};
+struct RowTotals {
+  int64_t tokens = 0, max_q = 0, max_s = 0;
+  uint32_t max_id = 0;  // largest block id read, as uint32 (a negative id reads as >= 2^31)
+};
+
+// One pass over the rows: query start locations, sequence lengths, is_prefilling, maxima,
+// positions and (without DCP) the slot mapping.  The row checks are one branch per row (counts
+// >= 0, seq_len <= max_model_len, the running token total within max_num_batched_tokens, and
+// without DCP a block-table row covering the sequence, so every column read is <
+// num_blocks_per_row[r] <= the row width); the block ids read are max-reduced for one pool check
+// after the loop.  Div is ShiftDiv or PlainDiv (no per-element branch on the block size).
+template <typename Div>
+[[gnu::always_inline]] inline RowTotals fill_step_rows(const StepRows in, const Div div,
+                                                       const InputBatch& batch,
+                                                       const BatchPreparerConfig& cfg,
+                                                       const BlockDiv& bdiv) {
+  int64_t total = 0, max_q = 0, max_s = 0;
+  uint32_t max_id = 0;
+  const int64_t bs = in.bs, n = batch.num_reqs();
+  int64_t r = 0;
+  if (!in.dcp) {
+    // The leading decodes (one token each; the reorder puts them first): the same work with
+    // the query length fixed at 1.
+    for (; r < n && in.sched[r] == 1; ++r) {
+      const int64_t c = in.computed[r], s = c + 1;
+      const bool ok = (c >= 0) & (s <= in.max_len) & (total < in.max_tokens) &
+                      (div.cdiv(s) <= in.nblocks[r]);
+      if (!ok) [[unlikely]] throw_bad_row(batch, cfg, bdiv, r, total);
+      in.qsl[r + 1] = static_cast<int32_t>(total + 1);
+      in.seq[r] = static_cast<int32_t>(s);
+      in.prefilling[r] = c < in.prompt[r] ? 1 : 0;
+      max_s = std::max(max_s, s);
+      in.pos[total] = c;
+      const int32_t id = in.bt_rows[r * in.width + div.div(c)];
+      max_id = std::max(max_id, static_cast<uint32_t>(id));
+      in.slots[total] = static_cast<int64_t>(id) * bs + div.mod(c);
+      ++total;
+    }
+    if (r > 0) max_q = 1;
+  }
+  for (; r < n; ++r) {
+    const int64_t q = in.sched[r], c = in.computed[r], s = c + q, next = total + q;
+    const bool ok = (q >= 0) & (c >= 0) & (s <= in.max_len) & (next <= in.max_tokens) &
+                    (in.dcp || div.cdiv(s) <= in.nblocks[r]);
+    if (!ok) [[unlikely]] throw_bad_row(batch, cfg, bdiv, r, total);
+    in.qsl[r + 1] = static_cast<int32_t>(next);
+    in.seq[r] = static_cast<int32_t>(s);
+    in.prefilling[r] = c < in.prompt[r] ? 1 : 0;
+    max_q = std::max(max_q, q);
+    max_s = std::max(max_s, s);
+    int64_t* p = in.pos + total;
+    if (!in.dcp) {
+      const int32_t* row = in.bt_rows + r * in.width;
+      int64_t* o = in.slots + total;
+      if (q == 1) {  // a decode: one position, one slot
+        p[0] = c;
+        const int32_t id = row[div.div(c)];
+        max_id = std::max(max_id, static_cast<uint32_t>(id));
+        o[0] = static_cast<int64_t>(id) * bs + div.mod(c);
+      } else {
+        for (int64_t i = 0; i < q; ++i) p[i] = c + i;
+        // Consecutive positions: one block-table read per block, then a run of slots.
+        for (int64_t at = c; at < s;) {
+          const int64_t off = div.mod(at);
+          const int64_t run = std::min<int64_t>(bs - off, s - at);
+          const int32_t id = row[div.div(at)];
+          max_id = std::max(max_id, static_cast<uint32_t>(id));
+          const int64_t base = static_cast<int64_t>(id) * bs + off;
+          for (int64_t k = 0; k < run; ++k) o[k] = base + k;
+          o += run;
+          at += run;
+        }
+      }
+    } else {
+      for (int64_t i = 0; i < q; ++i) p[i] = c + i;
+    }
+    total = next;
+  }
+  return RowTotals{total, max_q, max_s, max_id};
+}
+
+// The loop compiled twice: for the baseline ISA, and (x86-64) for AVX2, where the position and
+// slot runs store 4 int64 per instruction instead of 2 (the prefill rows are store-bound).
+RowTotals fill_step_rows_any(const StepRows& in, const BlockDiv& bdiv, const InputBatch& batch,
+                             const BatchPreparerConfig& cfg) {
+  return bdiv.visit([&](auto div) { return fill_step_rows(in, div, batch, cfg, bdiv); });
+}
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+[[gnu::target("avx2")]] RowTotals fill_step_rows_avx2(const StepRows& in, const BlockDiv& bdiv,
+                                                      const InputBatch& batch,
+                                                      const BatchPreparerConfig& cfg) {
+  // No lambda here: the loop must be inlined into this AVX2 function itself.
+  return bdiv.pow2() ? fill_step_rows(in, bdiv.shift_form(), batch, cfg, bdiv)
+                     : fill_step_rows(in, bdiv.plain_form(), batch, cfg, bdiv);
+}
+#endif
+
+}  // namespace
+
 const CommonAttentionMetadata& BatchPreparer::prepare(const InputBatch& batch,
                                                       int64_t num_reqs_padded,
                                                       int64_t num_tokens_padded) {
@@ -56,49 +211,39 @@ const CommonAttentionMetadata& BatchPreparer::prepare(const InputBatch& batch,
                    num_reqs_padded <= batch.max_num_reqs(),
                "prepare: num_reqs_padded = {} is outside [{}, {}] (num_reqs, max_num_reqs)",
                num_reqs_padded, num_reqs, std::min(cfg_.max_num_reqs, batch.max_num_reqs()));
-  const auto sched = batch.num_scheduled_tokens();
-  const auto computed = batch.num_computed_tokens_cpu();
-  const auto prompt = batch.num_prompt_tokens();
-  const auto nblocks = batch.num_blocks_per_row();
+  const int32_t* sched = batch.num_scheduled_tokens().data();
+  const int32_t* computed = batch.num_computed_tokens_cpu().data();
+  const int32_t* prompt = batch.num_prompt_tokens().data();
+  const int32_t* nblocks = batch.num_blocks_per_row().data();
+  const int32_t* bt_rows = batch.block_table().data_ptr<int32_t>();
+  const int64_t width = batch.max_num_blocks_per_req();
 
   const bool dcp = cfg_.dcp_world_size > 1;
   const BlockDiv bdiv(cfg_.block_size);
-  // A block-table row with fewer blocks than the (rank-local) sequence needs.
-  auto throw_narrow = [&](const InputBatch& b, int64_t r, int64_t seq_len, int64_t local_len) {
-    throw InvalidArgument(fmt::format(
-        "request row {} ({}): sequence length {} needs {} blocks of {} tokens on this rank but "
-        "its block-table row holds {}; allocate blocks before scheduling the tokens",
-        r, b.req_id(r), seq_len, bdiv.cdiv(local_len), cfg_.block_size, nblocks[r]));
-  };
+  const int64_t bs = cfg_.block_size, max_len = cfg_.max_model_len;
+  const int64_t max_tokens = cfg_.max_num_batched_tokens;
 
-  // Phase 1: query start locations, sequence lengths and their maxima, with row checks.
   int32_t* qsl = query_start_loc_.np<int32_t>();
   int32_t* seq = seq_lens_.np<int32_t>();
   uint8_t* prefilling = is_prefilling_.data_ptr<uint8_t>();
-  int64_t total = 0, max_q = 0, max_s = 0;
+  int64_t* pos = positions_.np<int64_t>();
+  int64_t* slots = slot_mapping_.np<int64_t>();
+  // Slots [0, high) may hold stale values; if a row throws half-way the written prefix is
+  // unknown, so the next step re-pads the whole buffer.
+  const int64_t old_high = slot_high_water_;
+  slot_high_water_ = max_tokens;
+
   qsl[0] = 0;
-  for (int64_t r = 0; r < num_reqs; ++r) {
-    const int64_t q = sched[r], c = computed[r];
-    if (q < 0 || c < 0 || c + q > cfg_.max_model_len) [[unlikely]] {
-      throw InvalidArgument(fmt::format(
-          "request row {} ({}): num_computed_tokens = {}, num_scheduled_tokens = {}; both must be "
-          ">= 0 and their sum (the sequence length) at most max_model_len = {}",
-          r, batch.req_id(r), c, q, cfg_.max_model_len));
-    }
-    total += q;
-    if (total > cfg_.max_num_batched_tokens) [[unlikely]] {
-      throw InvalidArgument(fmt::format(
-          "request row {} ({}): the batch reaches {} scheduled tokens, more than "
-          "max_num_batched_tokens = {}; schedule fewer tokens or raise the limit",
-          r, batch.req_id(r), total, cfg_.max_num_batched_tokens));
-    }
-    qsl[r + 1] = static_cast<int32_t>(total);
-    seq[r] = static_cast<int32_t>(c + q);
-    prefilling[r] = c < prompt[r] ? 1 : 0;
-    max_q = std::max(max_q, q);
-    max_s = std::max(max_s, c + q);
-    if (!dcp && bdiv.cdiv(c + q) > nblocks[r]) [[unlikely]] throw_narrow(batch, r, c + q, c + q);
-  }
+  const StepRows rows{sched, computed, prompt, nblocks, bt_rows, qsl, seq, prefilling, pos, slots,
+                      width, bs, max_len, max_tokens, dcp};
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  const RowTotals rt = host_has_avx2() ? fill_step_rows_avx2(rows, bdiv, batch, cfg_)
+                                       : fill_step_rows_any(rows, bdiv, batch, cfg_);
+#else
+  const RowTotals rt = fill_step_rows_any(rows, bdiv, batch, cfg_);
+#endif
+  const int64_t total = rt.tokens, max_q = rt.max_q, max_s = rt.max_s;
+  if (rt.max_id >= block_id_limit(cfg_.num_blocks)) [[unlikely]] throw_bad_block(batch, cfg_, bdiv);
   for (int64_t r = num_reqs; r < num_reqs_padded; ++r) {
     qsl[r + 1] = static_cast<int32_t>(total);
     seq[r] = 0;
@@ -106,78 +251,39 @@ const CommonAttentionMetadata& BatchPreparer::prepare(const InputBatch& batch,
   }
   const int64_t num_tokens = total;
   if (num_tokens_padded < 0) num_tokens_padded = num_tokens;
-  KVATTN_CHECK(num_tokens_padded >= num_tokens && num_tokens_padded <= cfg_.max_num_batched_tokens,
+  KVATTN_CHECK(num_tokens_padded >= num_tokens && num_tokens_padded <= max_tokens,
                "prepare: num_tokens_padded = {} is outside [{}, {}] (num_tokens, "
-               "max_num_batched_tokens)", num_tokens_padded, num_tokens, cfg_.max_num_batched_tokens);
+               "max_num_batched_tokens)", num_tokens_padded, num_tokens, max_tokens);
+  const int64_t pad_to = std::max<int64_t>(num_tokens_padded, old_high);
 
-  // Phase 2 (DCP): rank-local lengths and the block-table coverage check on this rank (without
-  // DCP the check ran in phase 1).
   if (dcp) {
+    // Rank-local lengths and the block-table coverage check on this rank, then the DCP slot
+    // mapping (tokens stored on other ranks get PAD_SLOT_ID).
     int32_t* local = dcp_local_seq_lens_.np<int32_t>();
     for (int64_t r = 0; r < num_reqs_padded; ++r) {
       local[r] = dcp_local_seq_len(seq[r], cfg_.dcp_world_size, cfg_.dcp_rank,
                                    cfg_.cp_kv_cache_interleave_size);
-      if (r < num_reqs && bdiv.cdiv(local[r]) > nblocks[r]) [[unlikely]]
-        throw_narrow(batch, r, seq[r], local[r]);
-    }
-  }
-
-  // Phase 3: positions (consecutive per request) and the slot mapping.
-  int64_t* pos = positions_.np<int64_t>();
-  int64_t* slots = slot_mapping_.np<int64_t>();
-  const int64_t pad_to = std::max<int64_t>(num_tokens_padded, slot_high_water_);
-  // If the mapping throws half-way, [0, num_tokens) may hold stale slots: widen first.
-  slot_high_water_ = std::max<int64_t>(slot_high_water_, num_tokens);
-  if (!dcp) {
-    // One pass per request: positions, then one block-table read per block and a run of slots.
-    // Phase 2 proved every column used here is < num_blocks_per_row[r] <= the row width.
-    const int32_t* bt_rows = batch.block_table().data_ptr<int32_t>();
-    const int64_t width = batch.max_num_blocks_per_req();
-    const int64_t bs = cfg_.block_size;
-    const uint32_t limit = cfg_.num_blocks > 0 && cfg_.num_blocks <= INT32_MAX
-                               ? static_cast<uint32_t>(cfg_.num_blocks)
-                               : uint32_t{0x80000000u};
-    for (int64_t r = 0; r < num_reqs; ++r) {
-      const int64_t c = computed[r], end = c + sched[r];
-      int64_t* p = pos + qsl[r];
-      int64_t* o = slots + qsl[r];
-      for (int64_t i = 0; i < end - c; ++i) p[i] = c + i;
-      const int32_t* row = bt_rows + r * width;
-      for (int64_t at = c; at < end;) {
-        const int64_t col = bdiv.div(at), off = bdiv.mod(at);
-        const int64_t run = std::min<int64_t>(bs - off, end - at);
-        const int32_t id = row[col];
-        if (static_cast<uint32_t>(id) >= limit) [[unlikely]] {
-          throw InvalidArgument(fmt::format(
-              "request row {}: block id {} at block-table column {} is outside the pool [0, {}); "
-              "the block table must hold ids the KV cache allocated", r, id, col,
-              cfg_.num_blocks > 0 ? cfg_.num_blocks : int64_t{INT32_MAX}));
-        }
-        const int64_t base = static_cast<int64_t>(id) * bs + off;
-        for (int64_t k = 0; k < run; ++k) o[k] = base + k;
-        o += run;
-        at += run;
+      if (r < num_reqs && bdiv.cdiv(local[r]) > nblocks[r]) [[unlikely]] {
+        throw InvalidArgument(fmt::format(
+            "request row {} ({}): sequence length {} needs {} blocks of {} tokens on this rank "
+            "but its block-table row holds {}; allocate blocks before scheduling the tokens",
+            r, batch.req_id(r), seq[r], bdiv.cdiv(local[r]), bs, nblocks[r]));
       }
-    }
-    std::fill(slots + num_tokens, slots + pad_to, PAD_SLOT_ID);
-  } else {
-    for (int64_t r = 0; r < num_reqs; ++r) {
-      const int64_t c = computed[r];
-      int64_t* p = pos + qsl[r];
-      const int64_t q = sched[r];
-      for (int64_t i = 0; i < q; ++i) p[i] = c + i;
     }
     compute_slot_mapping_from_seq_lens(
         std::span<const int32_t>(qsl, static_cast<size_t>(num_reqs + 1)),
         std::span<const int32_t>(seq, static_cast<size_t>(num_reqs)),
         host_block_table(batch.block_table()), slot_params_,
-        std::span<int64_t>(slots, static_cast<size_t>(cfg_.max_num_batched_tokens)), pad_to);
+        std::span<int64_t>(slots, static_cast<size_t>(max_tokens)), pad_to);
+  } else {
+    std::fill(slots + num_tokens, slots + pad_to, PAD_SLOT_ID);
   }
   // Entries past num_tokens are PAD_SLOT_ID again, so the next step pads less.
   slot_high_water_ = num_tokens;
 
   // Phase 4: device copies (views only when the device is the CPU).
-  cm_ = CommonAttentionMetadata{};
+  // Fields are overwritten in place (no reset): prepare() is the only writer of cm_, and the
+  // fields it does not set keep their defaults.
   cm_.query_start_loc_cpu = query_start_loc_.cpu_rows(num_reqs_padded + 1);
   cm_.query_start_loc = query_start_loc_.copy_to_gpu(num_reqs_padded + 1);
   cm_.seq_lens_cpu_upper_bound = seq_lens_.cpu_rows(num_reqs_padded);

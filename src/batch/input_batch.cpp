@@ -1,9 +1,22 @@
 #include "kvattn/batch/input_batch.h"
 
+#include "kvattn/batch/tensor_access.h"
+
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 namespace kvattn {
+namespace {
+
+// classify_request's rule as an inlinable, branch-free expression (the exported function may be
+// interposed, so the hot loop does not call it).
+inline int32_t region_of(int32_t num_scheduled, int32_t num_computed, int32_t num_prompt,
+                         int32_t decode_threshold) noexcept {
+  return num_computed <= 0 ? 3 : (num_scheduled > decode_threshold ? 2 : (num_computed < num_prompt ? 1 : 0));
+}
+
+}  // namespace
 
 InputBatch::InputBatch(int64_t max_num_reqs, int64_t max_num_blocks_per_req)
     : max_num_reqs_(max_num_reqs), max_num_blocks_per_req_(max_num_blocks_per_req) {
@@ -116,28 +129,34 @@ void InputBatch::append_block_ids(int64_t row, std::span<const int32_t> ids) {
   num_blocks_[row] = static_cast<int32_t>(n + static_cast<int64_t>(ids.size()));
 }
 
-void InputBatch::swap_states(int64_t i1, int64_t i2) {
-  check_row(i1, "swap_states");
-  check_row(i2, "swap_states");
+inline void InputBatch::swap_rows(int64_t i1, int64_t i2) noexcept {
   ++num_swaps_;
   if (i1 == i2) return;
   std::swap(slot_[i1], slot_[i2]);
   std::swap(prompt_[i1], prompt_[i2]);
   std::swap(computed_[i1], computed_[i2]);
   std::swap(scheduled_[i1], scheduled_[i2]);
-  // Only the used prefix of the two block-table rows carries state.
-  const int32_t n = std::max(num_blocks_[i1], num_blocks_[i2]);
-  std::swap_ranges(bt_ + i1 * max_num_blocks_per_req_, bt_ + i1 * max_num_blocks_per_req_ + n,
-                   bt_ + i2 * max_num_blocks_per_req_);
+  // Only the used prefix of each block-table row carries state: exchange the common prefix, then
+  // copy the longer row's rest one way (the shorter row's tail is unspecified after the swap).
+  int32_t* a = bt_ + i1 * max_num_blocks_per_req_;
+  int32_t* b = bt_ + i2 * max_num_blocks_per_req_;
+  const int32_t na = num_blocks_[i1], nb = num_blocks_[i2];
+  const int32_t common = std::min(na, nb);
+  swap_block_ids(a, b, common);
+  if (na > common) std::memcpy(b + common, a + common, sizeof(int32_t) * static_cast<size_t>(na - common));
+  if (nb > common) std::memcpy(a + common, b + common, sizeof(int32_t) * static_cast<size_t>(nb - common));
   std::swap(num_blocks_[i1], num_blocks_[i2]);
+}
+
+void InputBatch::swap_states(int64_t i1, int64_t i2) {
+  check_row(i1, "swap_states");
+  check_row(i2, "swap_states");
+  swap_rows(i1, i2);
 }
 
 BatchRegion classify_request(int32_t num_scheduled, int32_t num_computed, int32_t num_prompt,
                              int32_t decode_threshold) noexcept {
-  if (num_computed <= 0) return BatchRegion::kPrefill;
-  if (num_scheduled > decode_threshold) return BatchRegion::kLongExtend;
-  if (num_computed < num_prompt) return BatchRegion::kShortExtend;
-  return BatchRegion::kDecode;
+  return static_cast<BatchRegion>(region_of(num_scheduled, num_computed, num_prompt, decode_threshold));
 }
 
 bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t decode_threshold) {
@@ -149,13 +168,22 @@ bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t deco
   auto dest = batch.scratch_b();    // dest[src] = row the request at src must move to, -1 = stays
   auto displaced = batch.scratch_c();
 
-  int64_t count[4] = {0, 0, 0, 0};
+  // Each row's region and the region sizes (int32 lane sums: the pass vectorises), then whether
+  // the rows are already in region order — the common steady state, where the reorder is these
+  // two passes alone.
+  int32_t n_short = 0, n_long = 0, n_prefill = 0;
+  int32_t* reg = region.data();
   for (int64_t r = 0; r < n; ++r) {
-    const int32_t g =
-        static_cast<int32_t>(classify_request(sched[r], computed[r], prompt[r], decode_threshold));
-    region[r] = g;
-    ++count[g];
+    const int32_t g = region_of(sched[r], computed[r], prompt[r], decode_threshold);
+    reg[r] = g;
+    n_short += g == 1;
+    n_long += g == 2;
+    n_prefill += g == 3;
   }
+  int32_t descents = 0;
+  for (int64_t r = 1; r < n; ++r) descents += reg[r] < reg[r - 1];
+  if (descents == 0) return false;
+  const int64_t count[4] = {n - n_short - n_long - n_prefill, n_short, n_long, n_prefill};
   // Target region of row r: regions laid out as count[0] decodes, count[1] short extends, ...
   int64_t bound[4];
   bound[0] = count[0];
@@ -193,7 +221,7 @@ bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t deco
     const int32_t src = region[k];
     int32_t dst = dest[src];
     while (src != dst) {
-      batch.swap_states(src, dst);
+      batch.swap_rows(src, dst);  // rows come from the walk: always in [0, num_reqs)
       const int32_t next = dest[dst];
       dest[dst] = dst;  // settled
       dst = next;

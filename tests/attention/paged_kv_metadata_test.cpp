@@ -195,6 +195,87 @@ TEST(PagedKV, CopyPageIndicesStridedTable) {
                InvalidArgument);  // beyond the output
 }
 
+TEST(PagedKV, GatherBlockRowsMatchesOracleAndFindsTheFirstBadRow) {
+  // Row lengths 0..40 (the vector form's full steps, overlapping last step and short rows), ids
+  // checked against a pool bound, one bad id planted anywhere (negative ids included).
+  std::mt19937 rng(17);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const int64_t rows = 1 + rng() % 9, width = 48, col0 = rng() % 4;
+    std::vector<int32_t> table(rows * width);
+    for (auto& x : table) x = static_cast<int32_t>(rng() % 1000);
+    std::vector<int32_t> indptr{0};
+    for (int64_t r = 0; r < rows; ++r) indptr.push_back(indptr.back() + static_cast<int32_t>(rng() % 41));
+    int64_t bad_row = -1;
+    const uint32_t limit = rng() % 2 ? 1000u : block_id_limit(0);
+    if (rng() % 3 == 0) {
+      const int64_t r = rng() % rows;
+      const int64_t n = indptr[r + 1] - indptr[r];
+      if (n > 0) {
+        table[r * width + col0 + rng() % n] = limit == 1000u && rng() % 2 ? 1000 + static_cast<int32_t>(rng() % 9) : -3;
+        bad_row = r;
+      }
+    }
+    int64_t expect_bad = -1;
+    std::vector<int32_t> expect;
+    for (int64_t r = 0; r < rows && expect_bad < 0; ++r)
+      for (int64_t i = 0; i < indptr[r + 1] - indptr[r]; ++i) {
+        const int32_t v = table[r * width + col0 + i];
+        expect.push_back(v);
+        if (static_cast<uint32_t>(v) >= limit) expect_bad = r;
+      }
+    ASSERT_EQ(expect_bad, bad_row);
+    std::vector<int32_t> out(indptr.back() + 8, -99);
+    const int64_t got = gather_block_rows(out.data(), table.data(), width, col0, indptr.data(), rows, limit);
+    ASSERT_EQ(got, bad_row) << iter;
+    if (got < 0) {
+      ASSERT_EQ(std::vector<int32_t>(out.begin(), out.begin() + indptr.back()), expect) << iter;
+      for (size_t i = indptr.back(); i < out.size(); ++i) ASSERT_EQ(out[i], -99);  // no overrun
+    }
+  }
+}
+
+TEST(PagedKV, SharedStepsNameTheRow) {
+  // compute_paged_kv_indptr: negative length, shorter than the shared prefix, narrower than the
+  // table, more pages than the capacity; the valid case writes the seed's last-page lengths.
+  std::vector<int32_t> indptr(5), last(4);
+  const std::vector<int32_t> seq{9, 8, 0, 17};
+  EXPECT_EQ(compute_paged_kv_indptr(seq.data(), 4, 4, 0, 5, 100, indptr.data(), last.data()), 10);
+  EXPECT_EQ(indptr, (std::vector<int32_t>{0, 3, 5, 5, 10}));
+  EXPECT_EQ(last, (std::vector<int32_t>{1, 4, 0, 1}));
+  auto expect_msg = [](auto&& fn, const char* needle) {
+    try {
+      fn();
+      FAIL() << needle;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::vector<int32_t> neg{4, -2};
+  expect_msg([&] { compute_paged_kv_indptr(neg.data(), 2, 4, 0, 5, 100, indptr.data(), last.data()); },
+             "request row 1: sequence length -2 is negative");
+  expect_msg([&] { compute_paged_kv_indptr(seq.data(), 4, 4, 1, 5, 100, indptr.data(), last.data()); },
+             "request row 2: 0 pages, fewer than the 1 shared prefix pages");
+  expect_msg([&] { compute_paged_kv_indptr(seq.data(), 4, 4, 0, 4, 100, indptr.data(), last.data()); },
+             "request row 3: needs block-table columns [0, 5) but the row holds 4");
+  expect_msg([&] { compute_paged_kv_indptr(seq.data(), 4, 4, 0, 5, 9, indptr.data(), last.data()); },
+             "the batch needs 10 pages but the builder holds 9");
+  // paged_kv_host_seq_lens: query longer than the sequence, negative query.
+  auto f = make({1, 5}, {7, 4}, {{1, 2}, {3}}, 2);
+  expect_msg([&] { paged_kv_host_seq_lens(f.cm, host_i32_span(f.qsl, "qsl"), 2, true, Tensor()); },
+             "request row 1: query length 5 exceeds its sequence length 4");
+  // Speculative tokens in flight: seq_lens is read instead of the upper bound.
+  auto g = make({1, 1}, {7, 4}, {{1, 2}, {3}}, 2);
+  g.cm.seq_lens_cpu_upper_bound = Tensor::from_vector(std::vector<int32_t>{9, 9});
+  const int32_t* exact = paged_kv_host_seq_lens(g.cm, host_i32_span(g.qsl, "qsl"), 2, false, Tensor());
+  EXPECT_EQ(exact[0], 7);
+  EXPECT_EQ(paged_kv_host_seq_lens(g.cm, host_i32_span(g.qsl, "qsl"), 2, true, Tensor())[0], 9);
+  // dcp_paged_kv_seq_lens: decodes keep their query, prefills drop it; in place.
+  std::vector<int32_t> s2{7, 10};
+  const std::vector<int32_t> q2{0, 1, 5};
+  dcp_paged_kv_seq_lens(s2.data(), q2, 2, 1, 2, 0, 1, s2.data());
+  EXPECT_EQ(s2, (std::vector<int32_t>{4, 3}));  // 7 -> 4 on rank 0; 10 - 4 = 6 -> 3
+}
+
 TEST(CascadeDecision, FlashAttentionRule) {
   std::vector<int32_t> decodes(16, 1), mixed(16, 1);
   mixed[3] = 7;

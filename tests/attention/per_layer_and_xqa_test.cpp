@@ -177,6 +177,36 @@ TEST(XqaMask, RaggedMasksBitExact) {
   EXPECT_THROW(make_xqa_ragged_draft_block_mask(std::vector<int32_t>{3, 9}, 8, true), InvalidArgument);
 }
 
+TEST(XqaMask, SharedRowWriterWithWiderRowsAndWidthRule) {
+  // The backend keeps masks ceil(threshold / 32) words wide for every q_len: the extra words are 0.
+  for (int64_t len : {1, 2, 31, 33}) {
+    for (bool causal : {true, false}) {
+      const int64_t words = 3;
+      std::vector<uint32_t> out(len * words, 0xdeadbeefu);
+      fill_xqa_draft_mask_rows(out.data(), words, len, causal);
+      for (int64_t qi = 0; qi < len; ++qi)
+        for (int64_t kj = 0; kj < words * 32; ++kj) {
+          const bool bit = (out[qi * words + kj / 32] >> (kj % 32)) & 1u;
+          ASSERT_EQ(bit, kj < len && (!causal || kj <= qi)) << len << " " << qi << " " << kj;
+        }
+    }
+  }
+  // decode_query_width is compute_decode_query_lens without the ragged list.
+  std::mt19937 rng(12);
+  for (int iter = 0; iter < 500; ++iter) {
+    std::vector<int32_t> qsl{0};
+    const int nd = 1 + static_cast<int>(rng() % 6);
+    for (int r = 0; r < nd; ++r) qsl.push_back(qsl.back() + static_cast<int32_t>(rng() % 4));
+    for (bool xqa : {false, true}) {
+      const auto full = compute_decode_query_lens(qsl, nd, qsl.back(), xqa);
+      const auto w = decode_query_width(qsl, nd, qsl.back(), xqa);
+      ASSERT_EQ(w.q_len_per_req, full.q_len_per_req);
+      ASSERT_EQ(w.use_qo_indptr, full.use_qo_indptr);
+      ASSERT_EQ(full.ragged_q_lens.has_value(), xqa && full.use_qo_indptr);
+    }
+  }
+}
+
 TEST(XqaMask, DecodeQueryLensAndCache) {
   // Non-XQA: uniform; padded after a uniform spec batch (varlen); plain decodes.
   auto a = compute_decode_query_lens(std::vector<int32_t>{0, 3, 6, 9}, 3, 9, false);

@@ -388,6 +388,99 @@ TEST(BatchPreparer, RejectsInvalidRowsNamingThem) {
   }
 }
 
+TEST(BatchPreparer, AnyBlockSizeMatchesBruteForceAndPadsAcrossSteps) {
+  // Block sizes that are not powers of two take the division form of the row loop; the slot
+  // buffer is re-padded across steps of different sizes (PAD_SLOT_ID past the tokens).
+  std::mt19937 rng(91);
+  for (int64_t bs : {1, 3, 12, 16, 24}) {
+    BatchPreparerConfig cfg;
+    cfg.max_num_reqs = 8;
+    cfg.max_num_batched_tokens = 256;
+    cfg.max_model_len = 200;
+    cfg.block_size = bs;
+    cfg.num_blocks = 9000;
+    BatchPreparer prep(cfg);
+    const int64_t width = cfg.max_num_blocks_per_req();
+    for (int step = 0; step < 40; ++step) {
+      InputBatch b(8, width);
+      std::vector<std::vector<int32_t>> table;
+      const int n = 1 + static_cast<int>(rng() % 8);
+      for (int i = 0; i < n; ++i) {
+        RequestState r;
+        r.req_id = fmt::format("r{}", i);
+        r.num_computed_tokens = static_cast<int32_t>(rng() % 150);
+        r.num_scheduled_tokens = static_cast<int32_t>(rng() % 3 == 0 ? 1 : rng() % 30);
+        r.num_prompt_tokens = static_cast<int32_t>(rng() % 200);
+        for (int64_t k = 0; k < width; ++k) r.block_ids.push_back(static_cast<int32_t>(rng() % 9000));
+        table.push_back(r.block_ids);
+        b.add_request(r);
+      }
+      const int64_t padded = static_cast<int64_t>(rng() % 2) * 40;
+      int64_t tokens = 0;
+      for (int i = 0; i < n; ++i) tokens += b.num_scheduled_tokens()[i];
+      const auto& cm = prep.prepare(b, -1, std::max<int64_t>(tokens, padded));
+      const auto slots = cm.slot_mapping.to_vector<int64_t>();
+      const auto qsl = cm.query_start_loc_cpu.to_vector<int32_t>();
+      for (int r = 0; r < n; ++r) {
+        const int64_t c = b.num_computed_tokens_cpu()[r];
+        for (int64_t i = 0; i < qsl[r + 1] - qsl[r]; ++i)
+          ASSERT_EQ(slots[qsl[r] + i], oracle_slot(table, r, c + i, bs, 1, 1, 0, 1)) << bs << " " << r;
+      }
+      // Past the tokens, the whole buffer is PAD_SLOT_ID (earlier, longer steps included).
+      const int64_t* raw = cm.slot_mapping.data_ptr<int64_t>();
+      for (int64_t t = tokens; t < cfg.max_num_batched_tokens; ++t) ASSERT_EQ(raw[t], PAD_SLOT_ID) << t;
+    }
+  }
+}
+
+TEST(BatchPreparer, PoolCheckNamesTheFirstBadBlockRead) {
+  // One id outside the pool (or negative), planted in a column the step reads; every other id is
+  // fine.  The error names its row, column and value; columns the step does not read are ignored.
+  std::mt19937 rng(5);
+  BatchPreparerConfig cfg;
+  cfg.max_num_reqs = 8;
+  cfg.max_num_batched_tokens = 512;
+  cfg.max_model_len = 256;
+  cfg.block_size = 4;
+  cfg.num_blocks = 100;
+  BatchPreparer prep(cfg);
+  for (int iter = 0; iter < 200; ++iter) {
+    InputBatch b(8, cfg.max_num_blocks_per_req());
+    const int n = 1 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < n; ++i) {
+      RequestState r;
+      r.req_id = fmt::format("r{}", i);
+      r.num_computed_tokens = static_cast<int32_t>(rng() % 100);
+      r.num_scheduled_tokens = static_cast<int32_t>(1 + rng() % 20);
+      r.num_prompt_tokens = 1;
+      const int64_t blocks = (r.num_computed_tokens + r.num_scheduled_tokens + 3) / 4;
+      for (int64_t k = 0; k < blocks; ++k) r.block_ids.push_back(static_cast<int32_t>(rng() % 100));
+      b.add_request(r);
+    }
+    ASSERT_NO_THROW(prep.prepare(b));
+    const int row = static_cast<int>(rng() % n);
+    const int64_t c = b.num_computed_tokens_cpu()[row], end = c + b.num_scheduled_tokens()[row];
+    const int64_t col = c / 4 + static_cast<int64_t>(rng() % ((end + 3) / 4 - c / 4));
+    const int32_t bad = rng() % 2 ? 100 + static_cast<int32_t>(rng() % 50) : -1 - static_cast<int32_t>(rng() % 5);
+    int32_t* bt = b.block_table().data_ptr<int32_t>();
+    bt[row * b.max_num_blocks_per_req() + col] = bad;
+    try {
+      prep.prepare(b);
+      FAIL() << "expected a pool error";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(fmt::format("request row {}: block id {} at block-table column {}",
+                                                       row, bad, col)),
+                std::string::npos) << e.what();
+    }
+    // A bad id in a column the step does not read is not an error.
+    bt[row * b.max_num_blocks_per_req() + col] = 7;
+    if (c / 4 > 0) {
+      bt[row * b.max_num_blocks_per_req()] = -5;
+      EXPECT_NO_THROW(prep.prepare(b));
+    }
+  }
+}
+
 TEST(BatchPreparer, DcpLocalLengthsAndSlots) {
   BatchPreparerConfig cfg;
   cfg.max_num_reqs = 4;

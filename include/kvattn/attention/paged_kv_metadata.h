@@ -32,6 +32,42 @@ void copy_page_indices(std::span<int32_t> page_indices, const BlockTableView& bl
                        std::span<const int32_t> cu_num_blocks, int64_t col_offset = 0,
                        int64_t num_blocks = 0);
 
+// ---- The steps of the paged-KV description, shared by PagedKVMetadataBuilder and the native
+// backend's FlashInferMetadataBuilder (one implementation; each is allocation-free). ----------
+
+// Host sequence lengths of cm's rows [0, num_reqs): seq_lens_cpu_upper_bound when
+// `upper_bound_exact` (no speculative tokens in flight) and it is defined, else seq_lens itself
+// (its CPU memory, or a copy into `scratch`, a [>= num_reqs] int32 host tensor, when it lives on
+// a device).  Checks
+// 0 <= query_len[r] <= seq_len[r] for every row (query lengths from `qsl`, [num_reqs + 1]).
+const int32_t* paged_kv_host_seq_lens(const CommonAttentionMetadata& cm,
+                                      std::span<const int32_t> qsl, int64_t num_reqs,
+                                      bool upper_bound_exact, const Tensor& scratch);
+
+// DCP: rows >= num_decodes (prefills) keep only their context (seq_len - query_len), then every
+// row becomes this rank's local length.  out may alias seq.  Query lengths must be checked.
+void dcp_paged_kv_seq_lens(const int32_t* seq, std::span<const int32_t> qsl, int64_t num_reqs,
+                           int64_t num_decodes, int64_t dcp_world_size, int64_t dcp_rank,
+                           int64_t interleave, int32_t* out);
+
+// Pages per request minus the num_common_kv_blocks shared-prefix pages, as
+// indptr[0..num_reqs] (indptr[0] = 0) and last_page_len[0..num_reqs) (vLLM's rule: seq % page,
+// page when that is 0 and seq != 0).  Checks in one pass, naming the row on failure: every
+// seq_len >= 0, no request shorter than the shared prefix, every row's columns
+// [ncb, ncb + pages) inside `table_width`, and at most `capacity` pages in all.  Returns the
+// number of pages.
+int64_t compute_paged_kv_indptr(const int32_t* seq, int64_t num_reqs, int64_t page_size,
+                                int64_t num_common_kv_blocks, int64_t table_width,
+                                int64_t capacity, int32_t* indptr, int32_t* last_page_len);
+
+// The page-index gather for an indptr from compute_paged_kv_indptr (rows already checked
+// against the table width): page_indices[indptr[r] + i] = block_table[r, col_offset + i].
+// Every copied id must be in [0, num_blocks) (num_blocks <= 0: [0, 2^31)); the first bad one is
+// reported by row, column and value.  Contiguous rows are copied at memcpy speed.
+void gather_page_indices(int32_t* page_indices, const BlockTableView& block_table,
+                         const int32_t* indptr, int64_t num_reqs, int64_t col_offset,
+                         int64_t num_blocks);
+
 struct PagedKVMetadataConfig {
   int64_t max_num_reqs = 256;
   int64_t max_model_len = 8192;

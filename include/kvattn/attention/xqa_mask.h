@@ -18,6 +18,11 @@
 
 namespace kvattn {
 
+// The one mask-row writer every XQA mask is built from (the free functions below, the cache, and
+// the native backend's persistent masks): the `len` rows of one request of `len` draft tokens,
+// `num_words` words each; row qi sees keys [0, causal ? qi + 1 : len).
+void fill_xqa_draft_mask_rows(uint32_t* out, int64_t num_words, int64_t len, bool causal) noexcept;
+
 // Packs a row-major bool mask [num_rows, 32 * num_packed] (one byte per entry, nonzero = true)
 // into int32 words [num_rows, num_packed].
 Tensor pack_draft_block_bool_mask(std::span<const uint8_t> bool_mask, int64_t num_rows,
@@ -47,6 +52,13 @@ struct DecodeQueryLens {
 DecodeQueryLens compute_decode_query_lens(std::span<const int32_t> qo_indptr_cpu,
                                           int64_t num_decodes, int64_t num_decode_tokens,
                                           bool use_xqa);
+// The same decision without the ragged length list (no allocation): {q_len_per_req, use_qo_indptr}.
+struct DecodeQueryWidth {
+  int64_t q_len_per_req = 1;
+  bool use_qo_indptr = false;
+};
+DecodeQueryWidth decode_query_width(std::span<const int32_t> qo_indptr_cpu, int64_t num_decodes,
+                                    int64_t num_decode_tokens, bool use_xqa);
 
 // Persistent uniform masks, one per (q_len, causal), expanded to max_num_reqs rows so their
 // address stays fixed for CUDA graphs; built on first use.

@@ -11,6 +11,22 @@
 
 namespace kvattn {
 
+// The two forms as separate types, so a loop instantiated for each carries no per-element branch
+// (BlockDiv::visit).
+struct ShiftDiv {
+  int64_t d;
+  int shift;
+  int64_t div(int64_t x) const noexcept { return x >> shift; }
+  int64_t mod(int64_t x) const noexcept { return x & (d - 1); }
+  int64_t cdiv(int64_t x) const noexcept { return (x + d - 1) >> shift; }
+};
+struct PlainDiv {
+  int64_t d;
+  int64_t div(int64_t x) const noexcept { return x / d; }
+  int64_t mod(int64_t x) const noexcept { return x % d; }
+  int64_t cdiv(int64_t x) const noexcept { return (x + d - 1) / d; }
+};
+
 class BlockDiv {
  public:
   explicit BlockDiv(int64_t divisor) noexcept
@@ -22,6 +38,14 @@ class BlockDiv {
   int64_t div(int64_t x) const noexcept { return pow2_ ? (x >> shift_) : x / d_; }
   int64_t mod(int64_t x) const noexcept { return pow2_ ? (x & (d_ - 1)) : x % d_; }
   int64_t cdiv(int64_t x) const noexcept { return div(x + d_ - 1); }
+  bool pow2() const noexcept { return pow2_; }
+  ShiftDiv shift_form() const noexcept { return ShiftDiv{d_, shift_}; }  // only when pow2()
+  PlainDiv plain_form() const noexcept { return PlainDiv{d_}; }
+  // Calls f(ShiftDiv) or f(PlainDiv): hoists the power-of-two test out of a hot loop.
+  template <typename F>
+  decltype(auto) visit(F&& f) const {
+    return pow2_ ? f(shift_form()) : f(plain_form());
+  }
 
  private:
   int64_t d_;

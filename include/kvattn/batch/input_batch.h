@@ -80,6 +80,9 @@ class InputBatch {
  private:
   size_t size() const noexcept { return static_cast<size_t>(num_reqs_); }
   void check_row(int64_t row, const char* what) const;
+  // swap_states without the row checks, inlined into the reorder's cycle walk.
+  inline void swap_rows(int64_t i1, int64_t i2) noexcept;
+  friend bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t decode_threshold);
 
   int64_t max_num_reqs_;
   int64_t max_num_blocks_per_req_;

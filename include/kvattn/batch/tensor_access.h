@@ -36,4 +36,22 @@ struct BlockTableView {
 // Checks `t` is a defined 2-D int32 CPU tensor and returns its view.
 BlockTableView host_block_table(const Tensor& t, const char* what = "block_table");
 
+// The block-table row gather behind paged-KV indices: for r < num_rows,
+//   dst[indptr[r] + i] = table[r * row_stride + col0 + i],  i < indptr[r + 1] - indptr[r]
+// (columns contiguous, rows already checked against the table width).  Every id must be in
+// [0, limit) (limit <= 2^31; ids are compared as uint32, so a negative id fails): one vector
+// max per row and one compare, at memcpy speed (AVX2 when the CPU has it).  Returns the first
+// row holding a bad id (its ids are copied), or -1.
+int64_t gather_block_rows(int32_t* __restrict dst, const int32_t* __restrict table,
+                          int64_t row_stride, int64_t col0, const int32_t* indptr,
+                          int64_t num_rows, uint32_t limit) noexcept;
+// Exchanges the first n ids of two distinct block-table rows (AVX2 when the CPU has it).
+void swap_block_ids(int32_t* __restrict a, int32_t* __restrict b, int64_t n) noexcept;
+
+// Whether this CPU runs the AVX2 forms of the batch loops (x86-64 with AVX2; false elsewhere).
+bool host_has_avx2() noexcept;
+
+// The pool bound as the gather's limit: num_blocks when in (0, 2^31), else 2^31 (any id >= 0).
+uint32_t block_id_limit(int64_t num_blocks) noexcept;
+
 }  // namespace kvattn
