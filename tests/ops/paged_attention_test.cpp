@@ -328,6 +328,53 @@ TEST(PagedAttention, BaselineIsaKernelMatchesReference) {
   cpu::set_force_generic_kernel(false);
 }
 
+TEST(PagedAttention, DecodeKernelLongSequencesAndSplitKv) {
+  // Decode and short multi-token decode (q_len x group <= 16 rows per KV head) run the decode
+  // kernel; long requests with few work items are split over their keys and merged.  Every
+  // instruction set the machine has (AVX512-BF16, AVX2, baseline), 1 and 8 threads (8:
+  // split-KV), every KV dtype, GQA 1..16.
+  const int n = cpu_num_threads();
+  const DType kv_types[] = {DType::bf16, DType::f16, DType::f32, DType::fp8_e4m3, DType::fp8_e5m2};
+  uint32_t seed = 900;
+  for (int isa : {2, 1, 0}) {
+    cpu::set_force_generic_kernel(isa == 0);
+    cpu::set_disable_avx512_kernel(isa == 1);
+    for (int threads : {1, 8}) {
+      set_cpu_num_threads(threads);
+      for (int i = 0; i < 8; ++i, ++seed) {
+        Case c;
+        c.kv_dtype = kv_types[seed % 5];
+        c.q_dtype = c.kv_dtype == DType::f32 ? DType::f32 : (seed % 2 ? DType::bf16 : DType::f16);
+        c.out_dtype = seed % 3 == 0 ? DType::f32 : c.q_dtype;
+        const int64_t groups[] = {1, 2, 3, 4, 8, 16, 5};
+        c.group = groups[seed % 7];
+        c.Hkv = c.group >= 8 ? 1 : 2;
+        const int64_t dims[] = {128, 64, 40, 256};
+        c.D = dims[(seed / 3) % 4];
+        c.page_size = seed % 4 == 0 ? 1 : 16;
+        c.layout = static_cast<int>(seed % kNumLayouts);
+        const int64_t max_q = std::max<int64_t>(1, 16 / c.group);
+        c.q_lens = {1, std::min<int64_t>(max_q, 2), 1, max_q};
+        c.kv_lens = {1201, 700, 1, 333};
+        if (i % 3 == 1) {  // one long request only: split-KV (3 parts) with 8 threads
+          c.q_lens = {1};
+          c.kv_lens = {1600};
+        }
+        c.block_table_form = seed % 2 == 0;
+        c.window_left = i % 4 == 1 ? 700 : -1;  // i = 1: a window inside a split request
+        c.cap = i % 5 == 4 ? 20.0 : 0.0;
+        c.sinks = i % 2 == 0;
+        c.lse_e = i % 3 == 0;
+        if (dtype_is_fp8(c.kv_dtype)) { c.k_scale = 0.7; c.v_scale = 1.3; c.q_scale = 1.1; }
+        check_case(c, seed);
+      }
+    }
+  }
+  cpu::set_force_generic_kernel(false);
+  cpu::set_disable_avx512_kernel(false);
+  set_cpu_num_threads(n);
+}
+
 TEST(PagedAttention, PageZeroIsNeverRead) {
   // fill_cache already puts NaN in page 0 of every case; check explicitly that a NaN there
   // does not reach the output even when every page of a full batch sits next to it.

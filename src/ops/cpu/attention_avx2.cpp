@@ -13,6 +13,12 @@
 namespace kvattn::ops::cpu {
 
 #define KVATTN_KERNEL_ENTRY attention_items_avx2
+#define KVATTN_MERGE_ENTRY attention_merge_avx2
+// bf16 -> f32 is a 16-bit left shift of the zero-extended bits (one vpmovzxwd + one vpslld)
+#define kvattn_cvt_bf16_8(p) \
+  ((v8f)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16))
+#define kvattn_zext_u8_8(p) ((v8u32)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))))
+#define kvattn_hadd8(a, b) ((v8f)_mm256_hadd_ps((__m256)(a), (__m256)(b)))
 #define kvattn_fma8(a, b, c) ((v8f)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #define kvattn_cvt_f16_8(p) ((v8f)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))
 #include "ops/cpu/attention_kernel_impl.h"

@@ -11,6 +11,7 @@
 namespace kvattn::ops::cpu {
 
 #define KVATTN_KERNEL_ENTRY attention_items_generic
+#define KVATTN_MERGE_ENTRY attention_merge_generic
 #define kvattn_fma8(a, b, c) ((a) * (b) + (c))
 #define kvattn_cvt_f16_8(p) cvt_f16_8_scalar(p)
 namespace {
@@ -50,7 +51,17 @@ AttnScratch attention_scratch(int64_t rows, int64_t nt, int64_t D, int64_t TK) {
 void attention_items_avx2(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n) {
   attention_items_generic(p, items, n);
 }
+void attention_merge_avx2(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n) {
+  attention_merge_generic(p, items, n);
+}
 bool cpu_has_avx2_fma() { return false; }
+void attention_items_avx512bf16(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n) {
+  attention_items_generic(p, items, n);
+}
+void attention_merge_avx512bf16(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n) {
+  attention_merge_generic(p, items, n);
+}
+bool cpu_has_avx512bf16() { return false; }
 #endif
 
 }  // namespace kvattn::ops::cpu

@@ -27,6 +27,11 @@ struct AttnWorkItem {
   int32_t kv_head;       // first KV head (all its query heads are done together)
   int32_t num_kv_heads;  // KV heads [kv_head, kv_head + num_kv_heads)
   int64_t t0, t1;   // query rows [t0, t1) of the request
+  // Split-KV (decode kernel only): keys [k0, k1) of the request; when part >= 0 the item
+  // writes its unnormalised state (acc, m, l) to partial slot `part` instead of the output,
+  // and merge items (attention_merge_*) combine slots [part, part + num_parts).
+  int64_t k0 = 0, k1 = INT64_MAX;
+  int32_t part = -1, num_parts = 0;
 };
 
 struct AttnKernelParams {
@@ -44,7 +49,21 @@ struct AttnKernelParams {
   float v_scale;
   bool complex_mask;  // PrefixLM ranges or XQA mask: check every key
   int64_t key_tile;   // keys per tile
+  bool decode;        // attention_decode_ok: items of <= kDecodeMaxRows rows per KV head use the decode kernel
+  float* parts;       // split-KV partial slots
+  int64_t part_stride;  // floats per slot (>= attention_part_floats of every split item)
 };
+
+// The decode kernel (K/V read straight from the cache rows, no f32 tile copy) handles items
+// with few query rows per KV head; the tiled kernel handles the rest.
+constexpr int64_t kDecodeMaxRows = 16;  // query rows per KV head (tokens x GQA group)
+// Whether the layout and options allow the decode kernel: contiguous head dims, D % 8 == 0,
+// no PrefixLM / XQA mask.
+bool attention_decode_ok(const AttnKernelParams& p);
+// Floats of one split-KV partial slot: [num_kv_heads][rows][D] acc, then [..][rows] m and l.
+inline int64_t attention_part_floats(int64_t num_kv_heads, int64_t rows, int64_t D) {
+  return num_kv_heads * rows * (D + 2);
+}
 
 // Per-thread scratch of one work item (valid until the next call on the same thread).
 struct AttnScratch {
@@ -57,9 +76,17 @@ AttnScratch attention_scratch(int64_t rows, int64_t nt, int64_t D, int64_t TK);
 // Runs work items [begin, end).  The AVX2 variant exists on x86-64 builds.
 void attention_items_generic(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n);
 void attention_items_avx2(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n);
+// Combines the split-KV partial slots of merge items and writes their outputs.
+void attention_merge_generic(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n);
+void attention_merge_avx2(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n);
+void attention_items_avx512bf16(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n);
+void attention_merge_avx512bf16(const AttnKernelParams& p, const AttnWorkItem* items, int64_t n);
 bool cpu_has_avx2_fma();
+bool cpu_has_avx512bf16();
 // Tests: run the baseline-ISA kernel even on an AVX2 machine (process-wide switch).
 void set_force_generic_kernel(bool on);
+// Tests: never choose the AVX512-BF16 build (use AVX2 where available; process-wide switch).
+void set_disable_avx512_kernel(bool on);
 
 // float values of every fp8 code
 const float* fp8_e4m3_table();
