@@ -3,6 +3,9 @@
 function(kvattn_set_flags target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+    # Position-independent code otherwise assumes exported functions may be interposed and
+    # does not inline them within their own library (measured: backend build() ~5% faster).
+    $<$<COMPILE_LANGUAGE:CXX>:-fno-semantic-interposition>
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wall>)
   if(KVATTN_SANITIZE)
     target_compile_options(${target} PRIVATE
