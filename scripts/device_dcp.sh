@@ -22,19 +22,26 @@ summary=()
 . "$ROOT/scripts/device-deps.sh"
 stamp "GPUs: $(nvidia-smi -L 2>/dev/null | wc -l)"
 
-stamp "configure + build (sm_90a, $JOBS jobs) -> build.log"
-{ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVATTN_CUDA=ON -DKVATTN_CUDA_ARCHS=90a \
-    -DKVATTN_NCCL=ON -DKVATTN_BUILD_PYTHON=OFF -DKVATTN_BUILD_BENCHMARKS=OFF &&
-  cmake --build "$BUILD" -j "$JOBS" --target kvattn test_ops_cuda test_attention_cuda; } > "$OUTDIR/build.log" 2>&1
-brc=$?
-stamp "build rc=$brc"; [ $brc -ne 0 ] && { tail -40 "$OUTDIR/build.log"; exit $brc; }
-K="$BUILD/tools/kvattn"
+# KVATTN_PREBUILT=1: run kvattn, test_ops_cuda and test_attention_cuda carried in .devbin/ (built
+# on the dev machine with -DKVATTN_CUDA_ARCHS=90a -DKVATTN_NCCL=ON), saving the device build.
+K="$BUILD/tools/kvattn"; TOPS="$BUILD/tests/test_ops_cuda"; TATT="$BUILD/tests/test_attention_cuda"
+if [ "${KVATTN_PREBUILT:-0}" = 1 ] && "$ROOT/.devbin/kvattn" version > /dev/null 2>&1; then
+  K="$ROOT/.devbin/kvattn"; TOPS="$ROOT/.devbin/test_ops_cuda"; TATT="$ROOT/.devbin/test_attention_cuda"
+  stamp "using prebuilt binaries from .devbin/"
+else
+  stamp "configure + build (sm_90a, $JOBS jobs) -> build.log"
+  { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVATTN_CUDA=ON -DKVATTN_CUDA_ARCHS=90a \
+      -DKVATTN_NCCL=ON -DKVATTN_BUILD_PYTHON=OFF -DKVATTN_BUILD_BENCHMARKS=OFF &&
+    cmake --build "$BUILD" -j "$JOBS" --target kvattn test_ops_cuda test_attention_cuda; } > "$OUTDIR/build.log" 2>&1
+  brc=$?
+  stamp "build rc=$brc"; [ $brc -ne 0 ] && { tail -40 "$OUTDIR/build.log"; exit $brc; }
+fi
 "$K" version
 
 stamp "CUDA tests -> ctest.log"
-{ "$BUILD/tests/test_attention_cuda" --gtest_filter='*Dcp*'; echo "rc=$?";
-  "$BUILD/tests/test_ops_cuda"; echo "rc=$?";
-  "$BUILD/tests/test_attention_cuda" --gtest_filter='-*Dcp*'; echo "rc=$?"; } > "$OUTDIR/ctest.log" 2>&1
+{ "$TATT" --gtest_filter='*Dcp*'; echo "rc=$?";
+  "$TOPS"; echo "rc=$?";
+  "$TATT" --gtest_filter='-*Dcp*'; echo "rc=$?"; } > "$OUTDIR/ctest.log" 2>&1
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |rc=|Failure" "$OUTDIR/ctest.log" | head -30
 summary+=("tests: $(grep -E '^\[  PASSED' "$OUTDIR/ctest.log" | tr '\n' ' ') $(grep -cE '^\[  FAILED  \] [A-Z]' "$OUTDIR/ctest.log") failed")
 
@@ -54,6 +61,17 @@ run_case cuda_default --device cuda
 run_case dcp2_one_gpu --device cuda --dcp 2 --dcp-transport in-process
 run_case cuda_len1000 --device cuda --max-model-len 1000 --num-requests 24
 
+if [ "${KVATTN_PREFILL_AB:-0}" = 1 ]; then  # the prefill kernel's variant B: full prefill tests + bench vs A
+  stamp "prefill variant B: tests -> prefill_b.log, bench A and B -> bench_prefill.txt"
+  KVATTN_PREFILL_VARIANT=b "$TOPS" --gtest_filter='CudaPrefill.*:CudaOps.PagedPrefill*' > "$OUTDIR/prefill_b.log" 2>&1
+  summary+=("prefill variant B tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUTDIR/prefill_b.log" | tr '\n' ' ')")
+  for v in a b; do
+    echo "== variant $v" >> "$OUTDIR/bench_prefill.txt"
+    KVATTN_PREFILL_VARIANT=$v timeout 60 "$K" bench-cuda --only prefill >> "$OUTDIR/bench_prefill.txt" 2>&1
+  done
+  grep -iE "variant|prefill|ceiling|TFLOP" "$OUTDIR/bench_prefill.txt" | head -20
+fi
+
 for comm in ag_rs a2a; do
   stamp "bench-dcp --comm $comm -> bench_dcp_$comm.txt"
   timeout 150 "$K" bench-dcp --dcp 2 --batch 8 --kv-len 131072 --comm $comm > "$OUTDIR/bench_dcp_$comm.txt" 2>&1
@@ -67,8 +85,8 @@ summary+=("bench-dcp 64x32k: $(grep -E 'DCP 2 step' "$OUTDIR/bench_dcp_64x32k.tx
 if [ -z "${KVATTN_SKIP_SANITIZER:-}" ]; then
   CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   stamp "compute-sanitizer memcheck on the DCP ops + one-GPU DCP tests -> sanitizer.log"
-  { timeout 150 "$CS" --tool memcheck --print-limit 20 "$BUILD/tests/test_ops_cuda" --gtest_filter='*Dcp*';
-    timeout 150 "$CS" --tool memcheck --print-limit 20 "$BUILD/tests/test_attention_cuda" --gtest_filter='*InProcessRanksOnOneGpu*'; } \
+  { timeout 150 "$CS" --tool memcheck --print-limit 20 "$TOPS" --gtest_filter='*Dcp*';
+    timeout 150 "$CS" --tool memcheck --print-limit 20 "$TATT" --gtest_filter='*InProcessRanksOnOneGpu*'; } \
     > "$OUTDIR/sanitizer.log" 2>&1
   summary+=("memcheck: $(grep -E 'ERROR SUMMARY' "$OUTDIR/sanitizer.log" | tr '\n' ' ')")
 fi

@@ -231,7 +231,6 @@ class FlashInferMetadataBuilder final : public AttentionMetadataBuilder {
   CpuGpuBuffer paged_kv_last_page_len_;  // [max_num_reqs] int32
   Tensor kv_lens_cpu_;                   // [max_num_reqs] int32 host (get_seq_lens)
   Tensor seq_lens_cpu_;                  // [max_num_reqs] int32 host (exact / DCP-adjusted)
-  Tensor num_blocks_cpu_;                // [max_num_reqs] int32 host
   CpuGpuBuffer qo_indptr_prefill_;       // [max_num_reqs + 1] int32: prefill rows rebased to 0
   CpuGpuBuffer qo_arange_;               // [max(max_num_reqs, tokens) + 1] int32 = 0, 1, 2, ...
   CpuGpuBuffer paged_kv_indptr_prefill_; // [max_num_reqs + 1] int32: prefill rows' indptr rebased to 0
