@@ -38,10 +38,16 @@ else
 fi
 "$K" version
 
+# KVATTN_DCP_QUICK=1: only the DCP tests, two DCP runs and one bench-dcp (a short call).
+Q="${KVATTN_DCP_QUICK:-0}"
 stamp "CUDA tests -> ctest.log"
+if [ "$Q" = 1 ]; then
+  { "$TATT" --gtest_filter='*Dcp*'; echo "rc=$?"; "$TOPS" --gtest_filter='*Dcp*'; echo "rc=$?"; } > "$OUTDIR/ctest.log" 2>&1
+else
 { "$TATT" --gtest_filter='*Dcp*'; echo "rc=$?";
   "$TOPS"; echo "rc=$?";
   "$TATT" --gtest_filter='-*Dcp*'; echo "rc=$?"; } > "$OUTDIR/ctest.log" 2>&1
+fi
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |rc=|Failure" "$OUTDIR/ctest.log" | head -30
 summary+=("tests: $(grep -E '^\[  PASSED' "$OUTDIR/ctest.log" | tr '\n' ' ') $(grep -cE '^\[  FAILED  \] [A-Z]' "$OUTDIR/ctest.log") failed")
 
@@ -55,11 +61,11 @@ run_case() {  # name, args...
 }
 run_case dcp2_default --device cuda --dcp 2
 run_case dcp2_a2a_il16 --device cuda --dcp 2 --dcp-comm-backend a2a --dcp-interleave 16 --layout HND
-run_case dcp2_llama8l --device cuda --dcp 2 --model llama3-8b --num-layers 4 --gpu-memory 2GiB --max-num-seqs 64 \
+[ "$Q" = 1 ] || run_case dcp2_llama8l --device cuda --dcp 2 --model llama3-8b --num-layers 4 --gpu-memory 2GiB --max-num-seqs 64 \
   --max-num-batched-tokens 4096 --num-requests 64 --check-every 8
-run_case cuda_default --device cuda
-run_case dcp2_one_gpu --device cuda --dcp 2 --dcp-transport in-process
-run_case cuda_len1000 --device cuda --max-model-len 1000 --num-requests 24
+[ "$Q" = 1 ] || run_case cuda_default --device cuda
+[ "$Q" = 1 ] || run_case dcp2_one_gpu --device cuda --dcp 2 --dcp-transport in-process
+[ "$Q" = 1 ] || run_case cuda_len1000 --device cuda --max-model-len 1000 --num-requests 24
 
 if [ "${KVATTN_PREFILL_AB:-0}" = 1 ]; then  # the prefill kernel's variant B: full prefill tests + bench vs A
   stamp "prefill variant B: tests -> prefill_b.log, bench A and B -> bench_prefill.txt"
@@ -72,17 +78,20 @@ if [ "${KVATTN_PREFILL_AB:-0}" = 1 ]; then  # the prefill kernel's variant B: fu
   grep -iE "variant|prefill|ceiling|TFLOP" "$OUTDIR/bench_prefill.txt" | head -20
 fi
 
-for comm in ag_rs a2a; do
+COMMS="ag_rs a2a"; [ "$Q" = 1 ] && COMMS="ag_rs"
+for comm in $COMMS; do
   stamp "bench-dcp --comm $comm -> bench_dcp_$comm.txt"
   timeout 150 "$K" bench-dcp --dcp 2 --batch 8 --kv-len 131072 --comm $comm > "$OUTDIR/bench_dcp_$comm.txt" 2>&1
   cat "$OUTDIR/bench_dcp_$comm.txt"
   summary+=("bench-dcp $comm: $(grep -E 'DCP 2 step' "$OUTDIR/bench_dcp_$comm.txt")")
 done
-stamp "bench-dcp 64 x 32k -> bench_dcp_64x32k.txt"
-timeout 100 "$K" bench-dcp --dcp 2 --batch 64 --kv-len 32768 > "$OUTDIR/bench_dcp_64x32k.txt" 2>&1
-summary+=("bench-dcp 64x32k: $(grep -E 'DCP 2 step' "$OUTDIR/bench_dcp_64x32k.txt")")
+if [ "$Q" != 1 ]; then
+  stamp "bench-dcp 64 x 32k -> bench_dcp_64x32k.txt"
+  timeout 100 "$K" bench-dcp --dcp 2 --batch 64 --kv-len 32768 > "$OUTDIR/bench_dcp_64x32k.txt" 2>&1
+  summary+=("bench-dcp 64x32k: $(grep -E 'DCP 2 step' "$OUTDIR/bench_dcp_64x32k.txt")")
+fi
 
-if [ -z "${KVATTN_SKIP_SANITIZER:-}" ]; then
+if [ -z "${KVATTN_SKIP_SANITIZER:-}" ] && [ "$Q" != 1 ]; then
   CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   stamp "compute-sanitizer memcheck on the DCP ops + one-GPU DCP tests -> sanitizer.log"
   { timeout 150 "$CS" --tool memcheck --print-limit 20 "$TOPS" --gtest_filter='*Dcp*';
