@@ -38,7 +38,7 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
     dim = wrap(dim, t.dim());
     KVATTN_CHECK(dim >= 0 && dim < t.dim(), "all_gather: dim {} out of range for {}", dim, t.str());
     g_.slots_[rank_] = host_contiguous(t);
-    g_.barrier_.arrive_and_wait();
+    g_.sync();
     std::string mismatch;
     for (int64_t r = 0; r < g_.world_size_ && mismatch.empty(); ++r)
       if (g_.slots_[r].shape() != t.shape() || g_.slots_[r].dtype() != t.dtype())
@@ -49,7 +49,7 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
     Tensor out = Tensor::empty(shape, t.dtype());
     if (mismatch.empty())
       for (int64_t r = 0; r < g_.world_size_; ++r) out.narrow(dim, r * n, n).copy_from(g_.slots_[r]);
-    g_.barrier_.arrive_and_wait();  // every rank has read every slot
+    g_.sync();  // every rank has read every slot
     KVATTN_CHECK(mismatch.empty(), "{}", mismatch);
     return to_device(out, t.device());
   }
@@ -63,7 +63,7 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
                  "reduce_scatter: float tensors only (f32, f16, bf16), got {}", dtype_name(t.dtype()));
     Tensor mine = host_contiguous(t);
     g_.slots_[rank_] = mine.dtype() == DType::f32 ? mine : mine.to(DType::f32);
-    g_.barrier_.arrive_and_wait();
+    g_.sync();
     const int64_t n = t.size(dim) / g_.world_size_;
     Dims shape = t.shape();
     shape[dim] = n;
@@ -74,7 +74,7 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
       const float* p = part.data_ptr<float>();
       for (int64_t i = 0; i < acc.numel(); ++i) a[i] += p[i];
     }
-    g_.barrier_.arrive_and_wait();
+    g_.sync();
     return to_device(t.dtype() == DType::f32 ? acc : acc.to(t.dtype()), t.device());
   }
 
@@ -84,14 +84,14 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
                  "all_to_all: dim {} of {} must exist and divide by the world size {}", dim, t.str(),
                  g_.world_size_);
     g_.slots_[rank_] = host_contiguous(t);
-    g_.barrier_.arrive_and_wait();
+    g_.sync();
     const int64_t n = t.size(dim) / g_.world_size_;
     Dims shape = t.shape();
     shape[dim] = n;
     shape.insert(0, g_.world_size_);
     Tensor out = Tensor::empty(shape, t.dtype());
     for (int64_t r = 0; r < g_.world_size_; ++r) out.select(0, r).copy_from(g_.slots_[r].narrow(dim, rank_ * n, n));
-    g_.barrier_.arrive_and_wait();
+    g_.sync();
     return to_device(out, t.device());
   }
 
@@ -109,6 +109,22 @@ InProcessDcpGroup::InProcessDcpGroup(int64_t world_size)
 }
 
 InProcessDcpGroup::~InProcessDcpGroup() = default;
+
+void InProcessDcpGroup::sync() {
+  if (aborted_.load()) throw_aborted();
+  barrier_.arrive_and_wait();
+  if (aborted_.load()) throw_aborted();
+}
+
+void InProcessDcpGroup::throw_aborted() const {
+  throw InternalError("DCP collective abandoned: another rank of the in-process group failed (its error is the "
+                      "one to read)");
+}
+
+void InProcessDcpGroup::abort() noexcept {
+  aborted_.store(true);
+  barrier_.arrive_and_drop();  // releases the ranks waiting in this phase; later phases need one fewer
+}
 
 DcpCommunicator& InProcessDcpGroup::communicator(int64_t rank) {
   KVATTN_CHECK(rank >= 0 && rank < world_size_, "InProcessDcpGroup: rank {} out of range [0, {})", rank,

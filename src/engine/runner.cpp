@@ -740,12 +740,16 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
             rank_step(*rsp, step, check_layer_index);
           } catch (const std::exception& e) {
             rsp->error = e.what();
+            if (in_process_group_) in_process_group_->abort();  // peers stop waiting for this rank
           }
         });
       for (auto& t : threads) t.join();
+      // The first failing rank's own error (its peers may report the abandoned collective).
+      const RankState* failed = nullptr;
       for (const auto& rs : ranks_)
-        if (!rs.error.empty())
-          throw InternalError(fmt::format("step {}: DCP rank {} failed: {}", step, rs.rank, rs.error));
+        if (!rs.error.empty() && (failed == nullptr || failed->error.find("abandoned") != std::string::npos))
+          failed = &rs;
+      if (failed) throw InternalError(fmt::format("step {}: DCP rank {} failed: {}", step, failed->rank, failed->error));
     }
     double rank_host = 0, rank_attn = 0;
     for (const auto& rs : ranks_) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,27 @@ TEST(BackendDcpGroup, Collectives) {
     EXPECT_EQ(got.to_vector<float>(), (std::vector<float>{0, 1, 2}));
   });
   EXPECT_THROW(InProcessDcpGroup(0), InvalidArgument);
+}
+
+TEST(BackendDcpGroup, AFailedRankReleasesItsPeers) {
+  InProcessDcpGroup g(3);
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> ts;
+  for (int64_t r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        Tensor t = Tensor::from_vector(std::vector<float>{float(r)});
+        g.communicator(r).all_gather(t, 0);  // every rank
+        if (r == 1) throw InvalidArgument("rank 1: bad input");
+        g.communicator(r).all_gather(t, 0);  // ranks 0 and 2 only: must not hang
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        if (r == 1) g.abort();
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_NE(errors[1].find("rank 1: bad input"), std::string::npos);
+  for (int r : {0, 2}) EXPECT_NE(errors[static_cast<size_t>(r)].find("abandoned"), std::string::npos) << errors[r];
 }
 
 TEST(BackendDcpGroup, CombinesAgreeWithTheExactMerge) {

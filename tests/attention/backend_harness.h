@@ -187,6 +187,7 @@ class E2ERunner {
           results[r] = run_rank(batch, r, nccl ? &nccl->communicator(r) : &in_process->communicator(r));
         } catch (const std::exception& e) {
           errors[r] = e.what();
+          if (in_process) in_process->abort();  // peers stop waiting for this rank
         }
       });
     for (auto& t : threads) t.join();

@@ -15,9 +15,13 @@
 //   * NcclDcpGroup — W ranks on W GPUs of this process (one thread drives each rank), the
 //     collectives are NCCL's.  Built when NCCL is found (NcclDcpGroup::available()).
 // Every rank of a group must call the same collectives in the same order (as NCCL requires);
-// results are ordered after the rank's earlier work on its device (same stream).
+// results are ordered after the rank's earlier work on its device (same stream).  A rank that
+// fails outside a collective calls InProcessDcpGroup::abort() so its peers throw instead of
+// waiting; the NCCL group has no such path yet (a failure on one GPU only leaves its peers
+// blocked in their next collective — errors from the batch or configuration occur on every rank).
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cstdint>
 #include <memory>
@@ -52,11 +56,17 @@ class InProcessDcpGroup {
   ~InProcessDcpGroup();
   int64_t world_size() const noexcept { return world_size_; }
   DcpCommunicator& communicator(int64_t rank);
+  // Called once by a rank's thread that failed outside a collective (and will call no more):
+  // the other ranks' current and later collectives throw instead of waiting for it forever.
+  void abort() noexcept;
 
  private:
   class Rank;
   friend class Rank;
+  void sync();  // the barrier, throwing once the group was aborted
+  [[noreturn]] void throw_aborted() const;
   int64_t world_size_;
+  std::atomic<bool> aborted_{false};
   std::vector<Tensor> slots_;  // one contribution per rank (contiguous host copies)
   std::barrier<> barrier_;
   std::vector<std::unique_ptr<Rank>> ranks_;
