@@ -352,7 +352,6 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
   check_launch(k::launch_kvfp8_dequant(p), op);
 }
 
-
 void set_prefill_kernel_mode(int mode) { k::set_prefill_mode(static_cast<k::PrefillMode>(mode)); }
 int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode()); }
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }

@@ -158,8 +158,8 @@ enum class PrefillMode : int {
 // Initial mode from the environment: KVATTN_PREFILL=off|force (else automatic).
 void set_prefill_mode(PrefillMode m);
 PrefillMode prefill_mode();
-// head_dim-128 configuration: 0 = A (8 warps x 16 rows, 1 CTA / SM; the default), 1 = B (4 warps
-// x 32 rows, 2 CTAs / SM; 14 % faster, see docs/cuda-notes.md), 2 = C (4 warps x 16 rows, 64-row
+// head_dim-128 configuration: 0 = A (8 warps x 16 rows, 1 CTA / SM), 1 = B (4 warps x 32 rows,
+// 2 CTAs / SM; the default, 14 % faster than A, see docs/cuda-notes.md), 2 = C (4 warps x 16 rows, 64-row
 // CTAs, 2 CTAs / SM), 3 = D (B with 32-key tiles).  Initial value from
 // KVATTN_PREFILL_VARIANT=a|b|c|d.
 void set_prefill_variant(int v);
