@@ -101,8 +101,7 @@ class InProcessDcpGroup::Rank final : public DcpCommunicator {
 };
 
 InProcessDcpGroup::InProcessDcpGroup(int64_t world_size)
-    : world_size_(world_size), slots_(static_cast<size_t>(world_size > 0 ? world_size : 1)),
-      barrier_(static_cast<std::ptrdiff_t>(world_size > 0 ? world_size : 1)) {
+    : world_size_(world_size), slots_(static_cast<size_t>(world_size > 0 ? world_size : 1)) {
   KVATTN_CHECK(world_size >= 1 && world_size <= 64, "InProcessDcpGroup: world_size {} must be in [1, 64]",
                world_size);
   for (int64_t r = 0; r < world_size; ++r) ranks_.push_back(std::make_unique<Rank>(*this, r));
@@ -111,19 +110,26 @@ InProcessDcpGroup::InProcessDcpGroup(int64_t world_size)
 InProcessDcpGroup::~InProcessDcpGroup() = default;
 
 void InProcessDcpGroup::sync() {
-  if (aborted_.load()) throw_aborted();
-  barrier_.arrive_and_wait();
-  if (aborted_.load()) throw_aborted();
-}
-
-void InProcessDcpGroup::throw_aborted() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!aborted_) {
+    const uint64_t gen = generation_;
+    if (++arrived_ == world_size_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+    if (generation_ != gen) return;
+  }
   throw InternalError("DCP collective abandoned: another rank of the in-process group failed (its error is the "
                       "one to read)");
 }
 
 void InProcessDcpGroup::abort() noexcept {
-  aborted_.store(true);
-  barrier_.arrive_and_drop();  // releases the ranks waiting in this phase; later phases need one fewer
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
 }
 
 DcpCommunicator& InProcessDcpGroup::communicator(int64_t rank) {

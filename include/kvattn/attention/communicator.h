@@ -21,10 +21,10 @@
 // blocked in their next collective — errors from the batch or configuration occur on every rank).
 #pragma once
 
-#include <atomic>
-#include <barrier>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,19 +56,23 @@ class InProcessDcpGroup {
   ~InProcessDcpGroup();
   int64_t world_size() const noexcept { return world_size_; }
   DcpCommunicator& communicator(int64_t rank);
-  // Called once by a rank's thread that failed outside a collective (and will call no more):
-  // the other ranks' current and later collectives throw instead of waiting for it forever.
+  // Called by a rank's thread that failed outside a collective: every rank waiting in a
+  // collective, and every later collective, throws instead of waiting for it forever.  The
+  // group cannot be used again.
   void abort() noexcept;
 
  private:
   class Rank;
   friend class Rank;
-  void sync();  // the barrier, throwing once the group was aborted
-  [[noreturn]] void throw_aborted() const;
+  void sync();  // the barrier: every rank arrives; throws once the group was aborted
   int64_t world_size_;
-  std::atomic<bool> aborted_{false};
   std::vector<Tensor> slots_;  // one contribution per rank (contiguous host copies)
-  std::barrier<> barrier_;
+  // An abortable barrier (std::barrier cannot release its waiters on a failure).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
   std::vector<std::unique_ptr<Rank>> ranks_;
 };
 
