@@ -9,8 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "kvattn/core/cuda_runtime_api.h"
-#include "ops/cuda_dispatch.h"
-#include "ops_test_util.h"
+#include "cuda_attn_case.h"
 
 namespace kvattn::ops {
 namespace {
@@ -29,130 +28,23 @@ class CudaPrefill : public ::testing::Test {
   int saved_ = 0;
 };
 
-Device gpu() { return Device::cuda(0); }
-
-struct Mirror {
-  Tensor cpu_base, gpu_base;
-  explicit Mirror(const Tensor& base) : cpu_base(base) { gpu_base = base.to(gpu()); }
-  Tensor view(const Tensor& v) const {
-    const int64_t off = v.byte_offset() / v.element_size();
-    return gpu_base.view_as(v.dtype()).as_strided(v.shape(), v.strides(), off);
+// The prefill tests' defaults on top of the shared case: 8 query / 2 KV heads, 3 padding rows,
+// the XQA mask as built, and an output tolerance of 1.5e-2 for f16 caches, 3e-2 otherwise.
+struct Case : AttnCase {
+  Case() {
+    hq = 8;
+    hkv = 2;
+    pad_rows = 3;
+    xqa_random_bits = false;
   }
-};
-
-Tensor to_gpu(const Tensor& t) { return t.defined() ? t.contiguous().to(gpu()) : Tensor(); }
-
-struct Case {
-  std::vector<int64_t> q_lens, kv_lens;
-  int64_t hq = 8, hkv = 2, dim = 128, page = 16;
-  DType q_dt = DType::bf16, kv_dt = DType::bf16, out_dt = DType::bf16;
-  int layout = 6;
-  bool paged_form = true;
-  bool causal = true;
-  int64_t window_left = -1;
-  double soft_cap = 0.0;
-  bool sinks = false;
-  bool lse = true;
-  LseBase base = LseBase::Two;
-  bool mm = false, xqa = false;
-  double k_scale = 1.0, v_scale = 1.0;
-  int64_t pad_rows = 3;
-  std::string name;
 };
 
 // Runs one case on the GPU and the CPU reference; returns how many calls reached the prefill
 // kernel (0 or 1).
 int64_t run_case(const Case& c, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "case " << c.name << " seed " << seed);
-  std::mt19937 rng(seed);
-  Batch b = make_batch(c.q_lens, c.kv_lens, c.page, rng, c.pad_rows);
-  KVCache cache = make_kv_cache(c.layout, b.num_pages, c.page, c.hkv, c.dim, c.kv_dt);
-  fill_cache(cache, rng);  // random values, page 0 NaN
-  Tensor q = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.q_dt);
-  fill_uniform(q, rng, -2, 2);
-  Tensor out_ref = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.out_dt);
-  fill_nan(out_ref);
-  Tensor lse_ref;
-  if (c.lse) {
-    lse_ref = Tensor::empty({b.num_tokens, c.hq}, DType::f32);
-    fill_nan(lse_ref);
-  }
-  Tensor sinks, mm, xqa;
-  if (c.sinks) {
-    sinks = Tensor::empty({c.hq}, DType::f32);
-    fill_uniform(sinks, rng, -1, 3);
-  }
-  if (c.mm) {
-    std::vector<int32_t> r(static_cast<size_t>(b.num_tokens * 2), -1);
-    int64_t row = 0;
-    for (size_t i = 0; i < c.q_lens.size(); ++i) {
-      const int64_t ctx = c.kv_lens[i] - c.q_lens[i];
-      for (int64_t t = 0; t < c.q_lens[i]; ++t, ++row)
-        if (c.q_lens[i] >= 4 && t >= 1 && t < 4) {
-          r[row * 2] = static_cast<int32_t>(ctx + 1);
-          r[row * 2 + 1] = static_cast<int32_t>(ctx + 3);
-        }
-    }
-    mm = Tensor::from_vector(r, Dims{b.num_tokens, 2});
-  }
-  if (c.xqa) {
-    const Tensor m = make_xqa_draft_block_mask(c.q_lens, true);
-    xqa = Tensor::zeros({b.num_tokens, m.size(1)}, DType::i32);
-    for (int64_t i = 0; i < m.size(0); ++i)
-      for (int64_t w = 0; w < m.size(1); ++w) xqa.at<int32_t>({i, w}) = m.at<int32_t>({i, w});
-  }
-  PagedAttentionArgs a;
-  a.query = q; a.k_cache = cache.k; a.v_cache = cache.v; a.qo_indptr = b.qo_indptr;
-  if (c.paged_form) {
-    a.paged_kv_indptr = b.indptr; a.paged_kv_indices = b.indices; a.paged_kv_last_page_len = b.last_page_len;
-  } else {
-    a.block_table = b.block_table; a.seq_lens = b.seq_lens;
-  }
-  a.out = out_ref; a.lse = lse_ref; a.lse_base = c.base; a.causal = c.causal; a.window_left = c.window_left;
-  a.logits_soft_cap = c.soft_cap; a.k_scale = c.k_scale; a.v_scale = c.v_scale; a.sinks = sinks;
-  a.mm_prefix_ranges = mm; a.xqa_draft_mask = xqa;
-  Mirror mcache(cache.backing);
-  PagedAttentionArgs g = a;
-  g.query = to_gpu(q); g.k_cache = mcache.view(cache.k); g.v_cache = mcache.view(cache.v);
-  g.qo_indptr = to_gpu(b.qo_indptr);
-  g.paged_kv_indptr = to_gpu(a.paged_kv_indptr); g.paged_kv_indices = to_gpu(a.paged_kv_indices);
-  g.paged_kv_last_page_len = to_gpu(a.paged_kv_last_page_len);
-  g.block_table = to_gpu(a.block_table); g.seq_lens = to_gpu(a.seq_lens);
-  g.out = out_ref.to(gpu());  // poisoned (NaN) copy
-  g.lse = c.lse ? lse_ref.to(gpu()) : Tensor();
-  g.sinks = to_gpu(sinks); g.mm_prefix_ranges = to_gpu(mm); g.xqa_draft_mask = to_gpu(xqa);
-  reference::paged_attention(a);
-  const int64_t before = cuda_impl::prefill_kernel_launches();
-  paged_attention(g);
-  kvattn::cuda::synchronize();
-  const int64_t launched = cuda_impl::prefill_kernel_launches() - before;
-  const Tensor out_gpu = g.out.to(Device::cpu());
-  const int64_t used = b.qo_indptr.to_vector<int32_t>().back();
-  for (int64_t t = used; t < b.num_tokens; ++t)
-    EXPECT_TRUE(std::isnan(out_gpu.get({t, 0, 0}))) << "padding row " << t << " was written";
-  if (used > 0) {
-    const double tol = c.kv_dt == DType::f16 ? 1.5e-2 : 3e-2;  // bf16 P and V: ~1e-2
-    const double err = rel_error(out_gpu.slice(0, 0, used), out_ref.slice(0, 0, used));
-    EXPECT_LT(err, tol) << "out";
-    if (c.lse) {
-      const Tensor lg = g.lse.to(Device::cpu()).slice(0, 0, used), lr = lse_ref.slice(0, 0, used);
-      const auto x = lg.to_double_vector(), y = lr.to_double_vector();
-      double worst = 0;
-      for (size_t i = 0; i < x.size(); ++i) {
-        if (std::isinf(y[i]) || std::isinf(x[i])) {
-          EXPECT_EQ(x[i], y[i]) << "lse " << i;
-          continue;
-        }
-        if (std::isnan(x[i])) {
-          ADD_FAILURE() << "lse " << i << " is NaN";
-          break;
-        }
-        worst = std::max(worst, std::abs(x[i] - y[i]));
-      }
-      EXPECT_LT(worst, 2e-2) << "lse";
-    }
-  }
-  return launched;
+  AttnCase a = c;
+  a.out_tol = c.kv_dt == DType::f16 ? 1.5e-2 : 3e-2;  // bf16 P and V: ~1e-2
+  return run_attn_case(a, seed);
 }
 
 TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {

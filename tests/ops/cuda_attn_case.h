@@ -1,0 +1,175 @@
+// Shared by the CUDA ops tests: GPU mirrors of CPU test tensors, and one paged_attention case
+// run on the GPU and on the CPU reference (random inputs, NaN-poisoned outputs and LSE, page 0
+// NaN, padding rows that must stay untouched) with the comparison.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kvattn/core/cuda_runtime_api.h"
+#include "ops/cuda_dispatch.h"
+#include "ops_test_util.h"
+
+namespace kvattn::ops::testing {
+
+inline Device gpu() { return Device::cuda(0); }
+
+// A GPU copy of a CPU tensor's whole storage, and the same view on it.
+struct Mirror {
+  Tensor cpu_base, gpu_base;
+  explicit Mirror(const Tensor& base) : cpu_base(base) {
+    KVATTN_CHECK(base.is_contiguous() && base.byte_offset() == 0, "Mirror needs a fresh contiguous base");
+    gpu_base = base.to(gpu());
+  }
+  Tensor view(const Tensor& v) const {
+    const int64_t off = v.byte_offset() / v.element_size();
+    return gpu_base.view_as(v.dtype()).as_strided(v.shape(), v.strides(), off);
+  }
+  Tensor back() const { return gpu_base.to(Device::cpu()); }
+};
+
+inline Tensor to_gpu(const Tensor& t) { return t.defined() ? t.contiguous().to(gpu()) : Tensor(); }
+
+struct AttnCase {
+  std::vector<int64_t> q_lens, kv_lens;
+  int64_t hq = 32, hkv = 8, dim = 128, page = 16;
+  DType q_dt = DType::bf16, kv_dt = DType::bf16, out_dt = DType::bf16;
+  int layout = 6;
+  bool paged_form = true;
+  bool causal = true;
+  int64_t window_left = -1;
+  double soft_cap = 0.0;
+  bool sinks = false;
+  bool lse = true;
+  LseBase base = LseBase::Two;
+  bool xqa = false;
+  bool mm = false;
+  double k_scale = 1.0, v_scale = 1.0;
+  int64_t pad_rows = 2;
+  int repeats = 1;  // calls on the same inputs (each re-poisoned and checked)
+  bool xqa_random_bits = true;  // clear some mask bits below the diagonal at random
+  double out_tol = 0;           // > 0: the output tolerance instead of tol_for()
+  std::string name;
+};
+
+inline double tol_for(const AttnCase& c) {
+  if (c.kv_dt == DType::fp8_e4m3 || c.kv_dt == DType::fp8_e5m2 || c.kv_dt == DType::f16) return 1.5e-2;
+  return 3e-2;  // bf16 P and V
+}
+
+// Runs one case on the GPU and the CPU reference and compares; returns how many calls reached
+// the prefill kernel (prefill_kernel.cu).
+inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "case " << c.name << " seed " << seed);
+  std::mt19937 rng(seed);
+  Batch b = make_batch(c.q_lens, c.kv_lens, c.page, rng, c.pad_rows);
+  KVCache cache = make_kv_cache(c.layout, b.num_pages, c.page, c.hkv, c.dim, c.kv_dt);
+  fill_cache(cache, rng);
+  if (c.kv_dt == DType::fp8_e4m3 || c.kv_dt == DType::fp8_e5m2) {
+    // page 0 holds NaN codes; keep them (never read)
+  }
+  Tensor q = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.q_dt);
+  fill_uniform(q, rng, -2, 2);
+  Tensor out_ref = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.out_dt);
+  fill_nan(out_ref);
+  Tensor lse_ref;
+  if (c.lse) {
+    lse_ref = Tensor::empty({b.num_tokens, c.hq}, DType::f32);
+    fill_nan(lse_ref);
+  }
+  Tensor sinks, mm, xqa;
+  if (c.sinks) {
+    sinks = Tensor::empty({c.hq}, DType::f32);
+    fill_uniform(sinks, rng, -1, 3);
+  }
+  if (c.mm) {
+    std::vector<int32_t> r(static_cast<size_t>(b.num_tokens * 2), -1);
+    int64_t row = 0;
+    for (size_t i = 0; i < c.q_lens.size(); ++i) {
+      const int64_t ctx = c.kv_lens[i] - c.q_lens[i];
+      for (int64_t t = 0; t < c.q_lens[i]; ++t, ++row) {
+        if (c.q_lens[i] >= 4 && t >= 1 && t < 4) {  // tokens 1..3 form an image span
+          r[row * 2] = static_cast<int32_t>(ctx + 1);
+          r[row * 2 + 1] = static_cast<int32_t>(ctx + 3);
+        }
+      }
+    }
+    mm = Tensor::from_vector(r, Dims{b.num_tokens, 2});
+  }
+  if (c.xqa) {
+    Tensor m = make_xqa_draft_block_mask(c.q_lens, true);
+    // pad rows + randomise some bits below the diagonal
+    xqa = Tensor::zeros({b.num_tokens, m.size(1)}, DType::i32);
+    for (int64_t i = 0; i < m.size(0); ++i)
+      for (int64_t w = 0; w < m.size(1); ++w) {
+        uint32_t bits = static_cast<uint32_t>(m.at<int32_t>({i, w}));
+        if (c.xqa_random_bits && rng() % 2) bits &= ~(1u << (rng() % 3));
+        xqa.at<int32_t>({i, w}) = static_cast<int32_t>(bits);
+      }
+  }
+  PagedAttentionArgs a;
+  a.query = q; a.k_cache = cache.k; a.v_cache = cache.v; a.qo_indptr = b.qo_indptr;
+  if (c.paged_form) {
+    a.paged_kv_indptr = b.indptr; a.paged_kv_indices = b.indices; a.paged_kv_last_page_len = b.last_page_len;
+  } else {
+    a.block_table = b.block_table; a.seq_lens = b.seq_lens;
+  }
+  a.out = out_ref; a.lse = lse_ref; a.lse_base = c.base; a.causal = c.causal; a.window_left = c.window_left;
+  a.logits_soft_cap = c.soft_cap; a.k_scale = c.k_scale; a.v_scale = c.v_scale; a.sinks = sinks;
+  a.mm_prefix_ranges = mm; a.xqa_draft_mask = xqa;
+  Mirror mcache(cache.backing);
+  PagedAttentionArgs g = a;
+  g.query = to_gpu(q); g.k_cache = mcache.view(cache.k); g.v_cache = mcache.view(cache.v);
+  g.qo_indptr = to_gpu(b.qo_indptr);
+  g.paged_kv_indptr = to_gpu(a.paged_kv_indptr); g.paged_kv_indices = to_gpu(a.paged_kv_indices);
+  g.paged_kv_last_page_len = to_gpu(a.paged_kv_last_page_len);
+  g.block_table = to_gpu(a.block_table); g.seq_lens = to_gpu(a.seq_lens);
+  const Tensor out_poison = out_ref.to(gpu());  // poisoned (NaN) copies
+  const Tensor lse_poison = c.lse ? lse_ref.to(gpu()) : Tensor();
+  g.out = out_poison;
+  g.lse = lse_poison;
+  g.sinks = to_gpu(sinks); g.mm_prefix_ranges = to_gpu(mm); g.xqa_draft_mask = to_gpu(xqa);
+  reference::paged_attention(a);
+  const int64_t launches_before = cuda_impl::prefill_kernel_launches();
+  for (int rep = 0; rep < c.repeats; ++rep) {
+  SCOPED_TRACE(::testing::Message() << "call " << rep);
+  if (rep > 0) {  // fresh poisoned outputs: every call must write every row again
+    g.out = out_poison.to(Device::cpu()).to(gpu());
+    if (c.lse) g.lse = lse_poison.to(Device::cpu()).to(gpu());
+  }
+  paged_attention(g);
+  kvattn::cuda::synchronize();
+  const Tensor out_gpu = g.out.to(Device::cpu());
+  // rows of no request: untouched (NaN) on both
+  const int64_t used = b.qo_indptr.to_vector<int32_t>().back();
+  for (int64_t t = used; t < b.num_tokens; ++t)
+    EXPECT_TRUE(std::isnan(out_gpu.get({t, 0, 0}))) << "padding row " << t << " was written";
+  if (used > 0) {
+    const double err = rel_error(out_gpu.slice(0, 0, used), out_ref.slice(0, 0, used));
+    EXPECT_LT(err, c.out_tol > 0 ? c.out_tol : tol_for(c)) << "out";
+    if (c.lse) {
+      const Tensor lg = g.lse.to(Device::cpu()).slice(0, 0, used), lr = lse_ref.slice(0, 0, used);
+      const auto x = lg.to_double_vector(), y = lr.to_double_vector();
+      double worst = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        if (std::isinf(y[i]) || std::isinf(x[i])) {
+          EXPECT_EQ(x[i], y[i]) << "lse " << i;
+          continue;
+        }
+        if (std::isnan(x[i])) {
+          ADD_FAILURE() << "lse " << i << " is NaN";
+          break;
+        }
+        worst = std::max(worst, std::abs(x[i] - y[i]));
+      }
+      EXPECT_LT(worst, 2e-2) << "lse";
+    }
+  }
+  }
+  return cuda_impl::prefill_kernel_launches() - launches_before;
+}
+
+}  // namespace kvattn::ops::testing
