@@ -41,7 +41,7 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
                    const Tensor& k_scale, const Tensor& v_scale, const Tensor& out_k_cache,
                    const Tensor& out_v_cache);
 
-// DCP pieces (src/ops/cuda/dcp_ops.cu, dispatched by dcp_dispatch.cpp).
+// DCP pieces (kernels in src/ops/cuda/dcp_ops.cu).
 void copy_(const Tensor& dst, const Tensor& src);
 void dcp_lse_scale_pack(const Tensor& partial, const Tensor& all_lse, int64_t rank, bool lse_base_e,
                         const Tensor& packed, const Tensor& global_lse);

@@ -13,6 +13,7 @@
 #include "kvattn/core/buffer.h"
 #include "kvattn/core/cuda_runtime_api.h"
 #include "ops/common.h"
+#include "ops/cuda/dcp_kernels.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda_dispatch.h"
 
@@ -355,5 +356,91 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
 void set_prefill_kernel_mode(int mode) { k::set_prefill_mode(static_cast<k::PrefillMode>(mode)); }
 int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode()); }
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
+
+// ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
+void copy_(const Tensor& dst, const Tensor& src) {
+  DeviceGuard g(dst);
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    const cudaError_t e = cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(dst.nbytes()),
+                                          cudaMemcpyDeviceToDevice, nullptr);
+    return check_launch(static_cast<int>(e), "copy_");
+  }
+  k::CopyParams p;
+  p.src = src.data();
+  p.dst = dst.data();
+  p.ndim = dst.dim();
+  for (int d = 0; d < dst.dim(); ++d) {
+    p.shape[d] = dst.size(d);
+    p.src_stride[d] = src.stride(d);
+    p.dst_stride[d] = dst.stride(d);
+  }
+  p.numel = dst.numel();
+  if (dst.dtype() == src.dtype()) {
+    p.elt_bytes = static_cast<int>(dst.element_size());
+  } else {
+    p.src_elt = elt_of(src.dtype(), "copy_", "src");
+    p.dst_elt = elt_of(dst.dtype(), "copy_", "dst");
+  }
+  check_launch(k::launch_strided_copy(p), "copy_");
+}
+
+void dcp_lse_scale_pack(const Tensor& partial, const Tensor& all_lse, int64_t rank, bool lse_base_e,
+                        const Tensor& packed, const Tensor& global_lse) {
+  DeviceGuard g(partial);
+  KVATTN_CHECK(all_lse.is_contiguous(), "dcp_lse_scale_pack: on CUDA `all_lse` must be contiguous, got {}",
+               all_lse.str());
+  k::DcpScalePackParams p;
+  p.partial = partial.data();
+  p.partial_elt = elt_of(partial.dtype(), "dcp_lse_scale_pack", "partial");
+  p.p_st = partial.stride(0);
+  p.p_sh = partial.stride(1);
+  p.p_sd = partial.stride(2);
+  p.all_lse = static_cast<const float*>(all_lse.data());
+  p.packed = static_cast<float*>(packed.data());
+  if (global_lse.defined()) {
+    p.global_lse = static_cast<float*>(global_lse.data());
+    p.g_st = global_lse.stride(0);
+    p.g_sh = global_lse.stride(1);
+  }
+  p.W = all_lse.size(0);
+  p.T = partial.size(0);
+  p.H = partial.size(1) / p.W;
+  p.D = partial.size(2);
+  p.rank = rank;
+  p.base_e = lse_base_e;
+  check_launch(k::launch_dcp_lse_scale_pack(p), "dcp_lse_scale_pack");
+}
+
+void dcp_lse_combine(const Tensor& partials, const Tensor& lses, bool lse_base_e, const Tensor& out,
+                     const Tensor& global_lse) {
+  DeviceGuard g(partials);
+  k::DcpCombineParams p;
+  p.partials = partials.data();
+  p.partials_elt = elt_of(partials.dtype(), "dcp_lse_combine", "partials");
+  p.p_sw = partials.stride(0);
+  p.p_st = partials.stride(1);
+  p.p_sh = partials.stride(2);
+  p.p_sd = partials.stride(3);
+  p.lses = static_cast<const float*>(lses.data());
+  p.l_sw = lses.stride(0);
+  p.l_st = lses.stride(1);
+  p.l_sh = lses.stride(2);
+  p.out = out.data();
+  p.out_elt = elt_of(out.dtype(), "dcp_lse_combine", "out");
+  p.o_st = out.stride(0);
+  p.o_sh = out.stride(1);
+  p.o_sd = out.stride(2);
+  if (global_lse.defined()) {
+    p.global_lse = static_cast<float*>(global_lse.data());
+    p.g_st = global_lse.stride(0);
+    p.g_sh = global_lse.stride(1);
+  }
+  p.W = partials.size(0);
+  p.T = partials.size(1);
+  p.H = partials.size(2);
+  p.D = partials.size(3);
+  p.base_e = lse_base_e;
+  check_launch(k::launch_dcp_lse_combine(p), "dcp_lse_combine");
+}
 
 }  // namespace kvattn::ops::cuda_impl
