@@ -116,11 +116,22 @@ class Runner {
   void update_batches(const SchedulerOutput& out);
   int64_t common_prefix_len(const GroupState& g) const;
   void decide_cascade(GroupState& g);
-  void rank_step(RankState& rs, int64_t step, int64_t check_layer_index);
+  void rank_step(RankState& rs, int64_t check_layer_index);
   void make_qkv(RankState& rs, const LayerState& layer, const InputBatch& batch, int64_t num_tokens);
   void check_layer(GroupState& g, LayerState& layer, const CommonAttentionMetadata& cm, int64_t step);
 
   int64_t W() const { return cfg_.dcp; }
+  // A preparer for this run's limits, `block_size`-token block-table entries, on `device`.
+  BatchPreparerConfig preparer_config(int64_t block_size, Device device) const {
+    BatchPreparerConfig pc;
+    pc.max_num_reqs = cfg_.max_num_seqs;
+    pc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+    pc.max_model_len = plan_.model.max_model_len;
+    pc.block_size = block_size;
+    pc.num_blocks = plan_.config.num_blocks;
+    pc.device = device;
+    return pc;
+  }
 
   RunConfig cfg_;
   const Trace& trace_;
@@ -312,13 +323,7 @@ void Runner::setup() {
     const int64_t width = native0.block_table_width() * kernel_block_sizes[gi] / g.spec->block_size();
     g.batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
     g.sample_batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
-    BatchPreparerConfig pc;
-    pc.max_num_reqs = cfg_.max_num_seqs;
-    pc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
-    pc.max_model_len = plan_.model.max_model_len;
-    pc.block_size = g.spec->block_size() * W();
-    pc.num_blocks = plan_.config.num_blocks;
-    pc.device = Device::cpu();
+    const BatchPreparerConfig pc = preparer_config(g.spec->block_size() * W(), Device::cpu());
     g.sample_preparer = std::make_unique<BatchPreparer>(pc);
     if (W() > 1 && cfg_.check_every > 0) g.shadow_preparer = std::make_unique<BatchPreparer>(pc);
     groups_.push_back(std::move(g));
@@ -386,17 +391,12 @@ void Runner::setup_rank(RankState& rs, const std::vector<int64_t>& kernel_block_
     auto b = std::make_unique<AttentionGroupBuilders>(backend, names, gs.kv_cache_spec, static_cast<int64_t>(gi), rs.cfg);
     b->create_metadata_builders(kernel_block_sizes[gi], 1);
     kv_groups.push_back(b->kv_group());
-    BatchPreparerConfig pc;
-    pc.max_num_reqs = cfg_.max_num_seqs;
-    pc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
+    BatchPreparerConfig pc = preparer_config(gs.kv_cache_spec->block_size(), rs.device);
     // The device preparer's block-table copy must be as wide as the InputBatch rows, which
     // follow the builder's 128-token-aligned kernel table: size it from that width (not from
     // max_model_len, which need not be aligned; the scheduler bounds the lengths).
     const int64_t width = b->block_table_width() * kernel_block_sizes[gi] / gs.kv_cache_spec->block_size();
     pc.max_model_len = width * gs.kv_cache_spec->block_size() * W();
-    pc.block_size = gs.kv_cache_spec->block_size();
-    pc.num_blocks = plan_.config.num_blocks;
-    pc.device = rs.device;
     pc.dcp_world_size = W();
     pc.dcp_rank = rs.rank;
     pc.cp_kv_cache_interleave_size = cfg_.dcp_interleave;
@@ -642,7 +642,7 @@ void Runner::decide_cascade(GroupState& g) {
 // (one thread each) and meet in the backend's collectives.  For the checked layer the rank
 // saves its output heads into check_out_ (rank 0 also its host Q/K/V and, under DCP, writes
 // the host shadow cache of every layer).
-void Runner::rank_step(RankState& rs, int64_t step, int64_t check_layer_index) {
+void Runner::rank_step(RankState& rs, int64_t check_layer_index) {
   rs.timing = StepTiming{};
   if (rs.device.is_cuda()) cuda::set_device(rs.device.index);
   auto tz = Clock::now();
@@ -731,13 +731,13 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
 
     // The ranks' work: inline without DCP, one thread per rank with it.
     if (W() == 1) {
-      rank_step(ranks_[0], step, check_layer_index);
+      rank_step(ranks_[0], check_layer_index);
     } else {
       std::vector<std::thread> threads;
       for (auto& rs : ranks_)
         threads.emplace_back([&, rsp = &rs] {
           try {
-            rank_step(*rsp, step, check_layer_index);
+            rank_step(*rsp, check_layer_index);
           } catch (const std::exception& e) {
             rsp->error = e.what();
             if (in_process_group_) in_process_group_->abort();  // peers stop waiting for this rank
