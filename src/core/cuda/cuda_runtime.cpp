@@ -1,6 +1,9 @@
 // CUDA runtime entry points (compiled only when KVATTN_CUDA is on; plain C++ against the
 // CUDA runtime API, so g++ compiles it and fmt's compile-time format checks work).
 #include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
 #include <fmt/format.h>
 
 #include "kvattn/core/cuda_runtime_api.h"
@@ -43,21 +46,71 @@ int multiprocessor_count(int index) {
   check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, index), "cudaDeviceGetAttribute");
   return n;
 }
+// Device memory comes from each device's stream-ordered pool (cudaMallocAsync on the legacy
+// default stream, which every kvattn kernel and NCCL call uses): a freed block goes back to the
+// pool, not to the driver, so the temporaries of a step (gathered queries, partial outputs, LSE,
+// packed collective buffers) cost no cudaMalloc/cudaFree, and cudaFree's device-wide
+// synchronisation is gone.  The pool keeps what it has (release threshold = max); on an
+// allocation failure it is trimmed and the allocation retried once before OutOfMemory.
+// Devices without memory-pool support use plain cudaMalloc/cudaFree.
+namespace {
+constexpr int kMaxDevices = 64;
+// 0 = not yet looked at, 1 = pool in use, 2 = plain cudaMalloc.
+std::atomic<int> g_pool_state[kMaxDevices];
+
+bool use_pool(int device) {
+  if (device < 0 || device >= kMaxDevices) return false;
+  int s = g_pool_state[device].load(std::memory_order_acquire);
+  if (s != 0) return s == 1;
+  int supported = 0;
+  cudaMemPool_t pool = nullptr;
+  bool ok = cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess &&
+            supported != 0 && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess;
+  if (ok) {
+    std::uint64_t keep = UINT64_MAX;
+    ok = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess;
+  }
+  (void)cudaGetLastError();
+  s = ok ? 1 : 2;
+  g_pool_state[device].store(s, std::memory_order_release);
+  return s == 1;
+}
+
+cudaError_t allocate(void** p, std::size_t bytes, bool pooled) {
+  return pooled ? cudaMallocAsync(p, bytes, cudaStreamLegacy) : cudaMalloc(p, bytes);
+}
+}  // namespace
+
 void* malloc(std::size_t bytes, int device) {
   check(cudaSetDevice(device), "cudaSetDevice");
+  const bool pooled = use_pool(device);
   void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, bytes);
+  cudaError_t e = allocate(&p, bytes, pooled);
+  if (e == cudaErrorMemoryAllocation && pooled) {
+    // Blocks the pool holds for reuse may be what is missing: give them back and retry once.
+    (void)cudaGetLastError();
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceSynchronize() == cudaSuccess && cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess)
+      (void)cudaMemPoolTrimTo(pool, 0);
+    e = allocate(&p, bytes, pooled);
+  }
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
     throw OutOfMemory(fmt::format("could not allocate {} bytes on cuda:{}; lower the memory "
                                   "budget (--gpu-memory) or the number of blocks", bytes, device));
   }
-  check(e, "cudaMalloc");
+  check(e, pooled ? "cudaMallocAsync" : "cudaMalloc");
   return p;
 }
 void free(void* p, int device) noexcept {
-  (void)cudaSetDevice(device);
-  (void)cudaFree(p);
+  int prev = -1;
+  (void)cudaGetDevice(&prev);
+  if (prev != device) (void)cudaSetDevice(device);
+  if (use_pool(device))
+    (void)cudaFreeAsync(p, cudaStreamLegacy);
+  else
+    (void)cudaFree(p);
+  if (prev != device && prev >= 0) (void)cudaSetDevice(prev);
 }
 void memcpy(void* dst, const void* src, std::size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
