@@ -14,6 +14,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <mutex>
+#include <shared_mutex>
+
 #include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/ops/dcp_combine.h"
 #endif
@@ -84,10 +88,18 @@ Tensor contiguous_copy(const Tensor& t) {
 
 }  // namespace
 
+// What the ranks share with NcclDcpGroup::abort(): collectives enqueue under the shared lock
+// and refuse to start once `aborted` is set; abort() takes the lock exclusively, so no comm is
+// aborted (and freed) while a rank is inside an NCCL call on it.
+struct AbortState {
+  std::shared_mutex mu;
+  std::atomic<bool> aborted{false};
+};
+
 class NcclRank final : public DcpCommunicator {
  public:
-  NcclRank(ncclComm_t comm, int64_t world, int64_t rank, int device)
-      : comm_(comm), world_(world), rank_(rank), device_(device) {}
+  NcclRank(ncclComm_t comm, int64_t world, int64_t rank, int device, AbortState& abort)
+      : comm_(comm), world_(world), rank_(rank), device_(device), abort_(abort) {}
   int64_t world_size() const override { return world_; }
   int64_t rank() const override { return rank_; }
   const char* transport() const noexcept override { return "nccl"; }
@@ -99,9 +111,12 @@ class NcclRank final : public DcpCommunicator {
     Dims gathered = t.shape();
     gathered.insert(0, world_);
     Tensor recv = Tensor::empty(gathered, t.dtype(), t.device());  // [W, ...t]
-    nccl_check(ncclAllGather(src.data(), recv.data(), static_cast<size_t>(src.numel()),
-                             nccl_type(t.dtype(), false, "all_gather"), comm_, nullptr),
-               "ncclAllGather");
+    {
+      auto lock = enter("all_gather");
+      nccl_check(ncclAllGather(src.data(), recv.data(), static_cast<size_t>(src.numel()),
+                               nccl_type(t.dtype(), false, "all_gather"), comm_, nullptr),
+                 "ncclAllGather");
+    }
     Dims shape = t.shape();
     shape[dim] *= world_;
     if (dim == 0) return recv.view(shape);
@@ -117,6 +132,7 @@ class NcclRank final : public DcpCommunicator {
     Dims shape = t.shape();
     shape[dim] /= world_;
     Tensor out = Tensor::empty(shape, t.dtype(), t.device());
+    auto lock = enter("reduce_scatter");
     nccl_check(ncclReduceScatter(packed.data(), out.data(), static_cast<size_t>(out.numel()),
                                  nccl_type(t.dtype(), true, "reduce_scatter"), ncclSum, comm_, nullptr),
                "ncclReduceScatter");
@@ -131,6 +147,7 @@ class NcclRank final : public DcpCommunicator {
     const int64_t chunk = packed.numel() / world_;
     const size_t bytes = static_cast<size_t>(chunk * t.element_size());
     const ncclDataType_t type = nccl_type(t.dtype(), false, "all_to_all");
+    auto lock = enter("all_to_all");
     nccl_check(ncclGroupStart(), "ncclGroupStart");
     for (int64_t p = 0; p < world_; ++p) {
       nccl_check(ncclSend(static_cast<const char*>(packed.data()) + p * bytes, static_cast<size_t>(chunk), type,
@@ -145,6 +162,15 @@ class NcclRank final : public DcpCommunicator {
   }
 
  private:
+  // Held while NCCL calls are enqueued on comm_; throws once the group was aborted.
+  std::shared_lock<std::shared_mutex> enter(const char* what) const {
+    std::shared_lock<std::shared_mutex> lock(abort_.mu);
+    if (abort_.aborted.load(std::memory_order_acquire))
+      throw InternalError(fmt::format("DCP {} abandoned: another rank of the NCCL group failed and aborted the "
+                                      "group (its error is the one to read)", what));
+    return lock;
+  }
+
   int check(const Tensor& t, int dim, const char* what, bool divisible) const {
     dim = wrap(dim, t.dim());
     KVATTN_CHECK(dim >= 0 && dim < t.dim(), "{}: dim {} out of range for {}", what, dim, t.str());
@@ -159,12 +185,14 @@ class NcclRank final : public DcpCommunicator {
   ncclComm_t comm_;
   int64_t world_, rank_;
   int device_;
+  AbortState& abort_;
 };
 
 struct NcclDcpGroup::Impl {
   std::vector<int> devices;
   std::vector<ncclComm_t> comms;
   std::vector<std::unique_ptr<NcclRank>> ranks;
+  AbortState abort;
 };
 
 bool NcclDcpGroup::available() noexcept { return true; }
@@ -185,11 +213,22 @@ NcclDcpGroup::NcclDcpGroup(const std::vector<int>& devices) : impl_(std::make_un
              "ncclCommInitAll");
   for (size_t r = 0; r < devices.size(); ++r)
     impl_->ranks.push_back(std::make_unique<NcclRank>(impl_->comms[r], static_cast<int64_t>(devices.size()),
-                                                      static_cast<int64_t>(r), devices[r]));
+                                                      static_cast<int64_t>(r), devices[r], impl_->abort));
+}
+
+void NcclDcpGroup::abort() noexcept {
+  std::unique_lock<std::shared_mutex> lock(impl_->abort.mu);
+  if (impl_->abort.aborted.exchange(true)) return;
+  // ncclCommAbort stops the group's kernels still waiting for the failed rank (their streams
+  // drain, so peers blocked in a device synchronisation return) and frees the comms.
+  for (size_t r = 0; r < impl_->comms.size(); ++r) {
+    DeviceScope ds(impl_->devices[r]);
+    (void)ncclCommAbort(impl_->comms[r]);
+  }
 }
 
 NcclDcpGroup::~NcclDcpGroup() {
-  if (!impl_) return;
+  if (!impl_ || impl_->abort.aborted.load()) return;  // abort() already released the comms
   for (size_t r = 0; r < impl_->comms.size(); ++r) {
     DeviceScope ds(impl_->devices[r]);
     (void)cudaDeviceSynchronize();
@@ -224,6 +263,7 @@ NcclDcpGroup::NcclDcpGroup(const std::vector<int>&) {
       "in the CUDA toolkit, or set NCCL_ROOT), or use InProcessDcpGroup");
 }
 NcclDcpGroup::~NcclDcpGroup() = default;
+void NcclDcpGroup::abort() noexcept {}
 int64_t NcclDcpGroup::world_size() const noexcept { return 0; }
 DcpCommunicator& NcclDcpGroup::communicator(int64_t) { throw Unsupported("NcclDcpGroup: built without NCCL"); }
 std::string NcclDcpGroup::describe() const { return "NCCL not built"; }

@@ -741,6 +741,7 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
           } catch (const std::exception& e) {
             rsp->error = e.what();
             if (in_process_group_) in_process_group_->abort();  // peers stop waiting for this rank
+            if (nccl_group_) nccl_group_->abort();
           }
         });
       for (auto& t : threads) t.join();

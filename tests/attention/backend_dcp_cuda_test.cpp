@@ -3,6 +3,11 @@
 // against the single-GPU (W = 1) output of the same batch; the NCCL collectives and combines
 // against the in-process ones.  Skips without a GPU; the NCCL tests skip without NCCL or with
 // fewer than two GPUs.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <thread>
 
 #include "backend_harness.h"
@@ -169,6 +174,62 @@ TEST(BackendDcpCuda, NcclBackendOnFourGpus) {
   o.dcp = 4;
   o.dcp_transport = "nccl";
   expect_dcp_matches_single_gpu(o);
+}
+
+// A rank that fails outside a collective aborts the NCCL group: its peer, whose all-gather
+// waits on the GPU for the failed rank, gets its device back, and its next collective throws
+// instead of blocking forever.  (A hang here would hang the test binary: both waits are bounded
+// and end the process with a failure.)
+TEST(BackendDcpCuda, NcclAbortReleasesAPeerWaitingForAFailedRank) {
+  REQUIRE_NCCL_GPUS(2);
+  auto group = std::make_unique<NcclDcpGroup>(std::vector<int>{0, 1});
+  const auto bounded = [](std::future<void>& f, const char* what) {
+    if (f.wait_for(std::chrono::seconds(60)) == std::future_status::ready) return;
+    ADD_FAILURE() << what << " still blocked after 60 s";
+    std::fflush(nullptr);
+    std::_Exit(1);
+  };
+  // One collective on both ranks first, so NCCL's connections exist (as after a first step).
+  {
+    std::vector<std::vector<float>> got(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        kvattn::cuda::set_device(r);
+        Tensor t = Tensor::from_vector(std::vector<float>{float(r)}).to(Device::cuda(r));
+        got[static_cast<size_t>(r)] = group->communicator(r).all_gather(t, 0).to(Device::cpu()).to_vector<float>();
+      });
+    for (auto& t : ts) t.join();
+    for (const auto& g : got) EXPECT_EQ(g, (std::vector<float>{0, 1}));
+  }
+  std::atomic<int> stage{0};
+  std::string peer_error;
+  std::future<void> peer = std::async(std::launch::async, [&] {
+    kvattn::cuda::set_device(1);
+    DcpCommunicator& c = group->communicator(1);
+    Tensor t = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}).to(Device::cuda(1));
+    Tensor gathered = c.all_gather(t, 0);  // rank 0 never joins: the NCCL kernel waits for it
+    stage = 1;
+    try {
+      kvattn::cuda::synchronize();  // returns once the group is aborted
+    } catch (const std::exception&) {
+    }
+    stage = 2;
+    try {
+      (void)c.all_gather(t, 0);
+    } catch (const InternalError& e) {
+      peer_error = e.what();
+    }
+    stage = 3;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0 "fails" meanwhile
+  EXPECT_EQ(stage.load(), 1) << "the peer's all-gather completed without rank 0";
+  std::future<void> aborting = std::async(std::launch::async, [&] { group->abort(); });
+  bounded(aborting, "NcclDcpGroup::abort()");
+  bounded(peer, "the peer rank");
+  EXPECT_EQ(stage.load(), 3);
+  EXPECT_NE(peer_error.find("abandoned"), std::string::npos) << peer_error;
+  group.reset();  // after abort(): nothing left to destroy, no hang
 }
 
 }  // namespace

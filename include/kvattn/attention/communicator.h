@@ -16,9 +16,8 @@
 //     collectives are NCCL's.  Built when NCCL is found (NcclDcpGroup::available()).
 // Every rank of a group must call the same collectives in the same order (as NCCL requires);
 // results are ordered after the rank's earlier work on its device (same stream).  A rank that
-// fails outside a collective calls InProcessDcpGroup::abort() so its peers throw instead of
-// waiting; the NCCL group has no such path yet (a failure on one GPU only leaves its peers
-// blocked in their next collective — errors from the batch or configuration occur on every rank).
+// fails outside a collective calls its group's abort() so its peers throw instead of waiting
+// (NCCL: ncclCommAbort stops the kernels waiting for the failed rank).
 #pragma once
 
 #include <condition_variable>
@@ -91,6 +90,11 @@ class NcclDcpGroup {
   DcpCommunicator& communicator(int64_t rank);
   // e.g. "NCCL 2.27.7, 2 ranks on cuda:0 cuda:1".
   std::string describe() const;
+  // Called by a rank's thread that failed outside a collective: aborts every comm of the group
+  // (ncclCommAbort), so peers whose device work waits for the failed rank get their streams back,
+  // and every later collective throws.  Waits for ranks inside an NCCL enqueue call to leave it.
+  // The group cannot be used again.
+  void abort() noexcept;
 
  private:
   struct Impl;
