@@ -4,9 +4,10 @@
 #
 #   scripts/device.sh [all|test|bench|sanitize|ncu] [OUT_DIR]
 #
-# all = build + ctest -L cuda + compute-sanitizer memcheck + `kvattn bench-cuda`.  Knobs:
+# all = build + ctest -L cuda + compute-sanitizer memcheck and racecheck + `kvattn bench-cuda`.  Knobs:
 #   KVATTN_SANITIZE_FILTER='*'   gtest filter for the memcheck pass (default: the fast tests)
-#   KVATTN_SKIP_SANITIZER=1      skip memcheck
+#   KVATTN_RACECHECK_FILTER=...  gtest filter for the racecheck pass (after memcheck)
+#   KVATTN_SKIP_SANITIZER=1      skip memcheck and racecheck
 #   KVATTN_PREBUILT=1            run binaries carried in .devbin/ instead of building
 #   KVATTN_BENCH_ARGS / KVATTN_NCU_ARGS   extra arguments (e.g. "--batch 64 --kv-len 4096")
 # With the device tool (no registry there), prepare once on the dev machine:
@@ -16,7 +17,7 @@
 # and call with carry [".devdeps"]:  bash scripts/device.sh all
 #
 # OUT_DIR defaults to $OUT (the device tool's result folder) or build/device-out.  Logs:
-#   env.txt (nvidia-smi, nvcc), build.log, ctest.log, sanitizer.log, bench.txt, resources.txt
+#   env.txt (nvidia-smi, nvcc), build.log, ctest.log, sanitizer.log, racecheck.log, bench.txt, resources.txt
 # Dependencies: uses the system's -dev packages when CMake finds them; otherwise unpacks the
 # Debian .debs carried in .devdeps/ (fmt, spdlog, gtest, CLI11, nlohmann-json, dlpack,
 # benchmark) into a private prefix with `dpkg -x` (never into /).
@@ -109,6 +110,15 @@ if [ "$MODE" = sanitize ] || [ "$MODE" = all ]; then
     src=$?
     tail -6 "$OUTDIR/sanitizer.log"
     stamp "compute-sanitizer rc=$src"
+    # racecheck: shared-memory hazards (the kernels' cp.async rings, smem row tables, epilogue
+    # staging).  Slower than memcheck, so a filter of its own.
+    stamp "compute-sanitizer racecheck -> racecheck.log"
+    timeout "${KVATTN_RACECHECK_TIMEOUT:-240}" "$CS" --tool racecheck --print-limit 20 "$TEST_BIN" \
+      --gtest_filter="${KVATTN_RACECHECK_FILTER:-*Decode*:*Merge*:*Prefill*:*Fp8*:*Mask*:*Dcp*}" \
+      > "$OUTDIR/racecheck.log" 2>&1
+    rrc=$?
+    grep -E "RACECHECK SUMMARY|^\[  (PASSED|FAILED)" "$OUTDIR/racecheck.log" | tail -4
+    stamp "racecheck rc=$rrc"
   fi
 fi
 if [ "$MODE" = ncu ]; then
