@@ -141,12 +141,13 @@ namespace {
 
 Tensor to_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
 
-// fp8 queries are widened (exactly) for ops::paged_attention, which takes f32/f16/bf16 queries.
-// Device tensors take a host round trip (ops/ has no device dtype conversion yet).
+// fp8 queries are widened (exactly) for ops::paged_attention, which takes f32/f16/bf16 queries;
+// on the query's own device (ops::copy_).
 Tensor kernel_query(const Tensor& q) {
   if (!dtype_is_fp8(q.dtype())) return q;
-  if (q.device().is_cpu()) return q.to(DType::f32);
-  return q.contiguous().to(Device::cpu()).to(DType::f32).to(q.device());
+  Tensor f = Tensor::empty(q.shape(), DType::f32, q.device());
+  ops::copy_(f, q);
+  return f;
 }
 
 }  // namespace
@@ -196,14 +197,10 @@ Tensor FlashInferImpl::maybe_quant_query(const Tensor& query, DType q_data_type,
                "maybe_quant_query: can only quantise a [T, H, D] f32/f16/bf16 query to fp8, got {} -> {}", query.str(),
                dtype_name(q_data_type));
   KVATTN_CHECK(q_scale > 0, "maybe_quant_query: q_scale must be positive, got {}", q_scale);
-  if (!query.device().is_cpu())  // no device quantisation op yet: quantise on the host
-    return maybe_quant_query(query.contiguous().to(Device::cpu()), q_data_type, q_scale).to(query.device());
-  Tensor f = to_f32(query).contiguous();
-  if (f.storage() == query.storage()) f = f.clone();
-  float* p = f.data_ptr<float>();
-  const float inv = static_cast<float>(1.0 / q_scale);
-  for (int64_t i = 0; i < f.numel(); ++i) p[i] *= inv;
-  return f.to(q_data_type);  // saturating fp8 conversion
+  // x * (1 / q_scale) in f32, then the saturating fp8 rounding; on the query's own device.
+  Tensor out = Tensor::empty(query.shape(), q_data_type, query.device());
+  ops::scaled_copy_(out, query, static_cast<float>(1.0 / q_scale));
+  return out;
 }
 
 std::pair<Tensor, Tensor> FlashInferImpl::split_kv(const Tensor& kv_cache) const {

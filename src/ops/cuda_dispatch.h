@@ -42,7 +42,7 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
                    const Tensor& out_v_cache);
 
 // DCP pieces (kernels in src/ops/cuda/dcp_ops.cu).
-void copy_(const Tensor& dst, const Tensor& src);
+void copy_(const Tensor& dst, const Tensor& src, float scale);
 void dcp_lse_scale_pack(const Tensor& partial, const Tensor& all_lse, int64_t rank, bool lse_base_e,
                         const Tensor& packed, const Tensor& global_lse);
 void dcp_lse_combine(const Tensor& partials, const Tensor& lses, bool lse_base_e, const Tensor& out,

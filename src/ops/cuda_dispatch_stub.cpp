@@ -32,7 +32,7 @@ void kvfp8_dequant(const Tensor&, const Tensor&, const Tensor&, const Tensor&, c
   no_cuda("kvfp8_dequant");
 }
 
-void copy_(const Tensor&, const Tensor&) { no_cuda("copy_"); }
+void copy_(const Tensor&, const Tensor&, float) { no_cuda("copy_"); }
 void dcp_lse_scale_pack(const Tensor&, const Tensor&, int64_t, bool, const Tensor&, const Tensor&) {
   no_cuda("dcp_lse_scale_pack");
 }

@@ -50,21 +50,42 @@ void check_float(const Tensor& t, const char* op, const char* name) {
 }  // namespace
 
 // ---- copy_ -------------------------------------------------------------------------------------
-void copy_(const Tensor& dst, const Tensor& src) {
-  static constexpr const char* op = "copy_";
+namespace {
+void check_copy(const Tensor& dst, const Tensor& src, const char* op) {
   check_defined(dst, op, "dst");
   check_defined(src, op, "src");
   check_same_device(dst, src, op, "src");
-  KVATTN_CHECK(dst.shape() == src.shape(), "copy_: `src` has shape {} but `dst` has shape {}; they must match",
+  KVATTN_CHECK(dst.shape() == src.shape(), "{}: `src` has shape {} but `dst` has shape {}; they must match", op,
                src.shape().str(), dst.shape().str());
-  KVATTN_CHECK(dst.dim() <= 8, "copy_: at most 8 dimensions are supported, got {}", dst.dim());
+  KVATTN_CHECK(dst.dim() <= 8, "{}: at most 8 dimensions are supported, got {}", op, dst.dim());
   KVATTN_CHECK(dst.dtype() == src.dtype() || (dtype_is_float(dst.dtype()) && dtype_is_float(src.dtype())),
-               "copy_: cannot convert {} to {}; conversions exist between float dtypes (f32, f16, bf16, fp8) "
+               "{}: cannot convert {} to {}; conversions exist between float dtypes (f32, f16, bf16, fp8) "
                "only, other dtypes must match",
-               dtype_name(src.dtype()), dtype_name(dst.dtype()));
+               op, dtype_name(src.dtype()), dtype_name(dst.dtype()));
+}
+}  // namespace
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  check_copy(dst, src, "copy_");
   if (dst.numel() == 0) return;
-  if (dst.device().is_cuda()) return cuda_impl::copy_(dst, src);
+  if (dst.device().is_cuda()) return cuda_impl::copy_(dst, src, 1.0f);
   Tensor(dst).copy_from(src);
+}
+
+void scaled_copy_(const Tensor& dst, const Tensor& src, float scale) {
+  static constexpr const char* op = "scaled_copy_";
+  check_copy(dst, src, op);
+  KVATTN_CHECK(dtype_is_float(dst.dtype()) && dtype_is_float(src.dtype()),
+               "{}: scaling needs float dtypes (f32, f16, bf16, fp8); got {} -> {}", op, dtype_name(src.dtype()),
+               dtype_name(dst.dtype()));
+  KVATTN_CHECK(std::isfinite(scale), "{}: scale must be finite, got {}", op, scale);
+  if (dst.numel() == 0) return;
+  if (dst.device().is_cuda()) return cuda_impl::copy_(dst, src, scale);
+  Tensor f = Tensor::empty(src.shape(), DType::f32);  // contiguous f32 copy, scaled, then rounded
+  f.copy_from(src);
+  float* p = f.data_ptr<float>();
+  for (int64_t i = 0; i < f.numel(); ++i) p[i] *= scale;
+  Tensor(dst).copy_from(f);
 }
 
 // ---- dcp_lse_scale_pack ------------------------------------------------------------------------

@@ -55,6 +55,27 @@ TEST(CudaDcpOps, StridedCopyConvertsAndPermutes) {
   EXPECT_EQ(dst.to(Device::cpu()).to_vector<int32_t>(), (std::vector<int32_t>{1, 5, 9, 2, 6, 10, 3, 7, 11, 4, 8, 12}));
 }
 
+// The CUDA scaled copy (query quantisation to fp8) is bit-identical to the CPU one.
+TEST(CudaDcpOps, ScaledCopyEqualsTheCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(4);
+  Tensor src = Tensor::empty({5, 8, 24}, DType::bf16);
+  fill_uniform(src, rng);
+  Tensor src_g = src.to(kGpu);
+  for (float scale : {1.0f, 1.0f / 0.037f, 900.0f}) {
+    for (DType dd : {DType::fp8_e4m3, DType::fp8_e5m2, DType::f16, DType::f32}) {
+      SCOPED_TRACE(std::string(dtype_name(dd)) + " scale " + std::to_string(scale));
+      Tensor want = Tensor::empty({8, 5, 24}, dd);
+      scaled_copy_(want.transpose(0, 1), src, scale);
+      Tensor got_base = Tensor::empty({8, 5, 24}, dd);
+      fill_nan(got_base);
+      Tensor got = got_base.to(kGpu);
+      scaled_copy_(got.transpose(0, 1), src_g, scale);
+      expect_same_values(got.to(Device::cpu()), want);
+    }
+  }
+}
+
 TEST(CudaDcpOps, ScalePackAndCombineEqualTheCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(2);

@@ -51,6 +51,36 @@ TEST(OpsCopy, StridedViewsAndDtypeConversion) {
   EXPECT_EQ(ids_t.to_vector<int32_t>(), (std::vector<int32_t>{1, 4, 2, 5, 3, 6}));
 }
 
+// scaled_copy_: one f32 multiply, then the destination's rounding (fp8 saturating at ±448 for
+// e4m3, ±57344 for e5m2), through strided views.
+TEST(OpsCopy, ScaledCopyQuantisesThroughOneF32Multiply) {
+  std::mt19937 rng(9);
+  Tensor src = Tensor::empty({4, 6}, DType::bf16);
+  fill_uniform(src, rng);
+  src.set({0, 0}, 3.0);     // * 200 = 600 -> saturates to 448 in e4m3
+  src.set({1, 1}, -2.5);    // * 200 = -500 -> -448
+  src.set({2, 2}, 0.0625);  // * 200 = 12.5: a tie between 12 and 13 in e4m3 -> 12 (even mantissa)
+  const float scale = 200.0f;
+  for (DType dd : {DType::fp8_e4m3, DType::fp8_e5m2, DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dd));
+    Tensor got = Tensor::empty({6, 4}, dd);
+    scaled_copy_(got.transpose(0, 1), src, scale);
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < 6; ++j) {
+        Tensor one = Tensor::from_vector(std::vector<float>{static_cast<float>(src.get({i, j})) * scale}).to(dd);
+        EXPECT_EQ(got.get({j, i}), one.get({0})) << i << "," << j;
+      }
+  }
+  Tensor q = Tensor::empty({3, 3}, DType::fp8_e4m3);
+  scaled_copy_(q, src.narrow(0, 0, 3).narrow(1, 0, 3), scale);
+  EXPECT_EQ(q.get({0, 0}), 448.0);
+  EXPECT_EQ(q.get({1, 1}), -448.0);
+  EXPECT_EQ(q.get({2, 2}), 12.0);
+  EXPECT_THROW_WITH(InvalidArgument, scaled_copy_(Tensor::empty({2}, DType::i32), Tensor::empty({2}, DType::i32), 2.f),
+                    "scaling needs float dtypes");
+  EXPECT_THROW_WITH(InvalidArgument, scaled_copy_(q, q, std::nanf("")), "scale must be finite");
+}
+
 TEST(OpsCopy, RejectsBadArguments) {
   Tensor a = Tensor::empty({2, 3}, DType::f32);
   EXPECT_THROW_WITH(InvalidArgument, copy_(a, Tensor::empty({3, 2}, DType::f32)), "`src` has shape [3, 2]");

@@ -20,6 +20,11 @@ namespace kvattn::ops {
 // match exactly.  Same shape, same device; at most 8 dimensions.  CPU and CUDA.
 void copy_(const Tensor& dst, const Tensor& src);
 
+// dst[...] = float(src[...]) * scale, rounded to dst's float dtype (fp8 saturating): copy_ with a
+// scale, for quantising (e.g. a query to fp8 with scale = 1 / q_scale).  Float dtypes only; the
+// product is one f32 multiply, so CPU and CUDA results are bit-identical.  CPU and CUDA.
+void scaled_copy_(const Tensor& dst, const Tensor& src, float scale);
+
 // The step before cp_lse_ag_out_rs's reduce-scatter.
 //   partial    [T, W*H, D] float (any strides): this rank's attention over its KV shard
 //   all_lse    [W, T, W*H] f32: every rank's LSE of its partial (the all-gathered LSE)

@@ -18,8 +18,9 @@ struct CopyParams {
   int64_t src_stride[8] = {};  // elements
   int64_t dst_stride[8] = {};
   int64_t numel = 0;
-  int elt_bytes = 0;
-  Elt src_elt = Elt::f32, dst_elt = Elt::f32;
+  int elt_bytes = 0;                          // > 0: raw copy of equal dtypes
+  Elt src_elt = Elt::f32, dst_elt = Elt::f32;  // elt_bytes == 0: convert through f32 ...
+  float scale = 1.0f;                          // ... times scale
 };
 int launch_strided_copy(const CopyParams& p);
 

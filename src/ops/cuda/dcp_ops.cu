@@ -35,7 +35,7 @@ __global__ void copy_convert(CopyParams p) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < p.numel; i += int64_t(gridDim.x) * blockDim.x) {
     int64_t so, dof;
     offsets_of(p, i, so, dof);
-    store_elt(p.dst, dof, p.dst_elt, load_elt(p.src, so, p.src_elt));
+    store_elt(p.dst, dof, p.dst_elt, load_elt(p.src, so, p.src_elt) * p.scale);
   }
 }
 

@@ -358,9 +358,9 @@ int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode());
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
-void copy_(const Tensor& dst, const Tensor& src) {
+void copy_(const Tensor& dst, const Tensor& src, float scale) {
   DeviceGuard g(dst);
-  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+  if (scale == 1.0f && dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     const cudaError_t e = cudaMemcpyAsync(dst.data(), src.data(), static_cast<size_t>(dst.nbytes()),
                                           cudaMemcpyDeviceToDevice, nullptr);
     return check_launch(static_cast<int>(e), "copy_");
@@ -375,7 +375,8 @@ void copy_(const Tensor& dst, const Tensor& src) {
     p.dst_stride[d] = dst.stride(d);
   }
   p.numel = dst.numel();
-  if (dst.dtype() == src.dtype()) {
+  p.scale = scale;
+  if (dst.dtype() == src.dtype() && scale == 1.0f) {
     p.elt_bytes = static_cast<int>(dst.element_size());
   } else {
     p.src_elt = elt_of(src.dtype(), "copy_", "src");
