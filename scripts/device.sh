@@ -25,8 +25,6 @@ set -uo pipefail
 MODE="${1:-all}"
 OUTDIR="${2:-${OUT:-$(cd "$(dirname "$0")/.." && pwd)/build/device-out}}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-BUILD="${KVATTN_DEVICE_BUILD:-$ROOT/build/device}"
-JOBS="$(nproc 2>/dev/null || echo 8)"
 mkdir -p "$OUTDIR"
 cd "$ROOT"
 t0=$(date +%s)
@@ -42,6 +40,8 @@ stamp "environment -> env.txt"; grep -E "H200|H100|A100|release|NVIDIA-SMI" "$OU
 
 # ---- dependencies ------------------------------------------------------------------------------
 . "$ROOT/scripts/device-deps.sh"
+. "$ROOT/scripts/device-build.sh"
+BUILD="$DEVICE_BUILD_DIR"
 
 # ---- build -------------------------------------------------------------------------------------
 # KVATTN_PREBUILT=1 runs the binaries carried in .devbin/ (built on the dev machine with
@@ -60,15 +60,13 @@ if [ "${KVATTN_PREBUILT:-0}" = 1 ] && [ -x "$ROOT/.devbin/test_ops_cuda" ]; then
 fi
 if [ $use_prebuilt = 0 ]; then
   stamp "configure + build (sm_90a) -> build.log"
-  {
-    cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVATTN_CUDA=ON \
-      -DKVATTN_CUDA_ARCHS=90a -DKVATTN_BUILD_PYTHON=OFF -DKVATTN_BUILD_BENCHMARKS=OFF \
-      -DCMAKE_CUDA_FLAGS="-Xptxas=-warn-spills" &&
-    cmake --build "$BUILD" -j "$JOBS" --target test_ops_cuda
-  } > "$OUTDIR/build.log" 2>&1
+  : > "$OUTDIR/build.log"
+  device_build "$OUTDIR/build.log" test_ops_cuda
   rc=$?
-  # the CLI links every layer: a broken layer elsewhere must not hide the CUDA test results
-  cmake --build "$BUILD" -j "$JOBS" --target kvattn >> "$OUTDIR/build.log" 2>&1 ||
+  # the backend's CUDA tests and the CLI link every layer: a broken layer elsewhere must not
+  # hide the ops' CUDA test results
+  device_build "$OUTDIR/build.log" test_attention_cuda || stamp "test_attention_cuda did not build (see build.log)"
+  device_build "$OUTDIR/build.log" kvattn ||
     { stamp "kvattn CLI did not build (see build.log)"; [ -x "$ROOT/.devbin/kvattn" ] && KVATTN_BIN="$ROOT/.devbin/kvattn"; }
   if [ $rc -ne 0 ]; then
     stamp "BUILD FAILED (rc=$rc); last lines:"; tail -40 "$OUTDIR/build.log"; exit $rc

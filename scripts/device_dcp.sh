@@ -11,8 +11,6 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUTDIR="${1:-${OUT:-$ROOT/build/device-out}}"
-BUILD="$ROOT/build/device-dcp"
-JOBS="$(nproc 2>/dev/null || echo 8)"
 mkdir -p "$OUTDIR"
 t0=$(date +%s)
 stamp() { echo "[dcp +$(( $(date +%s) - t0 ))s] $*"; }
@@ -20,6 +18,8 @@ summary=()
 
 { nvidia-smi; nvidia-smi topo -m; nvcc --version || /usr/local/cuda/bin/nvcc --version; nproc; } > "$OUTDIR/env.txt" 2>&1
 . "$ROOT/scripts/device-deps.sh"
+. "$ROOT/scripts/device-build.sh"
+BUILD="$DEVICE_BUILD_DIR"
 stamp "GPUs: $(nvidia-smi -L 2>/dev/null | wc -l)"
 
 # KVATTN_PREBUILT=1: run kvattn, test_ops_cuda and test_attention_cuda carried in .devbin/ (built
@@ -29,10 +29,9 @@ if [ "${KVATTN_PREBUILT:-0}" = 1 ] && "$ROOT/.devbin/kvattn" version > /dev/null
   K="$ROOT/.devbin/kvattn"; TOPS="$ROOT/.devbin/test_ops_cuda"; TATT="$ROOT/.devbin/test_attention_cuda"
   stamp "using prebuilt binaries from .devbin/"
 else
-  stamp "configure + build (sm_90a, $JOBS jobs) -> build.log"
-  { cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVATTN_CUDA=ON -DKVATTN_CUDA_ARCHS=90a \
-      -DKVATTN_NCCL=ON -DKVATTN_BUILD_PYTHON=OFF -DKVATTN_BUILD_BENCHMARKS=OFF &&
-    cmake --build "$BUILD" -j "$JOBS" --target kvattn test_ops_cuda test_attention_cuda; } > "$OUTDIR/build.log" 2>&1
+  stamp "configure + build (sm_90a) -> build.log"
+  : > "$OUTDIR/build.log"
+  device_build "$OUTDIR/build.log" kvattn test_ops_cuda test_attention_cuda
   brc=$?
   stamp "build rc=$brc"; [ $brc -ne 0 ] && { tail -40 "$OUTDIR/build.log"; exit $brc; }
 fi
