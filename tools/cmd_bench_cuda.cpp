@@ -351,7 +351,8 @@ int run(const Opts& o) {
       const k::PrefillMode m0 = k::prefill_mode();
       const int v0 = k::prefill_variant();
       for (const auto& [variant, tag] : {std::pair{-1, "attn_kernel"}, std::pair{0, "variant A"}, std::pair{1, "variant B"},
-                                         std::pair{2, "variant C"}, std::pair{3, "variant D"}, std::pair{4, "variant E"}}) {
+                                         std::pair{2, "variant C"}, std::pair{3, "variant D"}, std::pair{4, "variant E"},
+                                         std::pair{5, "variant F"}}) {
         if (variant < 0) k::set_prefill_mode(k::PrefillMode::off);
         else k::set_prefill_variant(variant);
         print_row(bench_prefill(fmt::format("prefill causal 8x2048 [{}]", tag), pool, 8, 2048, true, "", o.quick));

@@ -272,7 +272,8 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
 
 // ---- the attention kernel ---------------------------------------------------------------------------
 // MT m-tiles of 16 rows per warp, NW warps: 16 * MT * NW rows per CTA.
-template <int D, int MT, int NW, int KT = kKeyTile>
+// XU (cross-unit prefetch, see pf_attn_kernel) runs a 2-stage ring.
+template <int D, int MT, int NW, int KT = kKeyTile, bool XU = false>
 struct PfCfg {
   static constexpr int kThreads = 32 * NW;
   static constexpr int kRows = 16 * MT * NW;
@@ -285,7 +286,7 @@ struct PfCfg {
   static constexpr int kMinBlocks = (NW == 4 || D == 64) ? 2 : 1;
   static constexpr int kBudget = 227 * 1024 / kMinBlocks - 2048;
   static constexpr int kStagesFit = (kBudget - kQBytes) / (2 * kStageBytes + 2 * kTile * 8);
-  static constexpr int kStages = kStagesFit >= 3 ? 3 : 2;
+  static constexpr int kStages = kStagesFit >= 3 && !XU ? 3 : 2;
   static constexpr int kOffBase = kQBytes + kStages * 2 * kStageBytes;
   static constexpr int kSmem = kOffBase + kStages * 2 * kTile * 8;
   static constexpr int kChunksPerThread = kTile * kCPR / kThreads;
@@ -330,15 +331,17 @@ __device__ __forceinline__ PfUnit make_unit(const AttnParams& p, const PfItem& d
 // of behind the chain counter -> item -> page ids -> Q/K/V.  The output is staged in the last
 // tile's K/V slot (the Q tile is then already the next unit's).
 template <bool BF16, int D, int MT, int NW, int KT, bool XU>
-__global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
+__global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, XU>::kThreads, PfCfg<D, MT, NW, KT, XU>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
-  using C = PfCfg<D, MT, NW, KT>;
+  using C = PfCfg<D, MT, NW, KT, XU>;
   constexpr int kTile = C::kTile, kCPR = C::kCPR, kS = C::kStages;
   constexpr int kKSteps = D / 16;
   constexpr int kNTs = kTile / 8;  // S n-tiles
   constexpr int kNTo = D / 8;      // O n-tiles
-  static_assert(!XU || (kS == 2 && !C::kQRegs && C::kQBytes == 2 * C::kStageBytes && C::kThreads == 2 * kTile),
-                "cross-unit prefetch: 2 stages, Q in shared memory, O staged in one K/V slot");
+  static_assert(!XU || (kS == 2 && !C::kQRegs), "cross-unit prefetch: 2 stages, Q in shared memory");
+  // XU: the output is staged in the last tile's K/V slot when it fits there, else stored from
+  // registers (4-byte stores, 16 contiguous bytes per row and quad)
+  constexpr bool kStageInKV = C::kQBytes <= 2 * C::kStageBytes;
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* sQ = smem;
   unsigned char* sKV = smem + C::kQBytes;
@@ -720,7 +723,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       cpa_wait<0>();
       __syncthreads();  // Q tile free: each warp stages its output in its own rows
     }
-    unsigned char* sO = XU ? sKV + ((sb + n_tiles + kS - 1) % kS) * 2 * C::kStageBytes : sQ;
+    unsigned char* sO = XU ? sKV + ((sb + n_tiles + kS - 1) % kS) * 2 * C::kStageBytes : sQ;  // (XU: if kStageInKV)
 
     // ---- epilogue ----
     float sc[MT][2];
@@ -751,7 +754,21 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
           p.lse[int64_t(tok) * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
         }
       }
-    if (p.o_vec) {
+    if (XU && !kStageInKV && p.o_vec) {
+      const bool obf = p.out_t == Elt::bf16;
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int lr = wrow0 + 16 * m + g + 8 * h;
+          const int tok = s_rtok[rs][lr];
+          if (tok < 0) continue;
+          uint16_t* dst = static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st + int64_t(s_rhead[rs][lr]) * p.o_sh + 2 * t4;
+#pragma unroll
+          for (int n = 0; n < kNTo; ++n)
+            *reinterpret_cast<uint32_t*>(dst + 8 * n) = pk2_rt(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h], obf);
+        }
+    } else if (p.o_vec) {
       const bool obf = p.out_t == Elt::bf16;
 #pragma unroll
       for (int m = 0; m < MT; ++m)
@@ -799,7 +816,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 
 // ---- host side ------------------------------------------------------------------------------------
 std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
-std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D, 4 = E; -1 = unread
+std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D, 4 = E, 5 = F; -1 = unread
 std::atomic<int> g_order{-1};    // unit order: 0 = cost only, 1 = waves of requests; -1 = unread
 std::atomic<int64_t> g_launches{0};
 
@@ -818,7 +835,7 @@ int variant_now() {
   int v = g_variant.load(std::memory_order_relaxed);
   if (v >= 0) return v;
   // E (= B, 4 warps x 32 rows, 2 CTAs/SM, plus the cross-unit prefetch) is the default;
-  // KVATTN_PREFILL_VARIANT=a|b|c|d|e selects a config (docs/cuda-notes.md has their figures).
+  // KVATTN_PREFILL_VARIANT=a|b|c|d|e|f selects a config (docs/cuda-notes.md has their figures).
   v = 4;
   if (const char* e = std::getenv("KVATTN_PREFILL_VARIANT")) {
     if (!std::strcmp(e, "a")) v = 0;
@@ -826,6 +843,7 @@ int variant_now() {
     else if (!std::strcmp(e, "c")) v = 2;
     else if (!std::strcmp(e, "d")) v = 3;
     else if (!std::strcmp(e, "e")) v = 4;
+    else if (!std::strcmp(e, "f")) v = 5;
   }
   g_variant.store(v, std::memory_order_relaxed);
   return v;
@@ -868,7 +886,7 @@ PfWs pf_ws(const AttnParams& p) {
 
 template <bool BF16, int D, int MT, int NW, int KT = kKeyTile, bool XU = false>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
-  using C = PfCfg<D, MT, NW, KT>;
+  using C = PfCfg<D, MT, NW, KT, XU>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
   auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, XU>;
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
@@ -907,6 +925,7 @@ int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int varian
       if (variant == 2) return pf_run<BF16, 128, 1, 4>(p, num_sms, plan);
       if (variant == 3) return pf_run<BF16, 128, 2, 4, 32>(p, num_sms, plan);
       if (variant == 4) return pf_run<BF16, 128, 2, 4, kKeyTile, true>(p, num_sms, plan);  // E (default)
+      if (variant == 5) return pf_run<BF16, 128, 2, 8, kKeyTile, true>(p, num_sms, plan);  // F
       return pf_run<BF16, 128, 1, 8>(p, num_sms, plan);  // A
     case 256: return pf_run<BF16, 256, 1, 8>(p, num_sms, plan);
   }
@@ -934,7 +953,8 @@ bool prefill_supported(const AttnParams& p) {
   }
   optin = optin_cache[dev & 63];
   const int need = p.head_dim == 64 ? PfCfg<64, 1, 8>::kSmem
-                   : p.head_dim == 128 ? (variant_now() == 1 || variant_now() == 4 ? PfCfg<128, 2, 4>::kSmem
+                   : p.head_dim == 128 ? (variant_now() == 1 || variant_now() == 4 ? PfCfg<128, 2, 4, kKeyTile, true>::kSmem
+                                          : variant_now() == 5 ? PfCfg<128, 2, 8, kKeyTile, true>::kSmem
                                           : variant_now() == 2 ? PfCfg<128, 1, 4>::kSmem
                                           : variant_now() == 3 ? PfCfg<128, 2, 4, 32>::kSmem
                                                                : PfCfg<128, 1, 8>::kSmem)
