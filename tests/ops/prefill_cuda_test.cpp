@@ -8,8 +8,6 @@
 // stay on attn_kernel, as do decode-like calls in automatic mode.  Skips when no GPU is present.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-
 #include "kvattn/core/cuda_runtime_api.h"
 #include "cuda_attn_case.h"
 
@@ -147,39 +145,6 @@ TEST_F(CudaPrefill, WindowSoftCapSinksScalesLse) {
   c.kv_lens = {129, 3};
   c.window_left = 0;  // each row sees only itself
   EXPECT_EQ(run_case(c, seed++), 1);
-}
-
-// Three CTAs for many units: every CTA runs the persistent loop over units of every size (one
-// tile, a few, many; padding rows), so the cross-unit prefetch of the next unit's Q, first K/V
-// tile and page ids (the default head-dim-128 config) and the unit ring of the other configs are
-// exercised by small calls too.
-TEST_F(CudaPrefill, FewCtasManyUnits) {
-  ::setenv("KVATTN_PREFILL_MAX_CTAS", "3", 1);
-  uint32_t seed = 7600;
-  for (int64_t dim : {128, 64, 256}) {
-    for (bool causal : {true, false}) {
-      Case c;
-      c.name = "3 CTAs dim " + std::to_string(dim) + (causal ? " causal" : " non-causal");
-      c.dim = dim;
-      c.causal = causal;
-      c.q_lens = {300, 1, 0, 129, 64, 257, 33, 2};
-      c.kv_lens = {300, 70, 5, 400, 64, 1000, 33, 2};
-      EXPECT_EQ(run_case(c, seed++), 1);
-    }
-  }
-  Case c;
-  c.name = "3 CTAs window, sinks, soft cap, block table, group 8";
-  c.hq = 16;
-  c.hkv = 2;
-  c.paged_form = false;
-  c.window_left = 90;
-  c.sinks = true;
-  c.soft_cap = 20.0;
-  c.base = LseBase::E;
-  c.q_lens = {200, 17, 150, 1};
-  c.kv_lens = {260, 17, 700, 40};
-  EXPECT_EQ(run_case(c, seed++), 1);
-  ::unsetenv("KVATTN_PREFILL_MAX_CTAS");
 }
 
 TEST_F(CudaPrefill, Randomised) {
