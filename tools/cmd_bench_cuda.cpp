@@ -385,16 +385,6 @@ int run(const Opts& o) {
   if (all || o.only == "merge") {
     print_row(bench_merge(8192, ">= 3.8 TB/s", o.quick));
     print_row(bench_merge(256, "(FI ~5 us floor)", o.quick));
-    // every vector-merge variant (kernels.h set_merge_variant), then the default again
-    const int v0 = k::merge_variant();
-    for (int v = 0; v <= 4; ++v) {
-      k::set_merge_variant(v);
-      Row r = bench_merge(8192, "", o.quick);
-      r.name += fmt::format(" [variant {}]", v);
-      print_row(r);
-    }
-    k::set_merge_variant(v0);
-    print_row(bench_merge(8192, "(again)", o.quick));
   }
   return 0;
 }

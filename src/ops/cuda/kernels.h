@@ -85,13 +85,6 @@ struct MergeParams {
   int64_t num_tokens = 0, num_heads = 0, head_dim = 0;
 };
 int launch_merge_attn_states(const MergeParams& p);
-// Variant of the 16-bit vector merge (16-byte loads, one vector per thread unless noted):
-// 0 = full grid, ld.global.cs (the session-1 kernel); 1 = full grid, ld.global.nc with
-// L1::no_allocate and an L2::256B prefetch; 2 = persistent grid-stride (8 CTAs of 256 per SM),
-// ld.cs; 3 = persistent, nc + L2::256B; 4 = persistent, nc + L2::256B, 2 vectors per thread.
-// Initial value from KVATTN_MERGE_V (default 0).
-void set_merge_variant(int v);
-int merge_variant();
 
 int launch_mask_empty_context_lse(float* lse, int64_t l_sh, int64_t l_st, int64_t num_heads,
                                   int64_t num_tokens, Idx qsl, Idx csl, int64_t num_reqs);
