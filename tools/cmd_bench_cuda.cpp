@@ -322,6 +322,19 @@ int run(const Opts& o) {
     print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
     print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
     print_row(bench_decode("decode bf16 16x4096", pool, uni(16, 4096), DType::bf16, "(FI 3.4-3.5)", o.quick));
+    // the same small shapes on the v6 path (plan, attention, merge launches), then the small-call
+    // path again (run-to-run spread); fp8 1x1024 on the small path
+    {
+      const k::SmallDecodeMode m0 = k::small_decode_mode();
+      k::set_small_decode_mode(k::SmallDecodeMode::off);
+      print_row(bench_decode("decode bf16 1x1024 [v6 path]", pool, uni(1, 1024), DType::bf16, "", o.quick));
+      print_row(bench_decode("decode bf16 1x8192 [v6 path]", pool, uni(1, 8192), DType::bf16, "", o.quick));
+      print_row(bench_decode("decode bf16 16x4096 [v6 path]", pool, uni(16, 4096), DType::bf16, "", o.quick));
+      print_row(bench_decode("decode bf16 8x1024 [v6 path]", pool, uni(8, 1024), DType::bf16, "", o.quick));
+      k::set_small_decode_mode(m0);
+      print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
+      print_row(bench_decode("decode bf16 1x1024 (again)", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
+    }
     print_row(bench_decode("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s", o.quick));
     print_row(bench_decode("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s", o.quick));
     std::mt19937 rng(99);

@@ -55,5 +55,11 @@ void dcp_lse_combine(const Tensor& partials, const Tensor& lses, bool lse_base_e
 void set_prefill_kernel_mode(int mode);
 int prefill_kernel_mode() noexcept;
 int64_t prefill_kernel_launches() noexcept;
+// Routing of decode calls to attn_kernel's small-call path (one launch: per-CTA plan,
+// attention, merge by the last piece; see kernels.h SmallDecodeMode): 0 automatic (default, or
+// KVATTN_SMALL_DECODE=off|force), 1 off, 2 force.  small_decode_launches() counts its launches.
+void set_small_decode_mode(int mode);
+int small_decode_mode() noexcept;
+int64_t small_decode_launches() noexcept;
 
 }  // namespace kvattn::ops::cuda_impl

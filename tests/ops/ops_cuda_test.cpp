@@ -3,6 +3,7 @@
 // beforehand (rows the op must not touch stay NaN).  Skips when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "kvattn/core/cuda_runtime_api.h"
@@ -191,6 +192,149 @@ TEST_F(CudaOps, PagedDecodeStreamKRepeatedCalls) {
   c.kv_dt = DType::bf16; c.k_scale = c.v_scale = 1.0;
   c.repeats = 2;
   run_attn_case(c, 703);
+}
+
+// ---- the small-call decode path (one launch: per-CTA plan, attention, merge by the last piece) ----
+// Each case runs with the path forced on, then off (the v6 plan / attention / merge launches),
+// on the same inputs against the CPU reference; the launch counter shows which path ran.
+class CudaSmallDecode : public CudaOps {
+ protected:
+  void TearDown() override {
+    if (kvattn::cuda::available()) cuda_impl::set_small_decode_mode(0);
+  }
+  static void both_paths(const AttnCase& c, uint32_t seed) {
+    for (int mode : {2, 1}) {
+      SCOPED_TRACE(mode == 2 ? "small path (forced)" : "v6 path (small path off)");
+      cuda_impl::set_small_decode_mode(mode);
+      const int64_t before = cuda_impl::small_decode_launches();
+      run_attn_case(c, seed);
+      const int64_t n = cuda_impl::small_decode_launches() - before;
+      EXPECT_EQ(n, mode == 2 ? c.repeats : 0) << "routing";
+    }
+    cuda_impl::set_small_decode_mode(0);
+  }
+};
+
+TEST_F(CudaSmallDecode, GqaEveryLayoutOddLengths) {
+  std::mt19937 rng(901);
+  uint32_t seed = 910;
+  for (int64_t group : {1, 4, 8}) {
+    for (int layout = 0; layout < kNumLayouts; ++layout) {
+      AttnCase c;
+      c.name = "small gqa" + std::to_string(group) + " layout " + layout_name(layout);
+      c.layout = layout;
+      c.paged_form = (layout + group) % 2 == 0;
+      c.hkv = 2 + layout % 3;
+      c.hq = c.hkv * group;
+      const int B = 1 + static_cast<int>(rng() % 5);
+      for (int r = 0; r < B; ++r) {
+        c.q_lens.push_back(1);
+        c.kv_lens.push_back(rng() % 9 == 0 ? 0 : 1 + 2 * static_cast<int64_t>(rng() % 900));  // odd
+      }
+      c.base = layout % 2 ? LseBase::E : LseBase::Two;
+      both_paths(c, seed++);
+    }
+  }
+}
+
+TEST_F(CudaSmallDecode, HeadDimsDtypesAndOptions) {
+  uint32_t seed = 950;
+  for (int64_t dim : {64, 128, 256}) {
+    for (DType kv : {DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp8_e5m2}) {
+      AttnCase c;
+      c.name = "small dim " + std::to_string(dim) + " kv " + dtype_name(kv);
+      c.dim = dim;
+      c.kv_dt = kv;
+      c.q_dt = kv == DType::f16 ? DType::f16 : DType::bf16;
+      c.out_dt = c.q_dt;
+      if (kv == DType::fp8_e4m3 || kv == DType::fp8_e5m2) { c.k_scale = 0.7; c.v_scale = 1.3; }
+      c.hq = 16; c.hkv = 4;
+      c.q_lens = {1, 1, 1};
+      c.kv_lens = {1537, 3, 611};
+      if (dim == 128) { c.sinks = true; c.soft_cap = 25.0; c.window_left = 700; c.base = LseBase::E; }
+      both_paths(c, seed++);
+    }
+  }
+  AttnCase c;
+  c.name = "small f32 query and out, block-table form";
+  c.q_dt = DType::f32; c.out_dt = DType::f32;
+  c.paged_form = false;
+  c.q_lens = {1, 1};
+  c.kv_lens = {2049, 77};
+  both_paths(c, seed++);
+}
+
+// Multi-token decode rows (up to 16 rows of one KV head per unit: the merge stages 7 pieces
+// of 16 rows at a time, so 32 pieces take several rounds), XQA masks, sinks.
+TEST_F(CudaSmallDecode, MultiTokenRowsAndDraftMask) {
+  AttnCase c;
+  c.name = "small multi-token causal, 16-row units, many pieces";
+  c.hq = 32; c.hkv = 8;
+  c.q_lens = {4, 1, 3};
+  c.kv_lens = {9001, 40, 300};
+  c.sinks = true;
+  both_paths(c, 960);
+  c.name = "small multi-token xqa";
+  c.sinks = false;
+  c.xqa = true;
+  c.kv_lens = {1200, 40, 300};
+  both_paths(c, 961);
+}
+
+// The anchor shape 1 x 1024 and longer single requests (up to the 32-piece bound, merged in
+// two staging rounds) called repeatedly on one workspace: the per-unit arrival counters must
+// be back at 0 after every call (as for CUDA-graph replays), or the next call would merge
+// early or never; other shapes (and the v6 path) run in between.
+TEST_F(CudaSmallDecode, RepeatedCallsCountersReset) {
+  AttnCase c;
+  c.name = "small 1x1024 repeated";
+  c.q_lens = {1};
+  c.kv_lens = {1024};
+  c.repeats = 4;
+  both_paths(c, 970);
+  c.name = "small 1x20011 repeated (32 pieces per unit)";
+  c.kv_lens = {20011};
+  c.repeats = 3;
+  both_paths(c, 971);
+  c.name = "small mixed with empty and zero-query requests, fp8, repeated";
+  c.q_lens = {1, 0, 1, 1, 2, 1, 0, 1};
+  c.kv_lens = {3000, 5, 0, 64, 700, 1, 0, 4097};
+  c.kv_dt = DType::fp8_e4m3; c.k_scale = 0.8; c.v_scale = 1.1;
+  c.repeats = 3;
+  both_paths(c, 972);
+  c.name = "small 1x1024 again";
+  c.q_lens = {1};
+  c.kv_lens = {1024};
+  c.kv_dt = DType::bf16; c.k_scale = c.v_scale = 1.0;
+  c.repeats = 2;
+  both_paths(c, 973);
+}
+
+// Automatic routing across the boundary: batches 1..33 of decode requests (32 q / 8 KV
+// heads); small batches take the small path, from some batch on (at the latest 33 > 32
+// requests) the v6 path, and the switch happens once.  Every call checked against the CPU.
+TEST_F(CudaSmallDecode, AutomaticRoutingBoundary) {
+  cuda_impl::set_small_decode_mode(0);
+  std::mt19937 rng(990);
+  int first_v6 = -1;
+  for (int B = 1; B <= 33; ++B) {
+    AttnCase c;
+    c.name = "auto batch " + std::to_string(B);
+    for (int r = 0; r < B; ++r) {
+      c.q_lens.push_back(1);
+      c.kv_lens.push_back(1 + static_cast<int64_t>(rng() % 400));
+    }
+    const int64_t before = cuda_impl::small_decode_launches();
+    run_attn_case(c, 990 + static_cast<uint32_t>(B));
+    const bool small = cuda_impl::small_decode_launches() - before == 1;
+    if (!small && first_v6 < 0) first_v6 = B;
+    if (small) {
+      EXPECT_LT(first_v6, 0) << "batch " << B << " took the small path after batch " << first_v6 << " did not";
+    }
+  }
+  EXPECT_GT(first_v6, 1) << "batch 1 must take the small path";
+  EXPECT_LE(first_v6, 33);
+  std::printf("[ small path for batches < %d (this device) ]\n", first_v6);
 }
 
 // More requests than one CTA-wide round of planning (1024 threads; 128 x 8 in the v7 attempt).

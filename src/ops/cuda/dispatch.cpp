@@ -356,6 +356,9 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
 void set_prefill_kernel_mode(int mode) { k::set_prefill_mode(static_cast<k::PrefillMode>(mode)); }
 int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode()); }
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
+void set_small_decode_mode(int mode) { k::set_small_decode_mode(static_cast<k::SmallDecodeMode>(mode)); }
+int small_decode_mode() noexcept { return static_cast<int>(k::small_decode_mode()); }
+int64_t small_decode_launches() noexcept { return k::small_decode_launches(); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
 void copy_(const Tensor& dst, const Tensor& src, float scale) {

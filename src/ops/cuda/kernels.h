@@ -140,11 +140,22 @@ struct AttnPlanShape {
   int grid = 0;        // persistent CTAs
   int target_ctas = 0;
   int64_t workspace_bytes = 0;
+  int small = 0;        // 1: small-call path (decode config, one launch: see SmallDecodeMode)
+  int small_units = 0;  // its (request, row tile, KV head) unit bound
 };
 // Fills the shape (host-side decisions) — returns 0 or an error code; `supported` false with
 // a reason when the head dim / dtype combination has no kernel.
 int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* shape, const char** why);
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& shape, void* workspace);
+// Small-call decode path: one launch that plans in every CTA, runs the decode tiles and merges
+// the split pieces of a (request, row tile, KV head) unit in the CTA whose piece arrives last
+// (self-resetting counters, CUDA-graph safe).  automatic: decode calls of <= 32 requests whose
+// units all fit one wave of CTAs; off: never; force: every decode call of <= 32 requests.
+// Initial value from KVATTN_SMALL_DECODE=off|force.
+enum class SmallDecodeMode : int { automatic = 0, off = 1, force = 2 };
+void set_small_decode_mode(SmallDecodeMode m);
+SmallDecodeMode small_decode_mode();
+int64_t small_decode_launches();  // launches of the small-call path so far
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the

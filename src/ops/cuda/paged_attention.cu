@@ -20,8 +20,12 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -125,7 +129,18 @@ struct Plan {
   int32_t* tok2req;      // [num_tokens] (split runs only)
   float* part_o;         // [S_max, num_tokens, hq, D]
   float* part_lse;       // [S_max, num_tokens, hq] base 2
+  // small-call path only (attn_kernel<..., SMALL = true>): arrivals per (request, row tile,
+  // KV head) unit; all 0 between launches (the last arrival puts its counter back), in a
+  // buffer of their own so no other path's use of the workspace can dirty them
+  int32_t* small_ctr;
+  int32_t small_units;   // unit counters available
+  int32_t small_smax;    // split bound (<= kSmallMaxSplits)
+  int32_t small_min_tiles;
 };
+
+// Small-call path (one launch: plan per CTA, attention, merge by the last-arriving piece).
+constexpr int kSmallMaxBatch = 32;   // one lane of warp 0 per request in the per-CTA plan
+constexpr int kSmallMaxSplits = 32;  // pieces per unit (LSE slots per row in the merge)
 
 template <int ROWS, int TILE>
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan plan, int max_splits,
@@ -322,7 +337,144 @@ struct RowInfo {
   int mm_s, mm_e;
 };
 
-template <typename KV, int D, int WM, int WN>
+// Merge of one (request, row tile, KV head) unit of the small-call path, run by the CTA whose
+// piece arrived last: rows [0, nrows) of the tile, `ns` partial (O, LSE) pairs each.  The
+// partial O rows are copied into shared memory with cp.async (as many pieces as fit at once;
+// all of a 1 x 1024 call's in one go), so every load is in flight together without holding
+// registers (v7's merge walked the pieces serially; a register-batched version spilled), the
+// LSEs go out in the same round trip.  smem: [ROWS][kSmallMaxSplits] weights, [ROWS] scales,
+// then the staged partials.
+template <int D, int ROWS, int NT>
+__device__ __forceinline__ void small_merge(const AttnParams& p, const Plan& plan, int ns, int nrows,
+                                            const int* s_rtok, const int* s_rhead, float out_factor,
+                                            unsigned char* smem, int smem_bytes) {
+  constexpr int kC4 = D / 4;                    // float4 columns per row
+  constexpr int kItems = ROWS * kC4 / NT;       // (row, column) items per thread
+  constexpr int kLPer = ROWS * kSmallMaxSplits / NT;
+  static_assert((ROWS * kC4) % NT == 0 && (ROWS * kSmallMaxSplits) % NT == 0, "items must divide evenly");
+  float* sw = reinterpret_cast<float*>(smem);
+  float* s_scale = sw + ROWS * kSmallMaxSplits;
+  constexpr int kHead = (ROWS * kSmallMaxSplits + ROWS) * 4;
+  float4* sdat = reinterpret_cast<float4*>(smem + (kHead + 15) / 16 * 16);
+  const int per_split = nrows * kC4;  // float4 per piece
+  const int cap = (smem_bytes - (kHead + 15) / 16 * 16) / (per_split * 16);
+  const int sb = max(1, min(ns, cap));  // pieces staged at once
+  const int tid = threadIdx.x;
+  auto issue = [&](int s0) {
+    const int n = min(sb, ns - s0) * per_split;
+    for (int i = tid; i < n; i += NT) {
+      const int s = i / per_split, j = i - s * per_split;
+      const int row = j / kC4, c4 = j % kC4;
+      const float* src =
+          plan.part_o + ((int64_t(s0 + s) * p.num_tokens + s_rtok[row]) * p.hq + s_rhead[row]) * D + c4 * 4;
+      cp_async16(smem_u32(sdat + i), src, 16);
+    }
+    cp_async_commit();
+  };
+  issue(0);
+  float l[kLPer];
+#pragma unroll
+  for (int k = 0; k < kLPer; ++k) {
+    const int i = tid + k * NT;
+    const int row = i / kSmallMaxSplits, s = i % kSmallMaxSplits;
+    l[k] = (row < nrows && s < ns)
+               ? __ldcg(plan.part_lse + (int64_t(s) * p.num_tokens + s_rtok[row]) * p.hq + s_rhead[row])
+               : -INFINITY;
+  }
+#pragma unroll
+  for (int k = 0; k < kLPer; ++k) sw[tid + k * NT] = l[k];
+  __syncthreads();
+  if (tid < nrows) {  // weights, sink, LSE of row `tid`
+    float* w = sw + tid * kSmallMaxSplits;
+    const int head = s_rhead[tid];
+    const int64_t tok = s_rtok[tid];
+    float M = -INFINITY;
+    for (int s = 0; s < ns; ++s) M = fmaxf(M, w[s]);
+    float s2 = -INFINITY;
+    if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
+    const float Mf = fmaxf(M, s2);
+    const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
+    float denom = 0.f;
+    for (int s = 0; s < ns; ++s) {
+      const float e = exp2f(w[s] - Mu);
+      w[s] = e;
+      denom += e;
+    }
+    if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
+    const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
+    s_scale[tid] = (denom > 0.f && M != -INFINITY) ? p.v_scale * out_factor / denom : 0.f;
+    if (p.lse != nullptr) p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+  }
+  float4 acc[kItems];
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < ns; s0 += sb) {
+    if (s0 > 0) issue(s0);
+    cp_async_wait<0>();
+    __syncthreads();  // staged pieces (and, the first time, the weights) visible
+    const int n = min(sb, ns - s0);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int item = tid + k * NT;
+      if (item < per_split) {
+        const float* w = sw + (item / kC4) * kSmallMaxSplits + s0;
+        for (int s = 0; s < n; ++s) {
+          const float f = w[s];
+          const float4 x = sdat[s * per_split + item];
+          acc[k].x += f * x.x;
+          acc[k].y += f * x.y;
+          acc[k].z += f * x.z;
+          acc[k].w += f * x.w;
+        }
+      }
+    }
+    __syncthreads();  // before the next batch overwrites the staging area
+  }
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const int item = tid + k * NT;
+    if (item >= per_split) continue;
+    const int row = item / kC4, d = (item % kC4) * 4;
+    const float sc = s_scale[row];
+    const float a0 = acc[k].x * sc, a1 = acc[k].y * sc, a2 = acc[k].z * sc, a3 = acc[k].w * sc;
+    const int64_t tok = s_rtok[row];
+    const int head = s_rhead[row];
+    if (p.o_vec) {
+      uint2 o2;
+      if (p.out_t == Elt::bf16) {
+        __nv_bfloat162 h0 = __floats2bfloat162_rn(a0, a1), h1 = __floats2bfloat162_rn(a2, a3);
+        o2.x = *reinterpret_cast<uint32_t*>(&h0);
+        o2.y = *reinterpret_cast<uint32_t*>(&h1);
+      } else {
+        __half2 h0 = __floats2half2_rn(a0, a1), h1 = __floats2half2_rn(a2, a3);
+        o2.x = *reinterpret_cast<uint32_t*>(&h0);
+        o2.y = *reinterpret_cast<uint32_t*>(&h1);
+      }
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d) = o2;
+    } else {
+      const int64_t o = tok * p.o_st + int64_t(head) * p.o_sh;
+      store_elt(p.out, o + int64_t(d) * p.o_sd, p.out_t, a0);
+      store_elt(p.out, o + int64_t(d + 1) * p.o_sd, p.out_t, a1);
+      store_elt(p.out, o + int64_t(d + 2) * p.o_sd, p.out_t, a2);
+      store_elt(p.out, o + int64_t(d + 3) * p.o_sd, p.out_t, a3);
+    }
+  }
+}
+
+// Per-CTA plan of the small-call path (shared memory).
+template <bool SMALL>
+struct SmallShared {};
+template <>
+struct SmallShared<true> {
+  ReqInfo req[kSmallMaxBatch];   // splits = pieces per unit of the request
+  int64_t pbase[kSmallMaxBatch];
+  int32_t chunk[kSmallMaxBatch];  // keys per piece
+  int32_t pinc[kSmallMaxBatch];   // inclusive scan of pieces
+  int32_t uex[kSmallMaxBatch];    // exclusive scan of units
+  int32_t npieces;
+};
+
+template <typename KV, int D, int WM, int WN, bool SMALL = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
   using C = Cfg<KV, D, WM, WN>;
@@ -341,8 +493,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   const int wm = warp / WN, wn = warp % WN;
   const int g = lane >> 2, t4 = lane & 3;
 
-  const int total = plan.num_items[0] * p.hkv;
-  const int chunk = plan.chunk[0];
+  const int total = SMALL ? 0 : plan.num_items[0] * p.hkv;
+  const int chunk0 = SMALL ? 0 : plan.chunk[0];
   if constexpr (TR::kE4m3) { kv_logit_factor = kE4m3Factor; kv_out_factor = kE4m3Factor; }
   const float scale_log2 = p.sm_scale * kv_logit_factor * kLog2e;
   const float scale_lin = p.sm_scale * kv_logit_factor;
@@ -350,14 +502,111 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 
   __shared__ int s_work;
   __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
-  for (;;) {
-    if (tid == 0) s_work = atomicAdd(plan.counter, 1);
+  __shared__ SmallShared<SMALL> s_sm;
+  if constexpr (SMALL) {
+    // The plan of the whole call, computed by every CTA (no plan kernel): warp 0, one lane per
+    // request (batch <= kSmallMaxBatch, checked by the host).  Same split rule as plan_kernel
+    // (units of ~1/8 of a CTA's share, at least 8 tiles, one-tile units for tiny calls), with
+    // the split bound and the fewest tiles per piece applied per request.
+    if (warp == 0) {
+      const int r = lane;
+      int64_t qs = 0, qe = 0, kv = 0, pb = 0;
+      if (r < p.batch) {
+        qs = load_idx(p.qo_indptr, r);
+        qe = load_idx(p.qo_indptr, r + 1);
+        if (p.paged_form) {
+          const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
+          const int64_t last = load_idx(p.last_page_len, r);  // unconditional: one round trip
+          const int64_t np = max(e - b, int64_t(0));
+          kv = np > 0 ? (np - 1) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size)) : 0;
+          pb = b;
+        } else {
+          kv = load_idx(p.seq_lens, r);
+          kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
+        }
+        qs = min(max(qs, int64_t(0)), p.num_tokens);
+        qe = min(max(qe, qs), p.num_tokens);
+      }
+      const int ql = static_cast<int>(qe - qs);
+      const int rt = (ql * p.group + C::kRows - 1) / C::kRows;
+      const int kvt = static_cast<int>((kv + kTile - 1) / kTile);
+      int64_t wk = int64_t(rt) * kvt;
+      int kvt_max = rt > 0 ? kvt : 0;
+      for (int o = 16; o > 0; o >>= 1) {
+        wk += __shfl_xor_sync(0xffffffffu, wk, o);
+        kvt_max = max(kvt_max, __shfl_xor_sync(0xffffffffu, kvt_max, o));
+      }
+      // tiles per piece: sum over units of ceil(kvt / want) <= W / want + U <= G, so every
+      // piece has a CTA of its own (one wave, no work counter); the host sends only calls
+      // with U <= G / 2 here
+      int units_all = rt * p.hkv;
+      for (int o = 16; o > 0; o >>= 1) units_all += __shfl_xor_sync(0xffffffffu, units_all, o);
+      const int64_t room = max(int64_t(gridDim.x) - units_all, int64_t(1));
+      int64_t want = (wk * p.hkv + room - 1) / room;
+      want = max(want, int64_t(kvt_max + plan.small_smax - 1) / plan.small_smax);
+      want = max(want, int64_t(max(plan.small_min_tiles, 1)));
+      int sp = 1, chunk_tiles = 1;
+      if (kvt > 0) {
+        sp = static_cast<int>((kvt + want - 1) / want);
+        chunk_tiles = (kvt + sp - 1) / sp;
+        sp = (kvt + chunk_tiles - 1) / chunk_tiles;
+      }
+      const int units = rt * p.hkv;
+      int ui = units;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, ui, o);
+        if (lane >= o) ui += y;
+      }
+      const int uex = ui - units;
+      // units past the counter array (only with a malformed qo_indptr) are dropped, as
+      // plan_kernel drops items past max_items
+      const int pieces = uex + units <= plan.small_units ? units * sp : 0;
+      int pi = pieces;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, pi, o);
+        if (lane >= o) pi += y;
+      }
+      ReqInfo ri;
+      ri.q_start = static_cast<int32_t>(qs);
+      ri.q_len = ql;
+      ri.kv_len = static_cast<int32_t>(kv);
+      ri.splits = sp;
+      s_sm.req[r] = ri;
+      s_sm.pbase[r] = pb;
+      s_sm.chunk[r] = chunk_tiles * kTile;
+      s_sm.pinc[r] = pi;
+      s_sm.uex[r] = uex;
+      if (lane == 31) s_sm.npieces = pi;
+    }
     __syncthreads();
-    const int w = s_work;
-    if (w >= total) break;
-    const Item it = plan.items[w / p.hkv];
-    const int hk = w % p.hkv;
-    const ReqInfo ri = plan.req[it.req];
+  }
+  const int piece = blockIdx.x;  // small path: one piece per CTA
+  for (;;) {
+    Item it;
+    int hk, chunk;
+    ReqInfo ri;
+    if constexpr (!SMALL) {
+      if (tid == 0) s_work = atomicAdd(plan.counter, 1);
+      __syncthreads();
+      const int w = s_work;
+      if (w >= total) break;
+      it = plan.items[w / p.hkv];
+      hk = w % p.hkv;
+      ri = plan.req[it.req];
+      chunk = chunk0;
+    } else {
+      if (piece >= s_sm.npieces) break;
+      const int r = __popc(__ballot_sync(0xffffffffu, s_sm.pinc[lane] <= piece));
+      const int local = piece - (r > 0 ? s_sm.pinc[r - 1] : 0);
+      ri = s_sm.req[r];
+      const int rest = local / ri.splits;  // rtile * hkv + hk
+      it.req = r;
+      it.split = local - rest * ri.splits;
+      it.rtile = rest / p.hkv;
+      it.pad = 0;
+      hk = rest - it.rtile * p.hkv;
+      chunk = s_sm.chunk[r];
+    }
     const int rows_r = ri.q_len * p.group;
     const int row0 = it.rtile * C::kRows;
     // key range of this work unit
@@ -374,11 +623,72 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     const int n_tiles = kend > kstart ? (kend - tile0 + kTile - 1) / kTile : 0;
 
     // page table of this request
-    const int64_t pbase = plan.page_base[it.req];
+    int64_t pbase;
+    if constexpr (SMALL) pbase = s_sm.pbase[it.req];
+    else pbase = plan.page_base[it.req];
     auto page_of = [&](int blk) -> int64_t {
       if (p.paged_form) return load_idx(p.kv_indices, pbase + blk);
       return load_idx2(p.block_table, it.req, blk);
     };
+
+    // ---- loader ----
+    // Row offsets (bytes from p.k / p.v) of each key row of a tile are computed once per
+    // tile by 2*kTile threads (K rows, then V rows) into a ring of kStages smem slots, from a
+    // page id fetched one tile earlier (so its latency hides behind a tile of compute).  The
+    // copy threads then only read the offset: thread chunks are (row = tid / CPR + i * step,
+    // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
+    const int my_chunk = tid % kCPR;
+    const int my_row0 = tid / kCPR;
+    // Offset slot k of this thread: index tid + k * kThreads over [K rows | V rows].
+    constexpr int kOffPer = C::kOffPer;
+    auto load_page = [&](int tile, int k) -> int64_t {
+      const int idx = tid + k * C::kThreads;
+      const int which = idx / kTile, row = idx % kTile;
+      if (which > 1 || tile >= n_tiles) return -1;
+      const int j = tile0 + tile * kTile + row;
+      if (j < kstart || j >= kend) return -1;
+      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+      const int64_t pg = page_of(blk);
+      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+    };
+    auto store_off = [&](int tile, int k, int64_t pg) {
+      const int idx = tid + k * C::kThreads;
+      const int which = idx / kTile, row = idx % kTile;
+      if (which > 1) return;
+      const int j = tile0 + tile * kTile + row;
+      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+      const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
+                                     : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+      sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+    };
+    auto issue = [&](int tile) {
+      const int st = tile % kStages;
+      const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
+      const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
+      const int64_t* offk = sOff + (st * 2) * kTile;
+      const int64_t* offv = offk + kTile;
+      const unsigned char* kb = static_cast<const unsigned char*>(p.k);
+      const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+#pragma unroll
+      for (int i = 0; i < C::kChunksPerThread; ++i) {
+        const int row = my_row0 + i * C::kRowStepPerChunk;
+        const int off = swz<kCPR>(row, my_chunk);
+        const int64_t ok = offk[row], ov = offv[row];
+        cp_async16(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
+        cp_async16(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+      }
+    };
+
+    // SMALL: the prologue's page ids are requested before Q (one round trip less per piece)
+    int64_t pgs[kStages][kOffPer];
+    if constexpr (SMALL) {
+      if (n_tiles > 0) {
+#pragma unroll
+        for (int t = 0; t < kStages; ++t)
+#pragma unroll
+          for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(t, k);
+      }
+    }
 
     // ---- rows of this thread (g and g + 8 of the warp's 16) ----
     RowInfo rinfo[2];
@@ -463,64 +773,17 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     for (int n = 0; n < kNTilesO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
-    // ---- loader ----
-    // Row offsets (bytes from p.k / p.v) of each key row of a tile are computed once per
-    // tile by 2*kTile threads (K rows, then V rows) into a ring of kStages smem slots, from a
-    // page id fetched one tile earlier (so its latency hides behind a tile of compute).  The
-    // copy threads then only read the offset: thread chunks are (row = tid / CPR + i * step,
-    // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
-    const int my_chunk = tid % kCPR;
-    const int my_row0 = tid / kCPR;
-    // Offset slot k of this thread: index tid + k * kThreads over [K rows | V rows].
-    constexpr int kOffPer = C::kOffPer;
-    auto load_page = [&](int tile, int k) -> int64_t {
-      const int idx = tid + k * C::kThreads;
-      const int which = idx / kTile, row = idx % kTile;
-      if (which > 1 || tile >= n_tiles) return -1;
-      const int j = tile0 + tile * kTile + row;
-      if (j < kstart || j >= kend) return -1;
-      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      const int64_t pg = page_of(blk);
-      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
-    };
-    auto store_off = [&](int tile, int k, int64_t pg) {
-      const int idx = tid + k * C::kThreads;
-      const int which = idx / kTile, row = idx % kTile;
-      if (which > 1) return;
-      const int j = tile0 + tile * kTile + row;
-      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-      const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
-                                     : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-      sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
-    };
-    auto issue = [&](int tile) {
-      const int st = tile % kStages;
-      const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
-      const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
-      const int64_t* offk = sOff + (st * 2) * kTile;
-      const int64_t* offv = offk + kTile;
-      const unsigned char* kb = static_cast<const unsigned char*>(p.k);
-      const unsigned char* vb = static_cast<const unsigned char*>(p.v);
-#pragma unroll
-      for (int i = 0; i < C::kChunksPerThread; ++i) {
-        const int row = my_row0 + i * C::kRowStepPerChunk;
-        const int off = swz<kCPR>(row, my_chunk);
-        const int64_t ok = offk[row], ov = offv[row];
-        cp_async16(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
-        cp_async16(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
-      }
-    };
-
     int64_t pg_pref[kOffPer];
 #pragma unroll
     for (int k = 0; k < kOffPer; ++k) pg_pref[k] = -1;
     if (n_tiles > 0) {
       // prologue: offsets of tiles 0..S-1, issue tiles 0..S-2
-      int64_t pgs[kStages][kOffPer];
+      if constexpr (!SMALL) {
 #pragma unroll
-      for (int t = 0; t < kStages; ++t)
+        for (int t = 0; t < kStages; ++t)
 #pragma unroll
-        for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(t, k);
+          for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(t, k);
+      }
 #pragma unroll
       for (int t = 0; t < kStages; ++t)
 #pragma unroll
@@ -811,6 +1074,31 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       }
     }
     __syncthreads();  // smem reused by the next work unit
+    if constexpr (SMALL) {
+      if (split_run) {
+        // the last piece of this unit to arrive merges the unit's pieces (threadFenceReduction
+        // pattern): every thread's partial stores are made visible before thread 0 counts the
+        // arrival; the counter is put back to 0 by the last arrival, so the next launch (or
+        // CUDA-graph replay) finds it at 0
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+          int32_t* ctr = plan.small_ctr + s_sm.uex[it.req] + it.rtile * p.hkv + hk;
+          const int last = atomicAdd(ctr, 1) == ri.splits - 1;
+          if (last) atomicExch(ctr, 0);
+          s_work = last;
+        }
+        __syncthreads();
+        if (s_work) {
+          __threadfence();
+          const int nrows = min(C::kRows, rows_r - row0);
+          small_merge<D, C::kRows, C::kThreads>(p, plan, ri.splits, nrows, s_rtok, s_rhead, kv_out_factor, smem,
+                                                C::kSmemMain);
+        }
+        __syncthreads();
+      }
+      break;  // one piece per CTA (the per-CTA plan keeps the pieces within the grid)
+    }
   }
 }
 
@@ -924,7 +1212,81 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
   return static_cast<int>(e);
 }
 
+// Unit counters of the small-call path, per device: zeroed once when (re)allocated; every
+// launch leaves them at 0.  Like the workspace, the first call of a shape must come before
+// CUDA-graph capture (allocation and memset are not capturable).
+int32_t* small_counters(int dev, int64_t n, int* err) {
+  static std::mutex mu;
+  static int32_t* ptr[64] = {};
+  static int64_t cap[64] = {};
+  std::lock_guard<std::mutex> lock(mu);
+  const int d = dev & 63;
+  if (cap[d] < n) {
+    if (ptr[d] != nullptr) cudaFree(ptr[d]);  // synchronises: earlier launches are done with it
+    ptr[d] = nullptr;
+    cap[d] = 0;
+    const int64_t want = std::max<int64_t>(n, 4096);
+    void* q = nullptr;
+    cudaError_t e = cudaMalloc(&q, static_cast<size_t>(want) * sizeof(int32_t));
+    if (e == cudaSuccess) e = cudaMemset(q, 0, static_cast<size_t>(want) * sizeof(int32_t));
+    if (e != cudaSuccess) {
+      if (q != nullptr) cudaFree(q);
+      *err = static_cast<int>(e);
+      return nullptr;
+    }
+    ptr[d] = static_cast<int32_t*>(q);
+    cap[d] = want;
+  }
+  return ptr[d];
+}
+
+std::atomic<int> g_small_mode{-1};  // SmallDecodeMode, -1 = not read from the environment yet
+std::atomic<int64_t> g_small_launches{0};
+int small_mode_now() {
+  int m = g_small_mode.load(std::memory_order_relaxed);
+  if (m >= 0) return m;
+  m = 0;
+  if (const char* e = std::getenv("KVATTN_SMALL_DECODE")) {
+    if (!std::strcmp(e, "off")) m = 1;
+    else if (!std::strcmp(e, "force")) m = 2;
+  }
+  g_small_mode.store(m, std::memory_order_relaxed);
+  return m;
+}
+// Fewest KV tiles per piece on the small path (KVATTN_SMALL_MIN_TILES, default 1).
+int small_min_tiles() {
+  static const int v = [] {
+    const char* e = std::getenv("KVATTN_SMALL_MIN_TILES");
+    const int x = e != nullptr ? std::atoi(e) : 1;
+    return x >= 1 ? x : 1;
+  }();
+  return v;
+}
+
 template <typename KV, int D, int WM, int WN>
+int run_small(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
+  using C = Cfg<KV, D, WM, WN>;
+  auto kern = attn_kernel<KV, D, WM, WN, true>;
+  static bool attr_set[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (!attr_set[dev & 63]) {
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    attr_set[dev & 63] = true;
+  }
+  int err = 0;
+  plan.small_ctr = small_counters(dev, s.small_units, &err);
+  if (plan.small_ctr == nullptr) return err;
+  plan.small_units = s.small_units;
+  plan.small_smax = s.max_splits;
+  plan.small_min_tiles = small_min_tiles();
+  kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
+  g_small_launches.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <typename KV, int D, int WM, int WN, bool SMALL = false>
 int occupancy() {
   using C = Cfg<KV, D, WM, WN>;
   static int cache[64] = {};  // per device
@@ -932,7 +1294,7 @@ int occupancy() {
   cudaGetDevice(&dev);
   int& cached = cache[dev & 63];
   if (cached > 0) return cached;
-  auto kern = attn_kernel<KV, D, WM, WN>;
+  auto kern = attn_kernel<KV, D, WM, WN, SMALL>;
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, C::kSmem) != cudaSuccess) {
@@ -946,6 +1308,10 @@ int occupancy() {
 template <typename KV, int D>
 int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool query_occ, int* occ) {
   const float lf = KVTraits<KV>::kE4m3 ? 256.f : 1.f;
+  if (s != nullptr && s->config == 0 && s->small) {
+    if (query_occ) { *occ = occupancy<KV, D, 1, 4, true>(); return 0; }
+    return run_small<KV, D, 1, 4>(p, *s, *plan, lf, lf);
+  }
   if (s == nullptr || s->config == 0) {
     if (query_occ) { *occ = occupancy<KV, D, 1, 4>(); return 0; }
     return run_kernel<KV, D, 1, 4>(p, *s, *plan, lf, lf);
@@ -994,6 +1360,7 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
   // decode config when the average request has few query rows per KV head
   const int64_t rows_avg = p.batch > 0 ? (p.num_tokens * p.group + p.batch - 1) / p.batch : 0;
   s->config = rows_avg <= 16 ? 0 : 1;
+  s->small = 0;
   int occ = 1;
   int e = dispatch(p, s, nullptr, true, &occ);
   if (e != 0) return e;
@@ -1007,10 +1374,37 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
   const int rows = s->config == 0 ? 16 : 64;
   const int64_t rtiles = (p.num_tokens * p.group + rows - 1) / rows + p.batch;
   s->max_items = rtiles * s->max_splits;
+  // Small calls: one launch (per-CTA plan, attention, merge by the last piece of each unit)
+  // when every (request, row tile, KV head) unit can have a CTA of its own.
+  s->small = 0;
+  const int mode = small_mode_now();
+  if (s->config == 0 && mode != 1 && p.batch <= kSmallMaxBatch) {
+    const int64_t units = rtiles * p.hkv;
+    AttnPlanShape t = *s;
+    t.small = 1;
+    int occ_s = 1;
+    e = dispatch(p, &t, nullptr, true, &occ_s);
+    if (e != 0) return e;
+    const int64_t grid_s = std::max(1, num_sms * occ_s);
+    // one piece per CTA: the per-CTA plan needs units < grid (force) and is given room for
+    // >= 2 pieces per unit on average (automatic)
+    if (units < grid_s && (mode == 2 || 2 * units <= grid_s)) {
+      s->small = 1;
+      s->grid = static_cast<int>(grid_s);
+      s->target_ctas = s->grid;
+      s->max_splits = static_cast<int>(std::min<int64_t>(smax, kSmallMaxSplits));
+      s->small_units = static_cast<int>(units);
+      s->max_items = rtiles;
+    }
+  }
   const WsLayout w = ws_layout(p, *s);
   s->workspace_bytes = w.total;
   return 0;
 }
+
+void set_small_decode_mode(SmallDecodeMode m) { g_small_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
+SmallDecodeMode small_decode_mode() { return static_cast<SmallDecodeMode>(small_mode_now()); }
+int64_t small_decode_launches() { return g_small_launches.load(std::memory_order_relaxed); }
 
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* workspace) {
   if (p.batch == 0 || p.num_tokens == 0) return 0;
@@ -1026,6 +1420,10 @@ int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* wo
   plan.tok2req = reinterpret_cast<int32_t*>(base + w.tok2req);
   plan.part_o = reinterpret_cast<float*>(base + w.part_o);
   plan.part_lse = reinterpret_cast<float*>(base + w.part_lse);
+  plan.small_ctr = nullptr;
+  plan.small_units = 0;
+  plan.small_smax = 1;
+  plan.small_min_tiles = 1;
   int dummy = 0;
   return dispatch(p, &s, &plan, false, &dummy);
 }
