@@ -80,8 +80,12 @@ class InputBatch {
  private:
   size_t size() const noexcept { return static_cast<size_t>(num_reqs_); }
   void check_row(int64_t row, const char* what) const;
-  // swap_states without the row checks, inlined into the reorder's cycle walk.
+  // swap_states without the row checks.
   inline void swap_rows(int64_t i1, int64_t i2) noexcept;
+  // The reorder's permutation applied by rotating its cycles (input_batch.cpp).
+  void apply_reorder(int32_t* from, const int32_t* rows, int64_t num_rows) noexcept;
+  void apply_reorder_avx2(int32_t* from, const int32_t* rows, int64_t num_rows) noexcept;
+  inline void rotate_cycles(int32_t* from, const int32_t* rows, int64_t num_rows) noexcept;
   friend bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t decode_threshold);
 
   int64_t max_num_reqs_;
@@ -99,6 +103,7 @@ class InputBatch {
   int32_t* num_blocks_ = nullptr;
   int32_t* bt_ = nullptr;
   std::vector<int32_t> scratch_a_, scratch_b_, scratch_c_;
+  std::vector<int32_t> spare_row_;  // [max_num_blocks_per_req rounded up to 8]: the reorder's spare row
 };
 
 // Batch regions in the order the reorder produces.
