@@ -262,25 +262,20 @@ bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t deco
   // Target region of row r: count[0] decodes, then count[1] short extends, ...
   const int32_t b0 = static_cast<int32_t>(n) - n_short - n_long - n_prefill;
   const int32_t b1 = b0 + n_short, b2 = b1 + n_long;
-  // Displaced rows (region differs from the target region of their position), ascending
-  // (branch-free: the displaced test is a coin flip).
+  // Displaced rows (region differs from the target region of their position), ascending, one
+  // target range at a time (branch-free: the displaced test is a coin flip).  Region g supplies
+  // as many displaced rows as its target range holds displaced positions, so the sources of
+  // region g take the pairing slots [start[g], start[g + 1]).
   const int32_t n32 = static_cast<int32_t>(n);
-  int32_t num_displaced = 0;
-  for (int32_t r = 0; r < n32; ++r) {
-    const int32_t target = (r >= b0) + (r >= b1) + (r >= b2);
-    displaced[num_displaced] = r;
-    num_displaced += reg[r] != target;
-  }
-  // How many displaced rows each region supplies: its size minus its rows already inside its
-  // own target range (four short vectorisable counts, no counter in memory).
   const int32_t lo[4] = {0, b0, b1, b2}, hi[4] = {b0, b1, b2, n32};
   int32_t start[4];
-  int32_t next_start = 0;
-  for (int g = 0; g < 4; ++g) {
-    int32_t inside = 0;
-    for (int32_t r = lo[g]; r < hi[g]; ++r) inside += reg[r] == g;
-    start[g] = next_start;
-    next_start += (hi[g] - lo[g]) - inside;
+  int32_t num_displaced = 0;
+  for (int32_t g = 0; g < 4; ++g) {
+    start[g] = num_displaced;
+    for (int32_t r = lo[g]; r < hi[g]; ++r) {
+      displaced[num_displaced] = r;
+      num_displaced += reg[r] != g;
+    }
   }
   // Pair the k-th displaced row taken in region order (stable) with the k-th displaced row in
   // ascending order — the seed's assignment — by a counting sort whose four cursors stay in
