@@ -201,6 +201,12 @@ namespace {
     copy_ids(spare, bt_ + a * width, a_nblocks, width);
     int32_t cur = a;
     for (int32_t p = from[cur]; p != a; p = from[cur]) {
+      {  // the row copied next (cycle rows are scattered over the table: start its lines now)
+        const char* next = reinterpret_cast<const char*>(bt_ + from[p] * width);
+        __builtin_prefetch(next);
+        __builtin_prefetch(next + 64);
+        __builtin_prefetch(next + 128);
+      }
       from[cur] = cur;
       slot_[cur] = slot_[p];
       prompt_[cur] = prompt_[p];
