@@ -3,8 +3,8 @@
 //
 // Row r holds one request: its id, prompt length, computed tokens, this step's scheduled
 // tokens, its block-table row and multimodal features.  Every per-request field lives in a
-// buffer sized max_num_reqs at construction; swap_states exchanges two rows in place and is the
-// only way rows move, so a field added here must be swapped there.  Counts and block-table rows
+// buffer sized max_num_reqs at construction; rows move only through swap_states (swap_rows) and
+// the reorder's cycle rotation (rotate_cycles), so a field added here must be moved in both.  Counts and block-table rows
 // are stored by row (kernels read them in batch order); the id and features sit in slots the
 // row points at (slot_), so a swap exchanges two integers instead of strings and vectors.
 #pragma once
@@ -117,8 +117,9 @@ BatchRegion classify_request(int32_t num_scheduled, int32_t num_computed, int32_
 
 // Reorders `batch` into decode → short_extend → long_extend → prefill.  Only rows sitting in the
 // wrong region move: the displaced rows, taken in region order (stable), are assigned to the
-// displaced positions in ascending order, and that permutation is applied by walking its cycles
-// with swap_states (len - 1 swaps per cycle).  Returns whether anything moved.
+// displaced positions in ascending order (the seed's permutation).  Each cycle of it is rotated
+// once through a spare row — the state the seed's walk of len - 1 swap_states calls leaves, with
+// about half the row copies; num_swaps() counts len - 1 per cycle.  Returns whether anything moved.
 bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t decode_threshold = 1);
 
 }  // namespace kvattn
