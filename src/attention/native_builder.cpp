@@ -200,6 +200,7 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(std::shared_ptr<const Atten
   if (use_xqa_) {
     mask_words_ = cdiv(reorder_batch_threshold_.value_or(1), 32);
     ragged_mask_ = Tensor::zeros({max_num_batched_tokens_, mask_words_}, DType::i32, device_);
+    decode_mask_cache_.emplace(max_num_reqs_, mask_words_, device_);
   }
   plan_capacity_ = max_num_batched_tokens_ + 2 * max_num_reqs_ + 2 * config_.num_sms;
 }
@@ -600,18 +601,8 @@ Tensor FlashInferMetadataBuilder::get_decode_mask(int64_t q_len_per_req, bool ra
                "XQA draft mask: query length {} exceeds the planned maximum {} (reorder_batch_threshold)",
                q_len_per_req, mask_words_ * 32);
   if (!ragged) {
-    // Persistent per (q_len, causal): a stable address for CUDA graphs.
-    auto key = std::make_pair(q_len_per_req, causal);
-    auto it = decode_mask_cache_.find(key);
-    if (it == decode_mask_cache_.end()) {
-      Tensor host = Tensor::zeros({max_num_reqs_ * q_len_per_req, mask_words_}, DType::i32);
-      int32_t* p = host.data_ptr<int32_t>();
-      for (int64_t r = 0; r < max_num_reqs_; ++r)
-        fill_xqa_draft_mask_rows(reinterpret_cast<uint32_t*>(p + r * q_len_per_req * mask_words_), mask_words_,
-                                 q_len_per_req, causal);
-      it = decode_mask_cache_.emplace(key, device_.is_cpu() ? host : host.to(device_)).first;
-    }
-    return it->second.narrow(0, 0, num_decodes * q_len_per_req);
+    // Persistent per (q_len, causal), mask_words_ wide: a stable address for CUDA graphs.
+    return decode_mask_cache_->uniform_rows(q_len_per_req, num_decodes, causal);
   }
   const int64_t rows = qo[num_decodes];
   if (!device_.is_cpu())

@@ -143,32 +143,47 @@ DecodeQueryLens compute_decode_query_lens(std::span<const int32_t> qsl, int64_t 
   return out;
 }
 
-XqaDecodeMaskCache::XqaDecodeMaskCache(int64_t max_num_reqs) : max_num_reqs_(max_num_reqs) {
+XqaDecodeMaskCache::XqaDecodeMaskCache(int64_t max_num_reqs, int64_t num_words, Device device)
+    : max_num_reqs_(max_num_reqs), num_words_(num_words), device_(device) {
   KVATTN_CHECK(max_num_reqs >= 1, "XqaDecodeMaskCache: max_num_reqs = {} must be >= 1", max_num_reqs);
+  KVATTN_CHECK(num_words >= 0 && num_words <= (kMaxDraftLen + 31) / 32,
+               "XqaDecodeMaskCache: num_words = {} must be in [0, {}]", num_words,
+               (kMaxDraftLen + 31) / 32);
+}
+
+const Tensor& XqaDecodeMaskCache::uniform(int64_t q_len_per_req, int64_t num_decodes, bool causal) {
+  KVATTN_CHECK(num_decodes >= 0 && num_decodes <= max_num_reqs_,
+               "get_decode_mask: num_decodes = {} is outside [0, {}] (max_num_reqs)", num_decodes,
+               max_num_reqs_);
+  const auto key = std::make_pair(q_len_per_req, causal);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) {
+    KVATTN_CHECK(q_len_per_req >= 1 && q_len_per_req <= kMaxDraftLen,
+                 "get_decode_mask: q_len_per_req = {} must be in [1, {}]", q_len_per_req, kMaxDraftLen);
+    const int64_t rows = q_len_per_req, P = num_words_ > 0 ? num_words_ : (q_len_per_req + 31) / 32;
+    KVATTN_CHECK(rows <= P * 32, "get_decode_mask: q_len_per_req = {} does not fit mask rows of {} words",
+                 rows, P);
+    Tensor buf = Tensor::empty({max_num_reqs_, rows, P}, DType::i32);
+    auto* o = reinterpret_cast<uint32_t*>(buf.data_ptr<int32_t>());
+    for (int64_t r = 0; r < max_num_reqs_; ++r) fill_xqa_draft_mask_rows(o + r * rows * P, P, rows, causal);
+    it = cache_.emplace(key, device_.is_cpu() ? std::move(buf) : buf.to(device_)).first;
+  }
+  return it->second;
 }
 
 std::optional<Tensor> XqaDecodeMaskCache::get_decode_mask(
     int64_t q_len_per_req, const std::optional<std::vector<int32_t>>& ragged_q_lens,
     int64_t num_decodes, bool causal) {
   if (q_len_per_req <= 1) return std::nullopt;
-  if (!ragged_q_lens.has_value()) {
-    KVATTN_CHECK(num_decodes >= 0 && num_decodes <= max_num_reqs_,
-                 "get_decode_mask: num_decodes = {} is outside [0, {}] (max_num_reqs)", num_decodes,
-                 max_num_reqs_);
-    const auto key = std::make_pair(q_len_per_req, causal);
-    auto it = cache_.find(key);
-    if (it == cache_.end()) {
-      KVATTN_CHECK(q_len_per_req <= kMaxDraftLen, "get_decode_mask: q_len_per_req = {} must be in "
-                   "[1, {}]", q_len_per_req, kMaxDraftLen);
-      const int64_t rows = q_len_per_req, P = (q_len_per_req + 31) / 32;
-      Tensor buf = Tensor::empty({max_num_reqs_, rows, P}, DType::i32);
-      auto* o = reinterpret_cast<uint32_t*>(buf.data_ptr<int32_t>());
-      for (int64_t r = 0; r < max_num_reqs_; ++r) fill_xqa_draft_mask_rows(o + r * rows * P, P, rows, causal);
-      it = cache_.emplace(key, std::move(buf)).first;
-    }
-    return it->second.slice(0, 0, num_decodes);
-  }
+  if (!ragged_q_lens.has_value()) return uniform(q_len_per_req, num_decodes, causal).slice(0, 0, num_decodes);
+  KVATTN_CHECK(device_.is_cpu(), "XqaDecodeMaskCache: ragged masks are built on the host; their upload "
+               "to {} is not implemented", device_.str());
   return make_xqa_ragged_draft_block_mask(*ragged_q_lens, q_len_per_req, causal);
+}
+
+Tensor XqaDecodeMaskCache::uniform_rows(int64_t q_len_per_req, int64_t num_decodes, bool causal) {
+  const Tensor& m = uniform(q_len_per_req, num_decodes, causal);
+  return m.view({max_num_reqs_ * q_len_per_req, m.size(2)}).narrow(0, 0, num_decodes * q_len_per_req);
 }
 
 }  // namespace kvattn

@@ -6,6 +6,11 @@
 #include "kvattn/batch/fast_div.h"
 #include "kvattn/batch/tensor_access.h"
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define KVATTN_PREPARE_AVX2 1
+#endif
+
 namespace kvattn {
 
 int64_t BatchPreparerConfig::max_num_blocks_per_req() const {
@@ -118,11 +123,12 @@ template <typename Div>
 [[gnu::always_inline]] inline RowTotals fill_step_rows(const StepRows in, const Div div,
                                                        const InputBatch& batch,
                                                        const BatchPreparerConfig& cfg,
-                                                       const BlockDiv& bdiv) {
-  int64_t total = 0, max_q = 0, max_s = 0;
-  uint32_t max_id = 0;
+                                                       const BlockDiv& bdiv, int64_t r = 0,
+                                                       RowTotals from = RowTotals{}) {
+  // Rows [0, r) are done (leading decodes, `from` their totals).
+  int64_t total = from.tokens, max_q = from.max_q, max_s = from.max_s;
+  uint32_t max_id = from.max_id;
   const int64_t bs = in.bs, n = batch.num_reqs();
-  int64_t r = 0;
   if (!in.dcp) {
     // The leading decodes (one token each; the reorder puts them first): the same work with
     // the query length fixed at 1.
@@ -141,7 +147,7 @@ template <typename Div>
       in.slots[total] = static_cast<int64_t>(id) * bs + div.mod(c);
       ++total;
     }
-    if (r > 0) max_q = 1;
+    if (r > 0) max_q = std::max<int64_t>(max_q, 1);
   }
   for (; r < n; ++r) {
     const int64_t q = in.sched[r], c = in.computed[r], s = c + q, next = total + q;
@@ -184,19 +190,95 @@ template <typename Div>
   return RowTotals{total, max_q, max_s, max_id};
 }
 
-// The loop compiled twice: for the baseline ISA, and (x86-64) for AVX2, where the position and
-// slot runs store 4 int64 per instruction instead of 2 (the prefill rows are store-bound).
+// The loop compiled twice: for the baseline ISA and (x86-64) for AVX2 (below).
 RowTotals fill_step_rows_any(const StepRows& in, const BlockDiv& bdiv, const InputBatch& batch,
                              const BatchPreparerConfig& cfg) {
   return bdiv.visit([&](auto div) { return fill_step_rows(in, div, batch, cfg, bdiv); });
 }
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef KVATTN_PREPARE_AVX2
+// The leading decodes eight rows at a time (power-of-two block size, no DCP): the row checks as
+// lane compares, the eight block ids by one gather, positions and slots widened to int64.  Stops
+// at the first group holding a row that is not a decode or fails a check; the scalar loop takes
+// over there (and names the row).  Returns the number of rows done (= tokens written).
+[[gnu::target("avx2")]] int64_t leading_decodes_avx2(const StepRows& in, int shift, int64_t n,
+                                                     RowTotals& acc) {
+  const int64_t limit = std::min(n, in.max_tokens);  // tokens == rows here
+  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i last_ok = _mm256_set1_epi32(static_cast<int32_t>(in.max_len - 1));  // c <= max_len - 1
+  const __m256i bs_m1 = _mm256_set1_epi32(static_cast<int32_t>(in.bs - 1));
+  const __m256i row_off = _mm256_mullo_epi32(iota, _mm256_set1_epi32(static_cast<int32_t>(in.width)));
+  const __m128i sh = _mm_cvtsi32_si128(shift);
+  __m256i max_s = zero, max_id = zero;
+  int64_t r = 0;
+  for (; r + 8 <= limit; r += 8) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.sched + r));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.computed + r));
+    const __m256i nb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.nblocks + r));
+    // Bad lane: not a decode, c < 0, c + 1 > max_len, or cdiv(c + 1, bs) > the row's blocks.
+    const __m256i s = _mm256_add_epi32(c, one);
+    __m256i bad = _mm256_xor_si256(_mm256_cmpeq_epi32(q, one), _mm256_set1_epi32(-1));
+    bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(zero, c));
+    bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(c, last_ok));
+    bad = _mm256_or_si256(bad, _mm256_cmpgt_epi32(_mm256_sra_epi32(_mm256_add_epi32(s, bs_m1), sh), nb));
+    if (_mm256_movemask_epi8(bad) != 0) break;
+    const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in.prompt + r));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(in.qsl + r + 1),
+                        _mm256_add_epi32(iota, _mm256_set1_epi32(static_cast<int32_t>(r + 1))));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(in.seq + r), s);
+    // is_prefilling = c < prompt, as bytes 0/1.
+    const __m256i pf = _mm256_cmpgt_epi32(p, c);
+    __m128i pf16 = _mm_packs_epi32(_mm256_castsi256_si128(pf), _mm256_extracti128_si256(pf, 1));
+    pf16 = _mm_and_si128(_mm_packs_epi16(pf16, pf16), _mm_set1_epi8(1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(in.prefilling + r), pf16);
+    max_s = _mm256_max_epi32(max_s, s);
+    // Positions (= c) and slots (= id * bs + c % bs) as int64.
+    const __m256i c_lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(c));
+    const __m256i c_hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(c, 1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(in.pos + r), c_lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(in.pos + r + 4), c_hi);
+    const __m256i col = _mm256_add_epi32(row_off, _mm256_sra_epi32(c, sh));
+    const __m256i ids = _mm256_i32gather_epi32(in.bt_rows + r * in.width, col, 4);
+    max_id = _mm256_max_epu32(max_id, ids);
+    const __m256i off = _mm256_and_si256(c, bs_m1);
+    const __m256i s_lo = _mm256_add_epi64(_mm256_sll_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(ids)), sh),
+                                          _mm256_cvtepi32_epi64(_mm256_castsi256_si128(off)));
+    const __m256i s_hi = _mm256_add_epi64(_mm256_sll_epi64(_mm256_cvtepi32_epi64(_mm256_extracti128_si256(ids, 1)), sh),
+                                          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(off, 1)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(in.slots + r), s_lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(in.slots + r + 4), s_hi);
+  }
+  if (r > 0) {
+    alignas(32) int32_t ms[8];
+    alignas(32) uint32_t mi[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ms), max_s);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(mi), max_id);
+    for (int k = 0; k < 8; ++k) {
+      acc.max_s = std::max<int64_t>(acc.max_s, ms[k]);
+      acc.max_id = std::max(acc.max_id, mi[k]);
+    }
+    acc.tokens = r;
+    acc.max_q = 1;
+  }
+  return r;
+}
+
+// The loop compiled for AVX2, where the position and slot runs store 4 int64 per instruction
+// instead of 2 (the prefill rows are store-bound) and the leading decodes go 8 rows at a time.
 [[gnu::target("avx2")]] RowTotals fill_step_rows_avx2(const StepRows& in, const BlockDiv& bdiv,
                                                       const InputBatch& batch,
                                                       const BatchPreparerConfig& cfg) {
   // No lambda here: the loop must be inlined into this AVX2 function itself.
-  return bdiv.pow2() ? fill_step_rows(in, bdiv.shift_form(), batch, cfg, bdiv)
-                     : fill_step_rows(in, bdiv.plain_form(), batch, cfg, bdiv);
+  if (bdiv.pow2()) {
+    RowTotals acc;
+    int64_t r = 0;
+    // 8 lanes of r * width + column stay below 2^31 (width <= 2^24).
+    if (!in.dcp && in.width <= (int64_t{1} << 24))
+      r = leading_decodes_avx2(in, bdiv.shift_form().shift, batch.num_reqs(), acc);
+    return fill_step_rows(in, bdiv.shift_form(), batch, cfg, bdiv, r, acc);
+  }
+  return fill_step_rows(in, bdiv.plain_form(), batch, cfg, bdiv);
 }
 #endif
 
@@ -236,7 +318,7 @@ const CommonAttentionMetadata& BatchPreparer::prepare(const InputBatch& batch,
   qsl[0] = 0;
   const StepRows rows{sched, computed, prompt, nblocks, bt_rows, qsl, seq, prefilling, pos, slots,
                       width, bs, max_len, max_tokens, dcp};
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef KVATTN_PREPARE_AVX2
   const RowTotals rt = host_has_avx2() ? fill_step_rows_avx2(rows, bdiv, batch, cfg_)
                                        : fill_step_rows_any(rows, bdiv, batch, cfg_);
 #else

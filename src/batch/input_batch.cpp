@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+
 namespace kvattn {
 namespace {
 
@@ -42,6 +43,7 @@ InputBatch::InputBatch(int64_t max_num_reqs, int64_t max_num_blocks_per_req)
   scratch_a_.assign(static_cast<size_t>(max_num_reqs), 0);
   scratch_b_.assign(static_cast<size_t>(max_num_reqs), 0);
   scratch_c_.assign(static_cast<size_t>(max_num_reqs), 0);
+  spare_row_.assign(static_cast<size_t>((max_num_blocks_per_req + 7) / 8 * 8), 0);
 }
 
 void InputBatch::check_row(int64_t row, const char* what) const {
@@ -159,20 +161,100 @@ BatchRegion classify_request(int32_t num_scheduled, int32_t num_computed, int32_
   return static_cast<BatchRegion>(region_of(num_scheduled, num_computed, num_prompt, decode_threshold));
 }
 
+namespace {
+
+// Copies the first n ids of a block-table row (n <= room; both rows hold room ids).  Past n the
+// destination row is unspecified, so whole 8-id (32-byte) steps are copied while they stay inside
+// the row, an overlapping last step otherwise: no scalar tail.  Fixed-size memcpy compiles to
+// vector moves (one ymm move in the AVX2 build of the walk, two xmm moves in the baseline one).
+[[gnu::always_inline]] inline void copy_ids(int32_t* __restrict dst, const int32_t* __restrict src,
+                                            int64_t n, int64_t room) noexcept {
+  constexpr size_t kStep = 8 * sizeof(int32_t);
+  if (((n + 7) & ~int64_t{7}) <= room) {
+    for (int64_t i = 0; i < n; i += 8) std::memcpy(dst + i, src + i, kStep);
+  } else if (n >= 8) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) std::memcpy(dst + i, src + i, kStep);
+    if (i < n) std::memcpy(dst + n - 8, src + n - 8, kStep);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+  }
+}
+
+}  // namespace
+
+// Applies the permutation `from` (from[x] = the row whose request moves to row x, for the
+// displaced rows listed in `rows`; every other row stays) by rotating each cycle once through a
+// spare row: a cycle of length k moves k rows plus the spare (k + 1 row copies) where k - 1 row
+// swaps would move 2(k - 1) rows both ways, and ends in the same state (block-table entries past
+// a row's used prefix are unspecified either way).  Counts k - 1 swaps per cycle, the seed's walk.
+[[gnu::always_inline]] inline void InputBatch::rotate_cycles(int32_t* from, const int32_t* rows,
+                                                             int64_t num_rows) noexcept {
+  const int64_t width = max_num_blocks_per_req_;
+  int32_t* spare = spare_row_.data();
+  int64_t moved = 0;
+  for (int64_t k = 0; k < num_rows; ++k) {
+    const int32_t a = rows[k];
+    if (from[a] == a) continue;  // already placed by an earlier cycle
+    const int32_t a_slot = slot_[a], a_prompt = prompt_[a], a_computed = computed_[a],
+                  a_sched = scheduled_[a], a_nblocks = num_blocks_[a];
+    copy_ids(spare, bt_ + a * width, a_nblocks, width);
+    int32_t cur = a;
+    for (int32_t p = from[cur]; p != a; p = from[cur]) {
+      {  // the row copied next (cycle rows are scattered over the table: start its lines now)
+        const char* next = reinterpret_cast<const char*>(bt_ + from[p] * width);
+        __builtin_prefetch(next);
+        __builtin_prefetch(next + 64);
+        __builtin_prefetch(next + 128);
+      }
+      from[cur] = cur;
+      slot_[cur] = slot_[p];
+      prompt_[cur] = prompt_[p];
+      computed_[cur] = computed_[p];
+      scheduled_[cur] = scheduled_[p];
+      num_blocks_[cur] = num_blocks_[p];
+      copy_ids(bt_ + cur * width, bt_ + p * width, num_blocks_[p], width);
+      ++moved;
+      cur = p;
+    }
+    from[cur] = cur;
+    slot_[cur] = a_slot;
+    prompt_[cur] = a_prompt;
+    computed_[cur] = a_computed;
+    scheduled_[cur] = a_sched;
+    num_blocks_[cur] = a_nblocks;
+    copy_ids(bt_ + cur * width, spare, a_nblocks, width);
+  }
+  num_swaps_ += moved;
+}
+
+void InputBatch::apply_reorder(int32_t* from, const int32_t* rows, int64_t num_rows) noexcept {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  if (host_has_avx2()) return apply_reorder_avx2(from, rows, num_rows);
+#endif
+  rotate_cycles(from, rows, num_rows);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+[[gnu::target("avx2")]] void InputBatch::apply_reorder_avx2(int32_t* from, const int32_t* rows,
+                                                            int64_t num_rows) noexcept {
+  rotate_cycles(from, rows, num_rows);
+}
+#endif
+
 bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t decode_threshold) {
   const int64_t n = batch.num_reqs();
-  const auto sched = batch.num_scheduled_tokens();
-  const auto computed = batch.num_computed_tokens_cpu();
-  const auto prompt = batch.num_prompt_tokens();
-  auto region = batch.scratch_a();  // region of the request currently at each row
-  auto dest = batch.scratch_b();    // dest[src] = row the request at src must move to, -1 = stays
-  auto displaced = batch.scratch_c();
+  const int32_t* sched = batch.scheduled_;
+  const int32_t* computed = batch.computed_;
+  const int32_t* prompt = batch.prompt_;
+  int32_t* reg = batch.scratch_a_.data();   // region of the request currently at each row
+  int32_t* from = batch.scratch_b_.data();  // from[dst] = row whose request moves to dst
+  int32_t* displaced = batch.scratch_c_.data();
 
   // Each row's region and the region sizes (int32 lane sums: the pass vectorises), then whether
   // the rows are already in region order — the common steady state, where the reorder is these
   // two passes alone.
   int32_t n_short = 0, n_long = 0, n_prefill = 0;
-  int32_t* reg = region.data();
   for (int64_t r = 0; r < n; ++r) {
     const int32_t g = region_of(sched[r], computed[r], prompt[r], decode_threshold);
     reg[r] = g;
@@ -183,51 +265,39 @@ bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t deco
   int32_t descents = 0;
   for (int64_t r = 1; r < n; ++r) descents += reg[r] < reg[r - 1];
   if (descents == 0) return false;
-  const int64_t count[4] = {n - n_short - n_long - n_prefill, n_short, n_long, n_prefill};
-  // Target region of row r: regions laid out as count[0] decodes, count[1] short extends, ...
-  int64_t bound[4];
-  bound[0] = count[0];
-  for (int g = 1; g < 4; ++g) bound[g] = bound[g - 1] + count[g];
-  // Displaced rows per region (counting sort keeps them stable within a region).
-  int64_t per_region[4] = {0, 0, 0, 0};
-  int64_t num_displaced = 0;
-  for (int64_t r = 0, g = 0; r < n; ++r) {
-    while (r >= bound[g]) ++g;
-    dest[r] = -1;
-    if (region[r] != g) {
-      ++per_region[region[r]];
-      displaced[num_displaced++] = static_cast<int32_t>(r);  // ascending target rows
+  // Target region of row r: count[0] decodes, then count[1] short extends, ...
+  const int32_t b0 = static_cast<int32_t>(n) - n_short - n_long - n_prefill;
+  const int32_t b1 = b0 + n_short, b2 = b1 + n_long;
+  // Displaced rows (region differs from the target region of their position), ascending, one
+  // target range at a time (branch-free: the displaced test is a coin flip).  Region g supplies
+  // as many displaced rows as its target range holds displaced positions, so the sources of
+  // region g take the pairing slots [start[g], start[g + 1]).
+  const int32_t n32 = static_cast<int32_t>(n);
+  const int32_t lo[4] = {0, b0, b1, b2}, hi[4] = {b0, b1, b2, n32};
+  int32_t start[4];
+  int32_t num_displaced = 0;
+  for (int32_t g = 0; g < 4; ++g) {
+    start[g] = num_displaced;
+    for (int32_t r = lo[g]; r < hi[g]; ++r) {
+      displaced[num_displaced] = r;
+      num_displaced += reg[r] != g;
     }
   }
-  if (num_displaced == 0) return false;
-  // src_order: displaced rows sorted (stably) by their current region; pair the k-th of them
-  // with the k-th displaced row in ascending order.
-  int64_t start[4];
-  start[0] = 0;
-  for (int g = 1; g < 4; ++g) start[g] = start[g - 1] + per_region[g - 1];
-  // Reuse `region` for the sorted sources after reading each row's region once.
-  for (int64_t k = 0; k < num_displaced; ++k) {
+  // Pair the k-th displaced row taken in region order (stable) with the k-th displaced row in
+  // ascending order — the seed's assignment — by a counting sort whose four cursors stay in
+  // registers.
+  int32_t s0 = start[0], s1 = start[1], s2 = start[2], s3 = start[3];
+  for (int32_t k = 0; k < num_displaced; ++k) {
     const int32_t r = displaced[k];
-    dest[r] = region[r];  // stash the region; replaced below
+    const int32_t g = reg[r];
+    const int32_t at = g == 0 ? s0 : (g == 1 ? s1 : (g == 2 ? s2 : s3));
+    s0 += g == 0;
+    s1 += g == 1;
+    s2 += g == 2;
+    s3 += g == 3;
+    from[displaced[at]] = r;
   }
-  for (int64_t k = 0; k < num_displaced; ++k) {
-    const int32_t r = displaced[k];
-    const int32_t g = dest[r];
-    region[start[g]++] = r;  // region[0..num_displaced) := sources in region order
-  }
-  for (int64_t k = 0; k < num_displaced; ++k) dest[region[k]] = displaced[k];
-  // Walk each cycle from its first source (in source order), swapping through that row.
-  for (int64_t k = 0; k < num_displaced; ++k) {
-    const int32_t src = region[k];
-    int32_t dst = dest[src];
-    while (src != dst) {
-      batch.swap_rows(src, dst);  // rows come from the walk: always in [0, num_reqs)
-      const int32_t next = dest[dst];
-      dest[dst] = dst;  // settled
-      dst = next;
-    }
-    dest[src] = src;
-  }
+  batch.apply_reorder(from, displaced, num_displaced);
   return true;
 }
 

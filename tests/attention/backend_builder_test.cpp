@@ -478,6 +478,13 @@ TEST(BackendBuilder, TrtllmApiDecodeMetadataAndXqaMasks) {
   EXPECT_FALSE(d.q_cu_seq_lens.defined());
   EXPECT_EQ(d.mask.to_vector<int32_t>(), (std::vector<int32_t>{1, 3, 7, 1, 3, 7, 1, 3, 7}));
   EXPECT_EQ(d.seq_lens.to_vector<int32_t>(), (std::vector<int32_t>{30, 40, 50}));
+  const void* uniform_at = d.mask.data();
+  EXPECT_EQ(d.mask.shape(), (Dims{9, 1}));
+  // The next uniform step reuses the same mask memory (a CUDA-graph stable address).
+  const auto& md2 = b->build(0, f.step({31, 41}, {3, 3}));
+  const auto& d2 = std::get<FlashInferTrtllmAPIDecode>(md2.decode);
+  EXPECT_EQ(d2.mask.data(), uniform_at);
+  EXPECT_EQ(d2.mask.shape(), (Dims{6, 1}));
   // Ragged: rows of each request's own length.
   const auto& mr = b->build(0, f.step({30, 40, 50}, {3, 1, 2}));
   const auto& r = std::get<FlashInferTrtllmAPIDecode>(mr.decode);

@@ -246,6 +246,21 @@ TEST(XqaMask, DecodeQueryLensAndCache) {
   auto ragged = cache.get_decode_mask(2, std::vector<int32_t>{1, 2}, 2, true);
   EXPECT_EQ(ragged->shape(), (Dims{3, 1}));
   EXPECT_THROW(cache.get_decode_mask(3, std::nullopt, 5, true), InvalidArgument);
+
+  // A fixed row width (the native builder's planned maximum): rows of 2 words for q_len 3, the
+  // same bits in word 0, zeros past it; uniform_rows views the same memory as mask rows.
+  XqaDecodeMaskCache wide(4, 2);
+  auto w3 = wide.get_decode_mask(3, std::nullopt, 4, true);
+  ASSERT_TRUE(w3);
+  EXPECT_EQ(w3->shape(), (Dims{4, 3, 2}));
+  const auto wv = w3->to_vector<int32_t>();
+  for (size_t i = 0; i < wv.size(); ++i)
+    ASSERT_EQ(wv[i], i % 2 == 0 ? per_req[(i / 2) % per_req.size()] : 0) << i;
+  const Tensor rows = wide.uniform_rows(3, 2, true);
+  EXPECT_EQ(rows.shape(), (Dims{6, 2}));
+  EXPECT_EQ(rows.data(), w3->data());
+  EXPECT_EQ(wide.num_cached(), 1u);
+  EXPECT_THROW(wide.uniform_rows(65, 1, true), InvalidArgument);  // 65 rows > 2 words of 32 bits
 }
 
 }  // namespace

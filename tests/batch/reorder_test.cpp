@@ -175,6 +175,56 @@ TEST(Reorder, RandomBatchesAreOrderedPreserveStateAndUseMinimalSwaps) {
   }
 }
 
+// Wide block-table rows of every length (whole 8-id row copies, the overlapping last step when a
+// row width is not a multiple of 8, short rows), batches large enough for long cycles, repeated
+// reorders of the same batch: every request keeps its state, rows end in region order, and the
+// swap count is the seed's.
+TEST(Reorder, WideRowsLongCyclesPreserveStateAndCountSeedSwaps) {
+  std::mt19937 rng(77);
+  for (int64_t width : {1, 7, 8, 13, 21, 32, 67}) {
+    for (int iter = 0; iter < 150; ++iter) {
+      const int n = static_cast<int>(rng() % 200);
+      InputBatch b(200, width);
+      std::map<std::string, RequestState> truth;
+      std::vector<int> region;
+      for (int i = 0; i < n; ++i) {
+        RequestState s;
+        s.req_id = fmt::format("w{}", i);
+        const int kind = static_cast<int>(rng() % 4);
+        s.num_computed_tokens = kind == 3 ? 0 : static_cast<int32_t>(1 + rng() % 500);
+        s.num_prompt_tokens = kind == 1 ? s.num_computed_tokens + 10 : static_cast<int32_t>(rng() % 400);
+        s.num_scheduled_tokens = kind == 2 ? static_cast<int32_t>(2 + rng() % 30) : 1;
+        const int64_t nb = static_cast<int64_t>(rng() % (width + 1));
+        for (int64_t k = 0; k < nb; ++k) s.block_ids.push_back(static_cast<int32_t>(rng()));
+        for (auto& id : s.block_ids) id &= 0x7fffffff;
+        region.push_back(static_cast<int>(classify_request(s.num_scheduled_tokens,
+                                                           s.num_computed_tokens,
+                                                           s.num_prompt_tokens, 1)));
+        truth[s.req_id] = s;
+        b.add_request(s);
+      }
+      const int64_t swaps_before = b.num_swaps();
+      const bool modified = reorder_batch_to_split_decodes_and_prefills(b, 1);
+      ASSERT_EQ(modified, !std::is_sorted(region.begin(), region.end()));
+      ASSERT_EQ(b.num_swaps() - swaps_before, expected_swaps(region)) << width << " " << iter;
+      int prev = 0;
+      for (int64_t r = 0; r < b.num_reqs(); ++r) {
+        const auto& t = truth.at(b.req_id(r));
+        ASSERT_EQ(b.num_scheduled_tokens()[r], t.num_scheduled_tokens);
+        ASSERT_EQ(b.num_computed_tokens_cpu()[r], t.num_computed_tokens);
+        ASSERT_EQ(b.num_prompt_tokens()[r], t.num_prompt_tokens);
+        const auto row = b.block_row(r);
+        ASSERT_EQ(std::vector<int32_t>(row.begin(), row.end()), t.block_ids) << width << " " << iter << " " << r;
+        const int g = static_cast<int>(classify_request(t.num_scheduled_tokens, t.num_computed_tokens,
+                                                        t.num_prompt_tokens, 1));
+        ASSERT_GE(g, prev);
+        prev = g;
+      }
+      ASSERT_FALSE(reorder_batch_to_split_decodes_and_prefills(b, 1));
+    }
+  }
+}
+
 // With displaced rows of only two regions every cycle is a 2-cycle, so the walk reaches the
 // true minimum: one swap per displaced pair (checked by breadth-first search on small batches).
 TEST(Reorder, TwoRegionBatchesUseGloballyFewestSwaps) {

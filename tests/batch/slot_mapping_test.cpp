@@ -481,6 +481,119 @@ TEST(BatchPreparer, PoolCheckNamesTheFirstBadBlockRead) {
   }
 }
 
+TEST(BatchPreparer, LongDecodeRunsMatchBruteForceAndNameBadRows) {
+  // Long runs of leading decodes (the AVX2 build takes them eight rows at a time), then extends:
+  // every field against the oracle; then one bad value planted in a random row of the run (a
+  // negative or too long context, a row too narrow, an id outside the pool, a token limit inside
+  // the run) must be reported naming that row, as the row-by-row loop does.
+  std::mt19937 rng(4242);
+  for (int iter = 0; iter < 600; ++iter) {
+    BatchPreparerConfig cfg;
+    cfg.max_num_reqs = 80;
+    cfg.max_model_len = 512;
+    const int64_t sizes[] = {1, 2, 4, 8, 16, 12};
+    cfg.block_size = sizes[rng() % 6];
+    cfg.num_blocks = 5000;
+    const int num_decodes = static_cast<int>(rng() % 70);
+    const int num_extends = static_cast<int>(rng() % 5);
+    const int n = num_decodes + num_extends;
+    if (n == 0) continue;
+    cfg.max_num_batched_tokens = 2048;
+    BatchPreparer prep(cfg);
+    const int64_t width = cfg.max_num_blocks_per_req();
+    InputBatch b(80, width);
+    std::vector<std::vector<int32_t>> table;
+    for (int i = 0; i < n; ++i) {
+      RequestState r;
+      r.req_id = fmt::format("d{}", i);
+      const bool decode = i < num_decodes;
+      r.num_computed_tokens = static_cast<int32_t>(rng() % (decode ? 511 : 400));
+      r.num_scheduled_tokens = decode ? 1 : static_cast<int32_t>(2 + rng() % 60);
+      r.num_prompt_tokens = static_cast<int32_t>(rng() % 520);
+      const int64_t need = (r.num_computed_tokens + r.num_scheduled_tokens + cfg.block_size - 1) / cfg.block_size;
+      const int64_t blocks = need + static_cast<int64_t>(rng() % (width - need + 1));
+      for (int64_t k = 0; k < blocks; ++k) r.block_ids.push_back(static_cast<int32_t>(rng() % 5000));
+      table.push_back(r.block_ids);
+      b.add_request(r);
+    }
+    {
+      const auto& cm = prep.prepare(b);
+      const auto qsl = cm.query_start_loc_cpu.to_vector<int32_t>();
+      const auto pos = cm.positions.to_vector<int64_t>();
+      const auto slots = cm.slot_mapping.to_vector<int64_t>();
+      int64_t total = 0, max_q = 0, max_s = 0;
+      for (int r = 0; r < n; ++r) {
+        const int64_t c = b.num_computed_tokens_cpu()[r], q = b.num_scheduled_tokens()[r];
+        ASSERT_EQ(qsl[r + 1], total + q) << "iter " << iter << " row " << r;
+        ASSERT_EQ(cm.seq_lens.get({r}), c + q);
+        ASSERT_EQ(cm.is_prefilling.get({r}), c < b.num_prompt_tokens()[r] ? 1 : 0) << r;
+        for (int64_t i = 0; i < q; ++i) {
+          ASSERT_EQ(pos[total + i], c + i);
+          ASSERT_EQ(slots[total + i], oracle_slot(table, r, c + i, cfg.block_size, 1, 1, 0, 1))
+              << "iter " << iter << " row " << r << " token " << i;
+        }
+        total += q;
+        max_q = std::max(max_q, q);
+        max_s = std::max(max_s, c + q);
+      }
+      ASSERT_EQ(cm.num_actual_tokens, total);
+      ASSERT_EQ(cm.max_query_len, max_q);
+      ASSERT_EQ(cm.max_seq_len, max_s);
+    }
+    if (num_decodes == 0) continue;
+    const int row = static_cast<int>(rng() % num_decodes);
+    const int64_t c = b.num_computed_tokens_cpu()[row];
+    const std::string who = fmt::format("request row {} (d{})", row, row);
+    std::string expected;
+    switch (rng() % 5) {
+      case 0:
+        b.num_computed_tokens_cpu()[row] = -1 - static_cast<int32_t>(rng() % 3);
+        expected = fmt::format("{}: num_computed_tokens = {}", who, b.num_computed_tokens_cpu()[row]);
+        break;
+      case 1:
+        b.num_computed_tokens_cpu()[row] = static_cast<int32_t>(512 + rng() % 3);
+        expected = fmt::format("{}: num_computed_tokens = {}", who, b.num_computed_tokens_cpu()[row]);
+        break;
+      case 2: {
+        const int64_t need = (c + 1 + cfg.block_size - 1) / cfg.block_size;
+        b.num_blocks_per_row()[row] = static_cast<int32_t>(need - 1);
+        expected = fmt::format("{}: sequence length {} needs {} blocks", who, c + 1, need);
+        break;
+      }
+      case 3: {
+        int32_t* bt = b.block_table().data_ptr<int32_t>();
+        const int64_t col = c / cfg.block_size;
+        const int32_t bad = rng() % 2 ? 5000 + static_cast<int32_t>(rng() % 9) : -7;
+        bt[row * width + col] = bad;
+        expected = fmt::format("request row {}: block id {} at block-table column {}", row, bad, col);
+        break;
+      }
+      default: {
+        BatchPreparerConfig small = cfg;
+        small.max_num_batched_tokens = row;  // row `row` is token number row + 1
+        if (row == 0) continue;
+        BatchPreparer tight(small);
+        try {
+          tight.prepare(b);
+          FAIL() << "expected the token limit";
+        } catch (const InvalidArgument& e) {
+          EXPECT_NE(std::string(e.what()).find(fmt::format("{}: the batch reaches {} scheduled tokens",
+                                                           who, row + 1)),
+                    std::string::npos) << e.what();
+        }
+        continue;
+      }
+    }
+    try {
+      prep.prepare(b);
+      FAIL() << "expected an error naming row " << row;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
+          << "iter " << iter << ": " << e.what() << " / expected: " << expected;
+    }
+  }
+}
+
 TEST(BatchPreparer, DcpLocalLengthsAndSlots) {
   BatchPreparerConfig cfg;
   cfg.max_num_reqs = 4;

@@ -23,6 +23,7 @@
 #include "kvattn/attention/metadata_builder.h"
 #include "kvattn/attention/native_plan.h"
 #include "kvattn/attention/per_layer_parameters.h"
+#include "kvattn/attention/xqa_mask.h"
 #include "kvattn/batch/cpu_gpu_buffer.h"
 
 namespace kvattn {
@@ -239,7 +240,7 @@ class FlashInferMetadataBuilder final : public AttentionMetadataBuilder {
   Tensor ragged_mask_;                   // [max_num_batched_tokens, P] int32 (XQA ragged)
   int64_t mask_words_ = 0;               // P = cdiv(max decode query length, 32)
   std::optional<KVCacheLayout> layout_;  // resolved on first use
-  std::map<std::pair<int64_t, bool>, Tensor> decode_mask_cache_;  // uniform XQA masks
+  std::optional<XqaDecodeMaskCache> decode_mask_cache_;  // uniform XQA masks (mask_words_ wide), XQA only
   Tensor workspace_;
   int64_t plan_capacity_ = 0;
 

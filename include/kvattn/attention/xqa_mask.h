@@ -60,20 +60,31 @@ struct DecodeQueryWidth {
 DecodeQueryWidth decode_query_width(std::span<const int32_t> qo_indptr_cpu, int64_t num_decodes,
                                     int64_t num_decode_tokens, bool use_xqa);
 
-// Persistent uniform masks, one per (q_len, causal), expanded to max_num_reqs rows so their
-// address stays fixed for CUDA graphs; built on first use.
+// Persistent uniform masks, one per (q_len, causal), expanded to max_num_reqs requests so their
+// address stays fixed for CUDA graphs; built on first use (on the host, copied once to `device`).
+// Each is a [max_num_reqs, q_len, P] int32 buffer: P = num_words when that is > 0 (a row width
+// fixed for every q_len, as the native backend's builder plans it), else ceil(q_len / 32).
 class XqaDecodeMaskCache {
  public:
-  explicit XqaDecodeMaskCache(int64_t max_num_reqs);
+  explicit XqaDecodeMaskCache(int64_t max_num_reqs, int64_t num_words = 0,
+                              Device device = Device::cpu());
   // The packed mask for this step's decodes: nullopt when q_len_per_req <= 1; the cached
-  // uniform mask's first num_decodes rows when ragged_q_lens is empty; else a fresh ragged mask.
+  // uniform mask's first num_decodes requests ([num_decodes, q_len, P]) when ragged_q_lens is
+  // empty; else a fresh ragged mask (host only).
   std::optional<Tensor> get_decode_mask(int64_t q_len_per_req,
                                         const std::optional<std::vector<int32_t>>& ragged_q_lens,
                                         int64_t num_decodes, bool causal);
+  // The cached uniform mask's first num_decodes requests as mask rows, [num_decodes * q_len, P]
+  // (the layout XQA reads; same memory as get_decode_mask's view).  q_len_per_req >= 1.
+  Tensor uniform_rows(int64_t q_len_per_req, int64_t num_decodes, bool causal);
   size_t num_cached() const noexcept { return cache_.size(); }
 
  private:
+  const Tensor& uniform(int64_t q_len_per_req, int64_t num_decodes, bool causal);
+
   int64_t max_num_reqs_;
+  int64_t num_words_;
+  Device device_;
   std::map<std::pair<int64_t, bool>, Tensor> cache_;
 };
 

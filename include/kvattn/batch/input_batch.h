@@ -3,8 +3,8 @@
 //
 // Row r holds one request: its id, prompt length, computed tokens, this step's scheduled
 // tokens, its block-table row and multimodal features.  Every per-request field lives in a
-// buffer sized max_num_reqs at construction; swap_states exchanges two rows in place and is the
-// only way rows move, so a field added here must be swapped there.  Counts and block-table rows
+// buffer sized max_num_reqs at construction; rows move only through swap_states (swap_rows) and
+// the reorder's cycle rotation (rotate_cycles), so a field added here must be moved in both.  Counts and block-table rows
 // are stored by row (kernels read them in batch order); the id and features sit in slots the
 // row points at (slot_), so a swap exchanges two integers instead of strings and vectors.
 #pragma once
@@ -80,8 +80,12 @@ class InputBatch {
  private:
   size_t size() const noexcept { return static_cast<size_t>(num_reqs_); }
   void check_row(int64_t row, const char* what) const;
-  // swap_states without the row checks, inlined into the reorder's cycle walk.
+  // swap_states without the row checks.
   inline void swap_rows(int64_t i1, int64_t i2) noexcept;
+  // The reorder's permutation applied by rotating its cycles (input_batch.cpp).
+  void apply_reorder(int32_t* from, const int32_t* rows, int64_t num_rows) noexcept;
+  void apply_reorder_avx2(int32_t* from, const int32_t* rows, int64_t num_rows) noexcept;
+  inline void rotate_cycles(int32_t* from, const int32_t* rows, int64_t num_rows) noexcept;
   friend bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t decode_threshold);
 
   int64_t max_num_reqs_;
@@ -99,6 +103,7 @@ class InputBatch {
   int32_t* num_blocks_ = nullptr;
   int32_t* bt_ = nullptr;
   std::vector<int32_t> scratch_a_, scratch_b_, scratch_c_;
+  std::vector<int32_t> spare_row_;  // [max_num_blocks_per_req rounded up to 8]: the reorder's spare row
 };
 
 // Batch regions in the order the reorder produces.
@@ -112,8 +117,9 @@ BatchRegion classify_request(int32_t num_scheduled, int32_t num_computed, int32_
 
 // Reorders `batch` into decode → short_extend → long_extend → prefill.  Only rows sitting in the
 // wrong region move: the displaced rows, taken in region order (stable), are assigned to the
-// displaced positions in ascending order, and that permutation is applied by walking its cycles
-// with swap_states (len - 1 swaps per cycle).  Returns whether anything moved.
+// displaced positions in ascending order (the seed's permutation).  Each cycle of it is rotated
+// once through a spare row — the state the seed's walk of len - 1 swap_states calls leaves, with
+// about half the row copies; num_swaps() counts len - 1 per cycle.  Returns whether anything moved.
 bool reorder_batch_to_split_decodes_and_prefills(InputBatch& batch, int32_t decode_threshold = 1);
 
 }  // namespace kvattn
