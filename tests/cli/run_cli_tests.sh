@@ -19,6 +19,16 @@ grep -q "3 served, 3 malformed trace lines skipped" "$tmp/out" || fail "summary:
 grep -q '"all_outputs_correct": true' "$tmp/run.json" || fail "json summary"
 grep -q '"requests": 3' "$tmp/run.json" || fail "json request count"
 grep -q '"generated_tokens": 9' "$tmp/run.json" || fail "json generated tokens"
+# every step's timing: as many entries as steps, their tokens summing to the total
+/usr/bin/python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+st = j["step_timings"]
+assert len(st) == j["steps"] > 0, (len(st), j["steps"])
+assert sum(t["tokens"] for t in st) == j["tokens"], "step tokens do not sum to the total"
+assert all(t["attention_us"] > 0 and t["host_us"] > 0 for t in st), "a step without timings"
+' "$tmp/run.json" || fail "json step_timings"
+grep -q "slowest step        #" "$tmp/out" || fail "summary lacks the slowest step"
 
 "$kvattn" plan --model llama3-8b --gpu-memory 16GiB >"$tmp/plan" || fail "plan failed"
 grep -q "8192 fit" "$tmp/plan" || fail "plan output: $(cat "$tmp/plan")"
