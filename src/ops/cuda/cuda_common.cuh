@@ -54,4 +54,18 @@ inline int elt_size(Elt t) { return (t == Elt::f32) ? 4 : (t == Elt::f16 || t ==
 
 inline int64_t cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Opts kernel `Kern` into `smem` bytes of dynamic shared memory on the calling thread's current
+// device, once per kernel and device (the attribute is per device).  Returns 0 or the CUDA error.
+template <auto Kern>
+int opt_in_dynamic_smem(int smem) {
+  static bool done[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (done[dev & 63]) return 0;
+  const cudaError_t e = cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  done[dev & 63] = true;
+  return 0;
+}
+
 }  // namespace kvattn::ops::cuda_impl::k

@@ -1187,14 +1187,7 @@ template <typename KV, int D, int WM, int WN>
 int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
   using C = Cfg<KV, D, WM, WN>;
   auto kern = attn_kernel<KV, D, WM, WN>;
-  static bool attr_set[64] = {};  // per instantiation and device (the attribute is per device)
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (!attr_set[dev & 63]) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    attr_set[dev & 63] = true;
-  }
+  if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN>>(C::kSmem)) return e;
   plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
                                                       s.max_splits > 1);
   cudaError_t e = cudaGetLastError();
@@ -1267,14 +1260,9 @@ template <typename KV, int D, int WM, int WN>
 int run_small(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
   using C = Cfg<KV, D, WM, WN>;
   auto kern = attn_kernel<KV, D, WM, WN, true>;
-  static bool attr_set[64] = {};
+  if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN, true>>(C::kSmem)) return e;
   int dev = 0;
   cudaGetDevice(&dev);
-  if (!attr_set[dev & 63]) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    attr_set[dev & 63] = true;
-  }
   int err = 0;
   plan.small_ctr = small_counters(dev, s.small_units, &err);
   if (plan.small_ctr == nullptr) return err;
