@@ -340,9 +340,12 @@ int run(const Opts& o) {
       print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
       print_row(bench_decode("decode bf16 1x1024 (again)", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
       // the small path's two kernels in the same run: v8 attn_kernel<..., SMALL>, the cluster
-      // kernel (small_decode.cu) with at most 8 pieces per unit, and with the default bound (16)
+      // kernel (small_decode.cu) with at most 8 pieces per unit, and with the default bound (16);
+      // small path forced, so the cluster rows run the cluster kernel also where automatic
+      // routing leaves a shape to v8 (fewer than 4 pieces per unit: 16 x 4096)
       const k::SmallKernel k0 = k::small_kernel();
       const int c0 = k::small_cluster_max();
+      k::set_small_decode_mode(k::SmallDecodeMode::force);
       for (const auto& [kern, cmax, tag] : {std::tuple{k::SmallKernel::v8, 16, "v8 small"},
                                             std::tuple{k::SmallKernel::automatic, 8, "cluster <= 8"},
                                             std::tuple{k::SmallKernel::automatic, 16, "cluster <= 16"}}) {
@@ -355,6 +358,7 @@ int run(const Opts& o) {
       }
       k::set_small_kernel(k0);
       k::set_small_cluster_max(c0);
+      k::set_small_decode_mode(m0);
       print_row(bench_decode("decode bf16 1x1024 (third)", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
     }
     print_row(bench_decode("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s", o.quick));

@@ -116,14 +116,16 @@ TEST_F(CudaClusterDecode, HeadDimsDtypesAndOptions) {
   both_kernels(c, seed++);
 }
 
-// Several query tokens per request: 16-row tiles walked inside one cluster (group 8: 3 tokens =
-// 24 rows = 2 tiles), causal and not, window, sinks, zero-query requests.
+// Several query tokens per request: 16-row tiles walked inside one cluster (group 4: 5 tokens =
+// 20 rows = 2 tiles, 8 tokens = 2 full tiles), causal and not, window, sinks, zero-query requests.
+// (The call must stay a decode-config call — at most 16 rows per request on average — to reach
+// the small path at all.)
 TEST_F(CudaClusterDecode, MultiTokenRows) {
   AttnCase c;
   c.name = "cluster multi-token causal";
-  c.hq = 32; c.hkv = 4;
-  c.q_lens = {3, 1, 0, 5, 2};
-  c.kv_lens = {901, 40, 17, 300, 2};
+  c.hq = 16; c.hkv = 4;
+  c.q_lens = {3, 1, 0, 5, 2, 8};
+  c.kv_lens = {901, 40, 17, 300, 2, 1000};
   c.sinks = true;
   both_kernels(c, 2100);
   c.name = "cluster multi-token window lse-e";
@@ -156,6 +158,27 @@ TEST_F(CudaClusterDecode, EveryClusterSize) {
   }
   cuda_impl::set_small_cluster_max(16);
   std::printf("[ cluster size bound now %d ]\n", cuda_impl::small_cluster_max());
+}
+
+// Automatic routing: 1 request (8 units at 32 / 8 heads: 16 pieces per unit on the H200) takes
+// the cluster kernel; 16 requests (128 units: 2 pieces per unit with 2 CTAs on each of 132 SMs)
+// stay on v8 (fewer than kClusterMinAutoPieces = 4 pieces per unit: the cluster kernel lost on
+// 16 x 4096); both are small-path calls.
+TEST_F(CudaClusterDecode, AutomaticRoutingByPieces) {
+  cuda_impl::set_small_decode_mode(0);
+  for (int B : {1, 16}) {
+    AttnCase c;
+    c.name = "auto cluster routing batch " + std::to_string(B);
+    for (int r = 0; r < B; ++r) {
+      c.q_lens.push_back(1);
+      c.kv_lens.push_back(1 + 37 * r);
+    }
+    const int64_t small0 = cuda_impl::small_decode_launches();
+    const int64_t cl0 = cuda_impl::small_cluster_launches();
+    run_attn_case(c, 2250 + static_cast<uint32_t>(B));
+    EXPECT_EQ(cuda_impl::small_decode_launches() - small0, 1) << "small path";
+    EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, B == 1 ? 1 : 0) << "cluster kernel";
+  }
 }
 
 // Calls the cluster kernel does not cover stay on attn_kernel<..., SMALL>, and are right.

@@ -1390,7 +1390,7 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
       s->max_splits = static_cast<int>(std::min<int64_t>(smax, kSmallMaxSplits));
       s->small_units = static_cast<int>(units);
       s->max_items = rtiles;
-      s->cluster = cluster_decode_pieces(p, num_sms);  // 0: attn_kernel<..., SMALL> runs it
+      s->cluster = cluster_decode_pieces(p, num_sms, mode == 2);  // 0: attn_kernel<..., SMALL> runs it
     }
   }
   const WsLayout w = ws_layout(p, *s);

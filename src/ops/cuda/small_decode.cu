@@ -27,6 +27,7 @@
 // devices) stays on attn_kernel<..., SMALL>; see cluster_decode_pieces().
 #include "ops/cuda/small_decode.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cfloat>
 #include <cmath>
@@ -638,7 +639,7 @@ int launch(const AttnParams& p, int P) {
 
 }  // namespace
 
-int cluster_decode_pieces(const AttnParams& p, int num_sms) {
+int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (kernel_now() != 0) return 0;
   if (p.head_dim != 64 && p.head_dim != 128) return 0;
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return 0;
@@ -647,8 +648,10 @@ int cluster_decode_pieces(const AttnParams& p, int num_sms) {
   if (p.batch <= 0 || int64_t(p.batch) * p.hkv > 65535) return 0;
   if (device_major() < 9) return 0;
   const bool bf = p.kv_t == Elt::bf16;
-  if (p.head_dim == 64) return bf ? pieces_for<true, 64>(p, num_sms) : pieces_for<false, 64>(p, num_sms);
-  return bf ? pieces_for<true, 128>(p, num_sms) : pieces_for<false, 128>(p, num_sms);
+  int P = 0;
+  if (p.head_dim == 64) P = bf ? pieces_for<true, 64>(p, num_sms) : pieces_for<false, 64>(p, num_sms);
+  else P = bf ? pieces_for<true, 128>(p, num_sms) : pieces_for<false, 128>(p, num_sms);
+  return (force || P >= std::min(kClusterMinAutoPieces, cmax_now())) ? P : 0;
 }
 
 int launch_cluster_decode(const AttnParams& p, int pieces) {
