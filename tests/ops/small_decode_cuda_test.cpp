@@ -2,10 +2,10 @@
 // every case runs on the cluster kernel and then on the v8 small path (attn_kernel<..., SMALL>)
 // on the same inputs, with the launch counters showing which kernel ran.  Random inputs,
 // NaN-poisoned outputs and LSE, permuted page tables with page 0 reserved (NaN), odd lengths
-// (shorter than one 16-key slice, not multiples of 16, fewer keys than pieces), batches 1..32,
+// (shorter than one 16-key slice, not multiples of 16, fewer keys than pieces), batches 1 to 32,
 // every cache layout, both page-table forms, GQA 1/4/8, head dims 64/128, bf16 and f16, sinks,
 // soft cap, sliding window, LSE in both bases, multi-token rows (several 16-row tiles per unit),
-// every cluster size 1..16; calls the kernel does not cover must stay on the v8 path.
+// cluster sizes 1 to 16; calls the kernel does not cover must stay on the v8 path.
 // Skips on devices before sm_90 (no thread-block clusters: the v8 path runs there).
 #include <gtest/gtest.h>
 
@@ -76,12 +76,12 @@ TEST_F(CudaClusterDecode, GqaEveryLayoutOddLengths) {
 // one piece per unit), mixed lengths with empty requests.
 TEST_F(CudaClusterDecode, BatchesOneToThirtyTwo) {
   std::mt19937 rng(1950);
-  for (int B : {1, 2, 3, 5, 8, 13, 17, 24, 32}) {
+  for (int B : {1, 3, 8, 17, 32}) {
     AttnCase c;
     c.name = "cluster batch " + std::to_string(B);
     for (int r = 0; r < B; ++r) {
       c.q_lens.push_back(1);
-      c.kv_lens.push_back(rng() % 11 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 3000));
+      c.kv_lens.push_back(rng() % 11 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 2000));
     }
     c.paged_form = B % 2 == 1;
     both_kernels(c, 1950 + static_cast<uint32_t>(B));
@@ -139,14 +139,16 @@ TEST_F(CudaClusterDecode, MultiTokenRows) {
   both_kernels(c, 2102);
 }
 
-// Every cluster size: 1 x 1024, one request shorter than the pieces (37 keys over up to 16
-// pieces: most pieces empty), a long one (many tiles per piece, the stage ring wraps), repeated
-// calls on fresh poisoned outputs (no state survives a launch).
+// Cluster sizes 1, 2, 3, 7, 8, 16 (odd and even, portable and not): 1 x 1024, one request shorter
+// than the pieces (37 keys over up to 16 pieces: most pieces empty), a long one (5003 keys: many
+// tiles per piece, the stage ring wraps; 1 x 20011 at 16 pieces runs in CudaSmallDecode), repeated
+// calls on fresh poisoned outputs (no state survives a launch).  (Kept small: these tests also run
+// under compute-sanitizer.)
 TEST_F(CudaClusterDecode, EveryClusterSize) {
   uint32_t seed = 2200;
-  for (int pmax : {1, 2, 3, 5, 7, 8, 11, 16}) {
+  for (int pmax : {1, 2, 3, 7, 8, 16}) {
     cuda_impl::set_small_cluster_max(pmax);
-    for (int64_t len : {int64_t(1024), int64_t(37), int64_t(20011)}) {
+    for (int64_t len : {int64_t(1024), int64_t(37), int64_t(5003)}) {
       AttnCase c;
       c.name = "cluster max " + std::to_string(pmax) + " 1x" + std::to_string(len);
       c.q_lens = {1};
