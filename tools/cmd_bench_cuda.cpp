@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -305,6 +306,10 @@ int run(const Opts& o) {
   print_row(copy);
   Row mma{"ceiling: mma.sync bf16 m16n8k16, registers", 0, k::measure_mma_tflops(), "TFLOP/s", "(cuBLAS 8192^3 ~790)"};
   print_row(mma);
+  // floor of a one-launch op's event time: empty kernels timed back to back as the ops are
+  print_row(Row{"ceiling: empty launch, 1 CTA", k::measure_empty_launch_us(1, 1), 0, "", "(launch floor)"});
+  print_row(Row{"ceiling: empty launch, 128 CTAs", k::measure_empty_launch_us(128, 1), 0, "", ""});
+  print_row(Row{"ceiling: empty launch, 128 CTAs in clusters of 16", k::measure_empty_launch_us(128, 16), 0, "", ""});
   const bool all = o.only.empty();
   if (o.batch > 0) {
     Pool one = make_pool(std::max<int64_t>(o.batch * ((o.kv_len + kPage - 1) / kPage) * 2 + 1, 1024),
@@ -334,6 +339,27 @@ int run(const Opts& o) {
       k::set_small_decode_mode(m0);
       print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
       print_row(bench_decode("decode bf16 1x1024 (again)", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
+      // the small path's two kernels in the same run: v8 attn_kernel<..., SMALL>, the cluster
+      // kernel (small_decode.cu) with at most 8 pieces per unit, and with the default bound (16);
+      // small path forced, so the cluster rows run the cluster kernel also where automatic
+      // routing leaves a shape to v8 (fewer than 4 pieces per unit: 16 x 4096)
+      const k::SmallKernel k0 = k::small_kernel();
+      const int c0 = k::small_cluster_max();
+      k::set_small_decode_mode(k::SmallDecodeMode::force);
+      for (const auto& [kern, cmax, tag] : {std::tuple{k::SmallKernel::v8, 16, "v8 small"},
+                                            std::tuple{k::SmallKernel::automatic, 8, "cluster <= 8"},
+                                            std::tuple{k::SmallKernel::automatic, 16, "cluster <= 16"}}) {
+        k::set_small_kernel(kern);
+        k::set_small_cluster_max(cmax);
+        print_row(bench_decode(fmt::format("decode bf16 1x1024 [{}]", tag), pool, uni(1, 1024), DType::bf16, "", o.quick));
+        print_row(bench_decode(fmt::format("decode bf16 8x1024 [{}]", tag), pool, uni(8, 1024), DType::bf16, "", o.quick));
+        print_row(bench_decode(fmt::format("decode bf16 1x8192 [{}]", tag), pool, uni(1, 8192), DType::bf16, "", o.quick));
+        print_row(bench_decode(fmt::format("decode bf16 16x4096 [{}]", tag), pool, uni(16, 4096), DType::bf16, "", o.quick));
+      }
+      k::set_small_kernel(k0);
+      k::set_small_cluster_max(c0);
+      k::set_small_decode_mode(m0);
+      print_row(bench_decode("decode bf16 1x1024 (third)", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
     }
     print_row(bench_decode("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s", o.quick));
     print_row(bench_decode("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s", o.quick));
@@ -350,6 +376,7 @@ int run(const Opts& o) {
       Row f8 = bench_decode("decode fp8 e4m3 256x8192", p8, uni(256, 8192), DType::fp8_e4m3, ">= 1.6x bf16 speed", o.quick);
       print_row(f8);
       fmt::print("  fp8 speed-up over bf16 (time ratio): {:.2f}x (target >= 1.6x)\n", bf.us / f8.us);
+      print_row(bench_decode("decode fp8 e4m3 1x1024", p8, uni(1, 1024), DType::fp8_e4m3, "(small path, v8 kernel)", o.quick));
       p8 = Pool{};
       pool = make_pool(pool_pages, DType::bf16);
     }

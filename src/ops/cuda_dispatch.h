@@ -61,5 +61,13 @@ int64_t prefill_kernel_launches() noexcept;
 void set_small_decode_mode(int mode);
 int small_decode_mode() noexcept;
 int64_t small_decode_launches() noexcept;
+// Which kernel runs the small-call path (kernels.h SmallKernel): 0 automatic (default, or
+// KVATTN_SMALL_KERNEL=v8|cluster) = the cluster kernel of small_decode.cu for the calls it covers,
+// 1 = attn_kernel<..., SMALL> (v8) always.  small_cluster_launches() counts the cluster kernel's
+// launches; set_small_cluster_max caps its pieces per unit (1..16, KVATTN_SMALL_CLUSTER_MAX).
+void set_small_decode_kernel(int kernel);
+int64_t small_cluster_launches() noexcept;
+void set_small_cluster_max(int pieces);
+int small_cluster_max() noexcept;
 
 }  // namespace kvattn::ops::cuda_impl

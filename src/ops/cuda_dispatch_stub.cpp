@@ -44,5 +44,9 @@ int64_t prefill_kernel_launches() noexcept { return 0; }
 void set_small_decode_mode(int) {}
 int small_decode_mode() noexcept { return 0; }
 int64_t small_decode_launches() noexcept { return 0; }
+void set_small_decode_kernel(int) {}
+int64_t small_cluster_launches() noexcept { return 0; }
+void set_small_cluster_max(int) {}
+int small_cluster_max() noexcept { return 16; }
 
 }  // namespace kvattn::ops::cuda_impl

@@ -359,6 +359,10 @@ int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
 void set_small_decode_mode(int mode) { k::set_small_decode_mode(static_cast<k::SmallDecodeMode>(mode)); }
 int small_decode_mode() noexcept { return static_cast<int>(k::small_decode_mode()); }
 int64_t small_decode_launches() noexcept { return k::small_decode_launches(); }
+void set_small_decode_kernel(int kernel) { k::set_small_kernel(static_cast<k::SmallKernel>(kernel)); }
+int64_t small_cluster_launches() noexcept { return k::cluster_decode_launches(); }
+void set_small_cluster_max(int pieces) { k::set_small_cluster_max(pieces); }
+int small_cluster_max() noexcept { return k::small_cluster_max(); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
 void copy_(const Tensor& dst, const Tensor& src, float scale) {

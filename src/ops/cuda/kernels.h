@@ -142,6 +142,7 @@ struct AttnPlanShape {
   int64_t workspace_bytes = 0;
   int small = 0;        // 1: small-call path (decode config, one launch: see SmallDecodeMode)
   int small_units = 0;  // its (request, row tile, KV head) unit bound
+  int cluster = 0;      // small path on the cluster kernel (small_decode.cu): pieces per unit, else 0
 };
 // Fills the shape (host-side decisions) — returns 0 or an error code; `supported` false with
 // a reason when the head dim / dtype combination has no kernel.
@@ -156,6 +157,17 @@ enum class SmallDecodeMode : int { automatic = 0, off = 1, force = 2 };
 void set_small_decode_mode(SmallDecodeMode m);
 SmallDecodeMode small_decode_mode();
 int64_t small_decode_launches();  // launches of the small-call path so far
+// Which kernel runs the small-call path: automatic (default) = the cluster kernel of
+// small_decode.cu (sm_90+: the pieces of a (request, KV head) unit are one thread-block cluster
+// and merge over distributed shared memory) for the calls it covers, attn_kernel<..., SMALL> for
+// the rest; v8 = attn_kernel<..., SMALL> always.  Initial value from KVATTN_SMALL_KERNEL=v8|cluster.
+// set_small_cluster_max caps the pieces per unit (cluster size; KVATTN_SMALL_CLUSTER_MAX, 1..16).
+enum class SmallKernel : int { automatic = 0, v8 = 1 };
+void set_small_kernel(SmallKernel k);
+SmallKernel small_kernel();
+void set_small_cluster_max(int n);
+int small_cluster_max();
+int64_t cluster_decode_launches();  // launches of the cluster kernel so far
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the
@@ -192,4 +204,8 @@ double measure_copy_tbps(int64_t bytes);
 // Peak of mma.sync m16n8k16 bf16 (f32 accumulate) with operands in registers (TFLOP/s): the
 // matrix-unit ceiling of the mma.sync kernels.
 double measure_mma_tflops();
+// Event time per launch of an empty kernel (`ctas` CTAs of 128 threads in clusters of
+// `cluster`; cluster 1 = no cluster attribute), back to back as bench-cuda times the ops: the
+// floor of a one-launch op's event time.
+double measure_empty_launch_us(int ctas, int cluster);
 }  // namespace kvattn::ops::cuda_impl::k

@@ -18,6 +18,7 @@
 //   3. merge kernel (only when some request was split): combines the partial (O, LSE) of
 //      the splits, adds the sink term, writes out and LSE.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/small_decode.h"
 
 #include <algorithm>
 #include <atomic>
@@ -1258,6 +1259,11 @@ int small_min_tiles() {
 
 template <typename KV, int D, int WM, int WN>
 int run_small(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
+  if (s.cluster > 0) {  // the cluster kernel (small_decode.cu) covers this call
+    const int e = launch_cluster_decode(p, s.cluster);
+    if (e == 0) g_small_launches.fetch_add(1, std::memory_order_relaxed);
+    return e;
+  }
   using C = Cfg<KV, D, WM, WN>;
   auto kern = attn_kernel<KV, D, WM, WN, true>;
   if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN, true>>(C::kSmem)) return e;
@@ -1349,6 +1355,7 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
   const int64_t rows_avg = p.batch > 0 ? (p.num_tokens * p.group + p.batch - 1) / p.batch : 0;
   s->config = rows_avg <= 16 ? 0 : 1;
   s->small = 0;
+  s->cluster = 0;
   int occ = 1;
   int e = dispatch(p, s, nullptr, true, &occ);
   if (e != 0) return e;
@@ -1383,6 +1390,7 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
       s->max_splits = static_cast<int>(std::min<int64_t>(smax, kSmallMaxSplits));
       s->small_units = static_cast<int>(units);
       s->max_items = rtiles;
+      s->cluster = cluster_decode_pieces(p, num_sms, mode == 2);  // 0: attn_kernel<..., SMALL> runs it
     }
   }
   const WsLayout w = ws_layout(p, *s);

@@ -1,0 +1,699 @@
+// src/ops/cuda/small_decode.cu — the small-call decode path on thread-block clusters (sm_90+).
+//
+// Why: a 1 x 1024 decode call moves 4 MB; its time is the latency chain of one piece of work, not
+// bandwidth.  The v8 small path (attn_kernel<..., SMALL = true>, paged_attention.cu) spent
+// ~15 CTA barriers and ~6 dependent global round trips per piece: a per-CTA plan of the whole
+// call, a row table, Q staged through shared memory, an offset table, four epilogue passes, and a
+// merge through global memory (partial stores, __threadfence, an arrival counter, a second load
+// round trip).  Here:
+//   * grid (pieces P, batch * hkv): CTA (piece, unit) knows its request and KV head from its
+//     index — no plan; every thread loads its request's five index words itself (one round trip);
+//   * the P pieces of a unit are one thread-block cluster: each CTA combines its four warps into
+//     one partial (m, l, O) in its own shared memory, one cluster barrier, then every CTA combines
+//     a slice of the unit's outputs by reading the P partials over distributed shared memory
+//     (ld.shared::cluster) and stores them — no global workspace, no counters, nothing to reset
+//     between launches (CUDA-graph safe by construction);
+//   * each warp streams its own 16-key slice of every 64-key tile (kStages deep, all of a short
+//     piece in flight at once), so the main loop has warp barriers only; page ids come one
+//     per lane and are passed between lanes by shuffles; Q goes straight from global memory into
+//     the mma fragments.
+// Chain per piece: launch -> index words -> (page ids || Q) -> K/V -> mma / softmax -> one
+// shared-memory pass -> cluster barrier -> DSMEM loads -> store -> cluster barrier (exit).
+//
+// Covers: bf16 / f16 caches with a query of the same type in 16-byte rows, head dims 64 and 128,
+// any page size and layout (strides), both page-table forms, causal or not, multi-token rows
+// (rows of a unit above 16 are walked in 16-row tiles), sliding window, soft cap, sinks, LSE
+// output.  Everything else (fp8, D 256, PrefixLM / XQA masks, other query types, pre-sm_90
+// devices) stays on attn_kernel<..., SMALL>; see cluster_decode_pieces().
+#include "ops/cuda/small_decode.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "ops/cuda/cuda_common.cuh"
+
+namespace kvattn::ops::cuda_impl::k {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kRows = 16;    // query rows (token, head of the group) per row tile
+constexpr int kSlice = 16;   // keys per warp per tile
+constexpr int kTile = kWarps * kSlice;
+constexpr int kStages = 3;   // tiles in flight per warp: 96 KB for D 128, 2 CTAs / SM
+constexpr int kMaxPieces = 16;  // cluster size bound (16 needs the non-portable attribute)
+
+template <int D>
+struct SCfg {
+  static constexpr int kRowBytes = D * 2;
+  static constexpr int kCPR = kRowBytes / 16;               // 16-byte chunks per key row
+  static constexpr int kSliceBytes = kSlice * kRowBytes;     // K (or V) of one warp, one stage
+  static constexpr int kWarpBytes = kStages * 2 * kSliceBytes;
+  static constexpr int kPipeBytes = kWarps * kWarpBytes;
+  static constexpr int kPitch = D + 4;                       // f32 row pitch of the partials
+  static constexpr int kEpiBytes = kWarps * kRows * kPitch * 4;
+  static constexpr int kSmem = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+  static constexpr int kChunks = kSlice * kCPR / 32;         // chunks per lane per K (or V) slice
+  static constexpr int kRowStep = 32 / kCPR;                 // key rows between a lane's chunks
+  static_assert(32 % kCPR == 0 && (kSlice * kCPR) % 32 == 0, "lanes must cover whole rows");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+template <bool BF16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (BF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+// Swizzled byte offset of (key row, 16-byte chunk) in a warp's K or V slice (as paged_attention.cu).
+template <int CPR>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  int x;
+  if constexpr (CPR >= 8) x = row & 7;
+  else if constexpr (CPR == 4) x = (row >> 1) & 3;
+  else x = 0;
+  return row * (CPR * 16) + ((chunk ^ x) * 16);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVATTN_CLUSTER_KERNEL 1
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// All threads of all CTAs of the cluster; release / acquire order the shared-memory writes
+// before the barrier with the (remote) reads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+#endif
+
+// One CTA = piece blockIdx.x (cluster rank) of unit blockIdx.y = request * hkv + KV head.
+template <bool BF16, int D>
+__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) {
+#ifdef KVATTN_CLUSTER_KERNEL
+  using C = SCfg<D>;
+  constexpr int kKSteps = D / 16;
+  constexpr int kNTilesO = D / 8;
+  constexpr int kCPR = C::kCPR;
+  constexpr int kC4 = D / 4;  // float4 columns of an output row
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ float s_wm[kWarps][kRows], s_wl[kWarps][kRows];  // per-warp row max / sum
+  __shared__ float s_cm[kRows], s_cl[kRows];                  // this CTA's partial, per row
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int P = static_cast<int>(gridDim.x);
+  const uint32_t rank = cluster_rank();
+  const int r = static_cast<int>(blockIdx.y) / p.hkv;
+  const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
+
+  // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
+  int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
+  int64_t kv64, pbase = 0;
+  if (p.paged_form) {
+    const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
+    const int64_t last = load_idx(p.last_page_len, r);  // unconditional: same round trip
+    const int64_t np = max(e - b, int64_t(0));
+    kv64 = np > 0 ? (np - 1) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size)) : 0;
+    pbase = b;
+  } else {
+    kv64 = load_idx(p.seq_lens, r);
+    kv64 = min(max(kv64, int64_t(0)), p.max_blocks * p.page_size);
+  }
+  qs = min(max(qs, int64_t(0)), p.num_tokens);
+  qe = min(max(qe, qs), p.num_tokens);
+  const int q_start = static_cast<int>(qs), q_len = static_cast<int>(qe - qs);
+  const int kv_len = static_cast<int>(kv64);
+  const int rows_r = q_len * p.group;
+
+  const float scale_log2 = p.sm_scale * kLog2e;
+  const float scale_lin = p.sm_scale;
+  const bool softcap = p.soft_cap > 0.f;
+
+  unsigned char* wbuf = smem + warp * C::kWarpBytes;  // this warp's stages: [K slice | V slice] x kStages
+  const int my_chunk = lane % kCPR, my_row0 = lane / kCPR;
+  const unsigned char* kb = static_cast<const unsigned char*>(p.k);
+  const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+
+  for (int row0 = 0; row0 < rows_r; row0 += kRows) {
+    // ---- key range of this row tile, cut into P pieces of a multiple of 16 keys ----
+    const int last_row = min(rows_r, row0 + kRows) - 1;
+    const int qpos_first = kv_len - q_len + row0 / p.group;
+    const int qpos_last = kv_len - q_len + last_row / p.group;
+    int hi = kv_len;
+    if (p.causal) hi = min(hi, qpos_last + 1);
+    int lo = 0;
+    if (p.window_left >= 0) lo = static_cast<int>(max(int64_t(0), int64_t(qpos_first) - p.window_left));
+    lo &= ~(kSlice - 1);
+    const int span = max(hi - lo, 0);
+    const int chunk = ((span + P - 1) / P + kSlice - 1) & ~(kSlice - 1);
+    const int kstart = lo + static_cast<int>(rank) * chunk;
+    const int kend = min(hi, kstart + chunk);
+    // tiles of this warp: slice start kstart + tile * 64 + warp * 16 below kend
+    const int first = kstart + warp * kSlice;
+    const int n_tiles = kend > first ? (kend - first + kTile - 1) / kTile : 0;
+
+    // page id of key `first + tile * 64 + lane` (lanes 0..15), -1 when outside the piece
+    auto load_page = [&](int tile) -> int64_t {
+      const int j = first + tile * kTile + lane;
+      if (lane >= kSlice || tile >= n_tiles || j >= kend) return -1;
+      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+      const int64_t pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, r, blk);
+      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+    };
+    auto issue = [&](int tile, int64_t pg_lane) {
+      const int st = tile % kStages;
+      const uint32_t sk = smem_u32(wbuf + st * 2 * C::kSliceBytes);
+      const uint32_t sv = sk + C::kSliceBytes;
+#pragma unroll
+      for (int i = 0; i < C::kChunks; ++i) {
+        const int row = my_row0 + i * C::kRowStep;
+        const int64_t pg = __shfl_sync(0xffffffffu, pg_lane, row);
+        const int j = first + tile * kTile + row;
+        const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+        const int off = swz<kCPR>(row, my_chunk);
+        const bool ok = pg >= 0;
+        const int64_t ko = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh + my_chunk * 16;
+        const int64_t vo = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh + my_chunk * 16;
+        cp_async16(sk + off, ok ? kb + ko : kb, ok ? 16 : 0);
+        cp_async16(sv + off, ok ? vb + vo : vb, ok ? 16 : 0);
+      }
+    };
+
+    // ---- page ids of the first kStages + 1 tiles, then Q, while those loads are in flight ----
+    int64_t pgs[kStages];
+#pragma unroll
+    for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
+    int64_t pg_pref = load_page(kStages);
+
+    int rvalid[2], rqpos[2];
+    uint32_t qf[kKSteps][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = row0 + g + 8 * h;
+      rvalid[h] = rr < rows_r;
+      const int tq = rvalid[h] ? rr / p.group : 0;
+      rqpos[h] = kv_len - q_len + tq;
+      const int head = hk * p.group + (rvalid[h] ? rr % p.group : 0);
+      const uint16_t* qrow = static_cast<const uint16_t*>(p.q) + int64_t(q_start + tq) * p.q_st + int64_t(head) * p.q_sh;
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+        // a0 / a2 (row g): dims 16s + 2t4 (+8); a1 / a3: the same for row g + 8
+        qf[s][h] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
+        qf[s][h + 2] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
+      }
+    }
+
+#pragma unroll
+    for (int t = 0; t < kStages; ++t) {
+      if (t < n_tiles) issue(t, pgs[t]);
+      cp_async_commit();
+    }
+
+    float o[kNTilesO][4];
+#pragma unroll
+    for (int n = 0; n < kNTilesO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      cp_async_wait<kStages - 1>();
+      __syncwarp();  // every lane's chunks of this stage have landed
+      const int st = tile % kStages;
+      const unsigned char* tK = wbuf + st * 2 * C::kSliceBytes;
+      const unsigned char* tV = tK + C::kSliceBytes;
+      const int key0 = first + tile * kTile;
+
+      // ---- S = Q K^T (16 rows x 16 keys) ----
+      float s[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int krow = 8 * j + (lane & 7);
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ks += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4(smem_u32(tK + swz<kCPR>(krow, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
+          mma16816<BF16>(s[j], qf[ks], b0, b1);
+          mma16816<BF16>(s[j], qf[ks + 1], b2, b3);
+        }
+      }
+      // ---- scale, soft cap, mask (piece range, causal, window) ----
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[j][e];
+          if (softcap) x = p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e;
+          else x *= scale_log2;
+          const int h = e >> 1;
+          const int key = key0 + 8 * j + 2 * t4 + (e & 1);
+          bool vis = rvalid[h] && key < kend;
+          if (p.causal && key > rqpos[h]) vis = false;
+          if (p.window_left >= 0 && int64_t(key) < int64_t(rqpos[h]) - p.window_left) vis = false;
+          s[j][e] = vis ? x : -INFINITY;
+        }
+      }
+      // ---- online softmax (rows g and g + 8) ----
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_r[h], mx);
+        const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+        alpha[h] = exp2f(m_r[h] - m_use);
+        m_r[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
+          s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
+          sum += s[j][2 * h] + s[j][2 * h + 1];
+        }
+        l_r[h] = l_r[h] * alpha[h] + sum;
+      }
+#pragma unroll
+      for (int n = 0; n < kNTilesO; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+      // ---- O += P V ----
+      {
+        uint32_t a[4];
+        a[0] = pack2<BF16>(s[0][0], s[0][1]);
+        a[1] = pack2<BF16>(s[0][2], s[0][3]);
+        a[2] = pack2<BF16>(s[1][0], s[1][1]);
+        a[3] = pack2<BF16>(s[1][2], s[1][3]);
+        const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int n = 0; n < kNTilesO; n += 2) {
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b0, b1, b2, b3);
+          mma16816<BF16>(o[n], a, b0, b1);
+          mma16816<BF16>(o[n + 1], a, b2, b3);
+        }
+      }
+      __syncwarp();  // every lane is done reading this stage before it is refilled
+      const int nt = tile + kStages;
+      if (nt < n_tiles) issue(nt, pg_pref);
+      cp_async_commit();
+      pg_pref = load_page(nt + 1);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the pipeline: the partials alias it
+
+    // ---- this CTA's partial: the four warps combined, unnormalised, base-2 max ----
+    float* sO = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kPitch]; warp 0's slot ends as the CTA's
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_r[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      l_r[h] = l;
+    }
+    {
+      float* myO = sO + warp * kRows * C::kPitch;
+#pragma unroll
+      for (int n = 0; n < kNTilesO; ++n) {
+        *reinterpret_cast<float2*>(myO + g * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][0], o[n][1]);
+        *reinterpret_cast<float2*>(myO + (g + 8) * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][2], o[n][3]);
+      }
+      if (t4 == 0) {
+        s_wm[warp][g] = m_r[0];
+        s_wm[warp][g + 8] = m_r[1];
+        s_wl[warp][g] = l_r[0];
+        s_wl[warp][g + 8] = l_r[1];
+      }
+    }
+    __syncthreads();
+    const int nrows = min(kRows, rows_r - row0);
+    for (int item = tid; item < nrows * kC4; item += kThreads) {
+      const int row = item / kC4, c = item - row * kC4;
+      float mw[kWarps];
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) { mw[w] = s_wm[w][row]; M = fmaxf(M, mw[w]); }
+      const float Mu = (M == -INFINITY) ? 0.f : M;
+      float L = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(mw[w] - Mu);
+        L += s_wl[w][row] * f;
+        const float4 x = *reinterpret_cast<const float4*>(sO + (w * kRows + row) * C::kPitch + 4 * c);
+        acc.x += f * x.x;
+        acc.y += f * x.y;
+        acc.z += f * x.z;
+        acc.w += f * x.w;
+      }
+      *reinterpret_cast<float4*>(sO + row * C::kPitch + 4 * c) = acc;  // only this thread touches (row, c)
+      if (c == 0) { s_cm[row] = M; s_cl[row] = L; }
+    }
+    cluster_sync();  // every CTA's partial is complete and visible to the cluster
+
+    // ---- the unit's outputs: item (row, 4 dims) = tid * P + rank, the P partials over DSMEM ----
+    const uint32_t a_cm = smem_u32(s_cm), a_cl = smem_u32(s_cl), a_o = smem_u32(sO);
+    for (int item = tid * P + static_cast<int>(rank); item < nrows * kC4; item += kThreads * P) {
+      const int row = item / kC4, c = item - row * kC4;
+      float mj[kMaxPieces], lj[kMaxPieces];
+      float4 oj[kMaxPieces];
+#pragma unroll
+      for (int j = 0; j < kMaxPieces; ++j) {
+        if (j < P) {
+          mj[j] = ld_cluster_f32(map_rank(a_cm + row * 4, j));
+          lj[j] = ld_cluster_f32(map_rank(a_cl + row * 4, j));
+          oj[j] = ld_cluster_f4(map_rank(a_o + (row * C::kPitch + 4 * c) * 4, j));
+        }
+      }
+      const int rr = row0 + row;
+      const int64_t tok = q_start + rr / p.group;
+      const int head = hk * p.group + rr % p.group;
+      float M = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kMaxPieces; ++j)
+        if (j < P) M = fmaxf(M, mj[j]);
+      float s2 = -INFINITY;
+      if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
+      const float Mf = fmaxf(M, s2);
+      const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
+      float denom = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int j = 0; j < kMaxPieces; ++j) {
+        if (j < P) {
+          const float f = exp2f(mj[j] - Mu);
+          denom += lj[j] * f;
+          acc.x += f * oj[j].x;
+          acc.y += f * oj[j].y;
+          acc.z += f * oj[j].z;
+          acc.w += f * oj[j].w;
+        }
+      }
+      if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
+      const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
+      const float a0 = acc.x * sc, a1 = acc.y * sc, a2 = acc.z * sc, a3 = acc.w * sc;
+      const int d = 4 * c;
+      if (p.o_vec) {
+        uint2 o2;
+        if (p.out_t == Elt::bf16) {
+          __nv_bfloat162 h0 = __floats2bfloat162_rn(a0, a1), h1 = __floats2bfloat162_rn(a2, a3);
+          o2.x = *reinterpret_cast<uint32_t*>(&h0);
+          o2.y = *reinterpret_cast<uint32_t*>(&h1);
+        } else {
+          __half2 h0 = __floats2half2_rn(a0, a1), h1 = __floats2half2_rn(a2, a3);
+          o2.x = *reinterpret_cast<uint32_t*>(&h0);
+          o2.y = *reinterpret_cast<uint32_t*>(&h1);
+        }
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d) = o2;
+      } else {
+        const int64_t ob = tok * p.o_st + int64_t(head) * p.o_sh;
+        store_elt(p.out, ob + int64_t(d) * p.o_sd, p.out_t, a0);
+        store_elt(p.out, ob + int64_t(d + 1) * p.o_sd, p.out_t, a1);
+        store_elt(p.out, ob + int64_t(d + 2) * p.o_sd, p.out_t, a2);
+        store_elt(p.out, ob + int64_t(d + 3) * p.o_sd, p.out_t, a3);
+      }
+      if (c == 0 && p.lse != nullptr) {
+        const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
+        p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+      }
+    }
+    // no CTA may leave (or overwrite its partial in the next row tile) while another reads it
+    cluster_sync();
+  }
+#else
+  (void)p;  // sm_80 builds: never launched (cluster_decode_pieces returns 0 before sm_90)
+#endif
+}
+
+__global__ void empty_kernel() {}
+
+// ---------------------------------------------------------------------------------------------
+// Host side.
+std::atomic<int> g_kernel{-1};   // SmallKernel, -1 = not read from the environment yet
+std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
+std::atomic<int64_t> g_launches{0};
+
+int kernel_now() {
+  int m = g_kernel.load(std::memory_order_relaxed);
+  if (m >= 0) return m;
+  m = 0;
+  if (const char* e = std::getenv("KVATTN_SMALL_KERNEL")) {
+    if (!std::strcmp(e, "v8")) m = 1;
+  }
+  g_kernel.store(m, std::memory_order_relaxed);
+  return m;
+}
+int cmax_now() {
+  int m = g_cmax.load(std::memory_order_relaxed);
+  if (m >= 1) return m;
+  m = kMaxPieces;
+  if (const char* e = std::getenv("KVATTN_SMALL_CLUSTER_MAX")) {
+    const int x = std::atoi(e);
+    if (x >= 1) m = std::min(x, kMaxPieces);
+  }
+  g_cmax.store(m, std::memory_order_relaxed);
+  return m;
+}
+
+template <bool BF16, int D>
+struct KernInfo {
+  // per device: attributes set, CTAs per SM, clusters of each size that fit at once (-1 unknown)
+  std::mutex mu;
+  bool ready[64] = {};
+  int per_sm[64] = {};
+  int max_clusters[64][kMaxPieces + 1] = {};
+};
+
+template <bool BF16, int D>
+KernInfo<BF16, D>& kern_info() {
+  static KernInfo<BF16, D> k;
+  return k;
+}
+
+// Attributes and the occupancy figures of one instantiation on device `dev` (once).
+template <bool BF16, int D>
+int prepare(int dev) {
+  auto& ki = kern_info<BF16, D>();
+  std::lock_guard<std::mutex> lock(ki.mu);
+  const int d = dev & 63;
+  if (ki.ready[d]) return 0;
+  auto kern = cluster_decode_kernel<BF16, D>;
+  constexpr int smem = SCfg<D>::kSmem;
+  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  int n = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kThreads, smem);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  ki.per_sm[d] = n;
+  for (int P = 1; P <= kMaxPieces; ++P) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(P), 1, 1);
+    cfg.blockDim = dim3(kThreads, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = static_cast<unsigned>(P);
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int c = 0;
+    if (cudaOccupancyMaxActiveClusters(&c, kern, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      c = 0;
+    }
+    ki.max_clusters[d][P] = c;
+  }
+  ki.ready[d] = true;
+  return 0;
+}
+
+template <bool BF16, int D>
+int pieces_for(const AttnParams& p, int num_sms) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (prepare<BF16, D>(dev) != 0) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  auto& ki = kern_info<BF16, D>();
+  const int d = dev & 63;
+  const int64_t units = int64_t(p.batch) * p.hkv;
+  const int64_t slots = int64_t(num_sms) * std::max(ki.per_sm[d], 1);
+  // the most pieces per unit with every unit's cluster resident at once (one wave)
+  for (int P = cmax_now(); P >= 1; --P)
+    if (units * P <= slots && ki.max_clusters[d][P] >= units) return P;
+  return 0;
+}
+
+int device_major() {
+  static int cache[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& c = cache[dev & 63];
+  if (c == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      v = -1;
+    }
+    c = v;
+  }
+  return c;
+}
+
+template <bool BF16, int D>
+int launch(const AttnParams& p, int P) {
+  auto kern = cluster_decode_kernel<BF16, D>;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (int e = prepare<BF16, D>(dev)) return e;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = SCfg<D>::kSmem;
+  cfg.stream = nullptr;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = static_cast<unsigned>(P);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
+  if (kernel_now() != 0) return 0;
+  if (p.head_dim != 64 && p.head_dim != 128) return 0;
+  if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return 0;
+  if (p.q_t != p.kv_t || !p.q_vec) return 0;
+  if (p.mm != nullptr || p.xqa != nullptr) return 0;
+  if (p.batch <= 0 || int64_t(p.batch) * p.hkv > 65535) return 0;
+  if (device_major() < 9) return 0;
+  const bool bf = p.kv_t == Elt::bf16;
+  int P = 0;
+  if (p.head_dim == 64) P = bf ? pieces_for<true, 64>(p, num_sms) : pieces_for<false, 64>(p, num_sms);
+  else P = bf ? pieces_for<true, 128>(p, num_sms) : pieces_for<false, 128>(p, num_sms);
+  return (force || P >= std::min(kClusterMinAutoPieces, cmax_now())) ? P : 0;
+}
+
+int launch_cluster_decode(const AttnParams& p, int pieces) {
+  const bool bf = p.kv_t == Elt::bf16;
+  if (p.head_dim == 64) return bf ? launch<true, 64>(p, pieces) : launch<false, 64>(p, pieces);
+  return bf ? launch<true, 128>(p, pieces) : launch<false, 128>(p, pieces);
+}
+
+void set_small_kernel(SmallKernel k) { g_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
+SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
+void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }
+int small_cluster_max() { return cmax_now(); }
+int64_t cluster_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+double measure_empty_launch_us(int ctas, int cluster) {
+  struct Ctx { int ctas, cluster; } ctx{ctas, std::max(cluster, 1)};
+  if (ctx.cluster > 1) {
+    if (cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+  }
+  return time_median_us(
+      [](void* c, int) {
+        auto* x = static_cast<Ctx*>(c);
+        if (x->cluster <= 1) {
+          empty_kernel<<<x->ctas, kThreads>>>();
+          return;
+        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1);
+        cfg.blockDim = dim3(kThreads, 1, 1);
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = static_cast<unsigned>(x->cluster);
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, empty_kernel);
+      },
+      &ctx, 10, 60);
+}
+
+}  // namespace kvattn::ops::cuda_impl::k

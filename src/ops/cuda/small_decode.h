@@ -1,0 +1,22 @@
+// src/ops/cuda/small_decode.h — the cluster small-call decode kernel (small_decode.cu), internal
+// to src/ops/cuda/: paged_attention.cu asks it whether it takes a call and launches it.
+#pragma once
+
+#include "ops/cuda/kernels.h"
+
+namespace kvattn::ops::cuda_impl::k {
+
+// Pieces per (request, KV head) unit the cluster kernel would use for this call on the current
+// device — the thread-block cluster size, 1..16 — or 0 when it does not take the call (device
+// before sm_90, head dim other than 64/128, fp8 or float32 caches, a query whose type is not the
+// cache's or whose rows are not 16-byte vectors, PrefixLM / XQA masks, knob off).  `num_sms` is
+// the device's multiprocessor count.  Automatic routing (`force` false) also leaves calls with
+// fewer than kClusterMinAutoPieces pieces per unit to attn_kernel<..., SMALL>: measured on the
+// H200, 16 x 4096 (2 pieces per unit) ran 2.5 % slower on the cluster kernel, 8 x 1024 (4 pieces)
+// 6 % faster; `force` (KVATTN_SMALL_DECODE=force, tests) takes every call it covers.
+constexpr int kClusterMinAutoPieces = 4;
+int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force);
+// One launch: grid (pieces, batch * hkv) in clusters of `pieces` CTAs; no workspace.
+int launch_cluster_decode(const AttnParams& p, int pieces);
+
+}  // namespace kvattn::ops::cuda_impl::k
