@@ -666,10 +666,493 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
   }
 }
 
+// ---- the pipelined variant ---------------------------------------------------------------------------
+// Same tiles, fragments and softmax as pf_attn_kernel (the tile loop is the same code), but the
+// work between two units is overlapped instead of run back to back:
+//  * the unit descriptor (request, row tile, q start/length, kv length, page base) of the NEXT
+//    unit is fetched by thread 0 into shared memory while the current unit's first copies are in
+//    flight, and its unit index one unit earlier still (atomic two units ahead), so a unit starts
+//    from shared memory instead of a chain atomic -> item -> request -> page base;
+//  * after a unit's last tile, the next unit's row table and first page ids are set up, then the
+//    finished unit's O is scaled and staged in the last K/V ring stage (free: all tiles done), the
+//    next unit's Q rows and first K/V tiles are issued, and only then are the finished unit's
+//    rows stored — the store loop and the O scaling run while the next unit's loads are in flight.
+// Nothing of this is in the tile loop (session 3's cross-unit prefetch put it there and lost 11 %
+// per tile).  Needs 2 * kTile >= kRows (the staging stage holds a CTA's output rows).
+struct PfDesc {
+  int32_t w, req, rt, q_start, q_len, kv_len;
+  int64_t pbase;
+};
+
+template <bool BF16, int D, int MT, int NW, int KT>
+__global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
+    pf_attn_pipe_kernel(AttnParams p, PfPlan plan) {
+  using C = PfCfg<D, MT, NW, KT>;
+  constexpr int kTile = C::kTile, kCPR = C::kCPR, kS = C::kStages;
+  constexpr int kKSteps = D / 16;
+  constexpr int kNTs = kTile / 8;  // S n-tiles
+  constexpr int kNTo = D / 8;      // O n-tiles
+  static_assert(2 * kTile >= C::kRows, "output staging in one K/V ring stage");
+  extern __shared__ __align__(128) unsigned char smem[];
+  unsigned char* sQ = smem;
+  unsigned char* sKV = smem + C::kQBytes;
+  unsigned char* sStage = sKV + (kS - 1) * 2 * C::kStageBytes;  // output staging (last stage)
+  int64_t* sOff = reinterpret_cast<int64_t*>(smem + C::kOffBase);  // [stage][K|V][kTile]
+  __shared__ PfDesc s_desc[2];
+  __shared__ int s_wnext;
+  __shared__ int s_rtok_b[2][C::kRows], s_rhead_b[2][C::kRows];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int wrow0 = warp * 16 * MT;  // first CTA-local row of this warp
+  const int total = plan.num_items[0] * p.hkv;
+  const bool softcap = p.soft_cap > 0.f;
+  // log2-domain factor applied by the exp2 FFMA: sm_scale*log2e, or 1 after the soft cap
+  const float c_exp = softcap ? 1.f : p.sm_scale * kLog2e;
+  const float cap_in = softcap ? p.sm_scale / p.soft_cap : 0.f;
+  const float cap_out = p.soft_cap * kLog2e;
+  const bool q_fast = p.q_vec && p.q_t == (BF16 ? Elt::bf16 : Elt::f16);
+  const int my_chunk = tid % kCPR, my_row0 = tid / kCPR;
+  const unsigned char* kb = static_cast<const unsigned char*>(p.k);
+  const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+
+  // thread 0: descriptor of unit s_wnext into s_desc[slot], then the index of the unit after it
+  auto fetch_desc = [&](int slot) {
+    const int w = s_wnext;
+    const int wn = atomicAdd(plan.counter, 1);
+    PfDesc d{w, 0, 0, 0, 0, 0, 0};
+    if (w < total) {
+      const int2 itw = plan.items[w / p.hkv];
+      const PfReq r = plan.req[itw.x];
+      d.req = itw.x;
+      d.rt = itw.y;
+      d.q_start = r.q_start;
+      d.q_len = r.q_len;
+      d.kv_len = r.kv_len;
+      d.pbase = plan.page_base[itw.x];
+    }
+    s_desc[slot] = d;
+    s_wnext = wn;
+  };
+  if (tid == 0) {
+    s_wnext = atomicAdd(plan.counter, 1);
+    fetch_desc(0);
+  }
+
+  // the current unit (set up from a descriptor; the loader lambdas read these)
+  int2 it = make_int2(0, 0);
+  int hk = 0, rows_r = 0, row0 = 0, ctx = 0, hi = 0, tile0 = 0, n_tiles = 0, w_first = 0, w_last = 0;
+  PfReq ri{0, 0, 0, 0};
+  int64_t pbase = 0;
+  bool warp_valid = false;
+  int qp[MT][2];
+  auto setup = [&](const PfDesc& d) {
+    it = make_int2(d.req, d.rt);
+    hk = d.w % p.hkv;
+    ri = PfReq{d.q_start, d.q_len, d.kv_len, 0};
+    pbase = d.pbase;
+    rows_r = ri.q_len * p.group;
+    row0 = it.y * C::kRows;
+    ctx = ri.kv_len - ri.q_len;
+    const int last_row = min(rows_r, row0 + C::kRows) - 1;
+    const int qpos_first = ctx + row0 / p.group, qpos_last = ctx + last_row / p.group;
+    hi = ri.kv_len;
+    if (p.causal) hi = min(hi, qpos_last + 1);
+    int lo = 0;
+    if (p.window_left >= 0) lo = static_cast<int>(max(int64_t(0), int64_t(qpos_first) - p.window_left));
+    tile0 = (lo / kTile) * kTile;
+    n_tiles = hi > lo ? (hi - tile0 + kTile - 1) / kTile : 0;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = min(row0 + wrow0 + 16 * m + g + 8 * h, rows_r - 1);
+        qp[m][h] = ctx + rr / p.group;
+      }
+    warp_valid = row0 + wrow0 < rows_r;
+    w_first = ctx + (row0 + wrow0) / p.group;
+    w_last = ctx + (min(rows_r, row0 + wrow0 + 16 * MT) - 1) / p.group;
+  };
+
+  // ---- K/V loader ----
+  auto load_page = [&](int tile) -> int64_t {
+    if (tid >= 2 * kTile || tile >= n_tiles) return -1;
+    const int j = tile0 + tile * kTile + (tid & (kTile - 1));
+    if (j >= hi) return -1;
+    const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+    const int64_t pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, it.x, blk);
+    return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+  };
+  auto store_off = [&](int tile, int64_t pg) {
+    if (tid >= 2 * kTile) return;
+    const int row = tid & (kTile - 1), which = tid / kTile;
+    const int j = tile0 + tile * kTile + row;
+    const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+    const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
+                                   : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+    sOff[((tile % kS) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+  };
+  auto issue = [&](int tile) {
+    const int st = tile % kS;
+    const uint32_t sk = su32(sKV + st * 2 * C::kStageBytes);
+    const uint32_t sv = sk + C::kStageBytes;
+    const int64_t* offk = sOff + st * 2 * kTile;
+    const int64_t* offv = offk + kTile;
+#pragma unroll
+    for (int i = 0; i < C::kChunksPerThread; ++i) {
+      const int row = my_row0 + i * C::kRowStep;
+      const int so = swz<kCPR>(row, my_chunk);
+      const int64_t ok = offk[row], ov = offv[row];
+      cpa16(sk + so, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
+      cpa16(sv + so, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+    }
+  };
+
+  float o[MT][kNTo][4];
+  float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < kNTo; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.f;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) m_r[m][0] = m_r[m][1] = -INFINITY, l_r[m][0] = l_r[m][1] = 0.f;
+  int64_t pg_pref = -1;
+
+  // iteration `iter` finishes unit iter (none for iter = -1) and starts unit iter + 1, whose
+  // descriptor is in s_desc[(iter + 1) & 1] and whose row table goes to buffer (iter + 1) & 1
+  for (int iter = -1;; ++iter) {
+    cpa_wait<0>();
+    __syncthreads();  // the finished unit's Q tile, ring and offsets are free; s_desc visible
+    const int ob = iter & 1, nb = (iter + 1) & 1;  // row tables: finished / next unit
+    const bool next = s_desc[nb].w < total;
+    if (next) {
+      setup(s_desc[nb]);
+      if (tid < C::kRows) {
+        const int rr = row0 + tid;
+        const bool v = rr < rows_r;
+        s_rtok_b[nb][tid] = v ? ri.q_start + rr / p.group : -1;
+        s_rhead_b[nb][tid] = hk * p.group + (v ? rr % p.group : 0);
+      }
+    }
+    int64_t pgs[kS];
+#pragma unroll
+    for (int t = 0; t < kS; ++t) pgs[t] = next ? load_page(t) : int64_t(-1);
+    pg_pref = next ? load_page(kS) : int64_t(-1);
+
+    // ---- epilogue of the finished unit, part 1: LSE, O scaled and staged (o_vec) ----
+    float sc[MT][2];
+    if (iter >= 0) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float L = l_r[m][h];
+          L += __shfl_xor_sync(0xffffffffu, L, 1);
+          L += __shfl_xor_sync(0xffffffffu, L, 2);
+          const int lr = wrow0 + 16 * m + g + 8 * h;
+          const int tok = s_rtok_b[ob][lr], head = s_rhead_b[ob][lr];
+          const float M = m_r[m][h];
+          const float Mu = (M == -INFINITY) ? 0.f : M;
+          float Mf = M, Lf = L, scale_o;
+          if (p.sinks != nullptr) {
+            const float s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
+            Mf = fmaxf(M, s2);
+            Lf = L * exp2f(M - Mf) + exp2f(s2 - Mf);
+            scale_o = Lf > 0.f ? exp2f(Mu - Mf) / Lf : 0.f;
+            if (M == -INFINITY) scale_o = 0.f;
+          } else {
+            scale_o = L > 0.f ? 1.f / L : 0.f;
+          }
+          sc[m][h] = scale_o * p.v_scale;
+          if (p.lse != nullptr && t4 == 0 && tok >= 0) {
+            const float lse2 = Lf > 0.f ? Mf + log2f(Lf) : -INFINITY;
+            p.lse[int64_t(tok) * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+          }
+        }
+      if (p.o_vec) {
+        const bool obf = p.out_t == Elt::bf16;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int lr = wrow0 + 16 * m + g + 8 * h;
+#pragma unroll
+            for (int n = 0; n < kNTo; ++n)
+              *reinterpret_cast<uint32_t*>(sStage + swz<kCPR>(lr, n) + 4 * t4) =
+                  pk2_rt(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h], obf);
+          }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kS; ++t)
+      if (next) store_off(t, pgs[t]);
+    __syncthreads();  // next unit's row table and offsets; the staged output
+
+    // ---- next unit: Q rows and the first K/V tiles ----
+    if (next) {
+      if (q_fast) {
+        for (int idx = tid; idx < C::kRows * kCPR; idx += C::kThreads) {
+          const int row = idx / kCPR, c = idx % kCPR;
+          const int tok = s_rtok_b[nb][row];
+          const uint16_t* src = static_cast<const uint16_t*>(p.q);
+          if (tok >= 0) src += int64_t(tok) * p.q_st + int64_t(s_rhead_b[nb][row]) * p.q_sh + c * 8;
+          cpa16(su32(sQ + swz<kCPR>(row, c)), src, tok >= 0 ? 16 : 0);
+        }
+      } else {
+        for (int idx = tid; idx < C::kRows * (D / 2); idx += C::kThreads) {
+          const int row = idx / (D / 2), d = 2 * (idx % (D / 2));
+          const int tok = s_rtok_b[nb][row];
+          float x0 = 0.f, x1 = 0.f;
+          if (tok >= 0) {
+            const int64_t b = int64_t(tok) * p.q_st + int64_t(s_rhead_b[nb][row]) * p.q_sh;
+            x0 = load_elt(p.q, b + int64_t(d) * p.q_sd, p.q_t);
+            x1 = load_elt(p.q, b + int64_t(d + 1) * p.q_sd, p.q_t);
+          }
+          *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(row, d >> 3) + (d & 7) * 2) = pk2<BF16>(x0, x1);
+        }
+      }
+      cpa_commit();
+#pragma unroll
+      for (int t = 0; t < kS - 1; ++t) {
+        if (t < n_tiles) issue(t);
+        cpa_commit();
+      }
+    }
+
+    // ---- epilogue of the finished unit, part 2: rows to global memory ----
+    if (iter >= 0) {
+      if (p.o_vec) {
+        __syncwarp();
+        for (int idx = lane; idx < 16 * MT * kCPR; idx += 32) {
+          const int lr = wrow0 + idx / kCPR, c = idx % kCPR;
+          const int tok = s_rtok_b[ob][lr];
+          if (tok < 0) continue;
+          const uint4 v = *reinterpret_cast<const uint4*>(sStage + swz<kCPR>(lr, c));
+          *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st +
+                                    int64_t(s_rhead_b[ob][lr]) * p.o_sh + c * 8) = v;
+        }
+      } else {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int lr = wrow0 + 16 * m + g + 8 * h;
+            const int tok = s_rtok_b[ob][lr];
+            if (tok < 0) continue;
+            const int64_t b = int64_t(tok) * p.o_st + int64_t(s_rhead_b[ob][lr]) * p.o_sh;
+#pragma unroll
+            for (int n = 0; n < kNTo; ++n)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                store_elt(p.out, b + int64_t(8 * n + 2 * t4 + e) * p.o_sd, p.out_t, o[m][n][2 * h + e] * sc[m][h]);
+          }
+      }
+    }
+    if (!next) break;
+    // descriptor of the unit after the next one (slot (iter + 2) & 1, read at the end of the
+    // next unit); thread 0's wait for it overlaps the copies issued above
+    if (tid == 0) fetch_desc(iter & 1);
+
+    uint32_t qf[C::kQRegs ? kKSteps : 1][4];
+    if constexpr (C::kQRegs) {
+      cpa_wait<kS - 1>();  // the Q group
+      __syncthreads();
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+        ldsm4(su32(sQ + swz<kCPR>(wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), qf[ks]);
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+      for (int n = 0; n < kNTo; ++n) o[m][n][0] = o[m][n][1] = o[m][n][2] = o[m][n][3] = 0.f;
+#pragma unroll
+    for (int m = 0; m < MT; ++m) m_r[m][0] = m_r[m][1] = -INFINITY, l_r[m][0] = l_r[m][1] = 0.f;
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      cpa_wait<kS - 2>();
+      __syncthreads();
+      {
+        const int nt = tile + kS - 1;
+        if (nt < n_tiles) issue(nt);
+        cpa_commit();
+        store_off(tile + kS, pg_pref);  // slot of `tile`, whose copies were issued long ago
+        pg_pref = load_page(tile + kS + 1);
+      }
+      const int kt0 = tile0 + tile * kTile;
+      bool skip = !warp_valid;
+      if (p.causal && kt0 > w_last) skip = true;
+      if (p.window_left >= 0 && int64_t(kt0 + kTile - 1) < int64_t(w_first) - p.window_left) skip = true;
+      if (skip) continue;
+      const int st = tile % kS;
+      const unsigned char* tK = sKV + st * 2 * C::kStageBytes;
+      const unsigned char* tV = tK + C::kStageBytes;
+
+      // ---- S = Q K^T ----
+      // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
+      // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
+      float s[MT][kNTs][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int j = 0; j < kNTs; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+      {
+        constexpr int kKB = C::kFragDB ? 2 : 1;
+        uint32_t kf[kKB][kNTs / 2][4];
+        uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
+        auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
+#pragma unroll
+          for (int jj = 0; jj < kNTs / 2; ++jj)
+            ldsm4(su32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
+        };
+        auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+            ldsm4(su32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
+        };
+        if constexpr (C::kFragDB) {
+          load_k(0, kf[0]);
+          if constexpr (!C::kQRegs) load_q(0, qa[0]);
+        }
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          const int cur = C::kFragDB ? (ks & 1) : 0;
+          if constexpr (C::kFragDB) {
+            if (ks + 1 < kKSteps) {
+              load_k(ks + 1, kf[(ks + 1) & 1]);
+              if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
+            }
+          } else {
+            load_k(ks, kf[0]);
+            if constexpr (!C::kQRegs) load_q(ks, qa[0]);
+          }
+#pragma unroll
+          for (int jj = 0; jj < kNTs / 2; ++jj)
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
+              mma<BF16>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
+              mma<BF16>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
+            }
+        }
+      }
+      // ---- soft cap, mask (each a uniform branch around the whole tile) ----
+      if (softcap) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
+      }
+      const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
+                             (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
+      if (need_mask) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+              const int q = qp[m][e >> 1];
+              bool vis = key < ri.kv_len;
+              if (p.causal && key > q) vis = false;
+              if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
+              if (!vis) s[m][j][e] = -INFINITY;
+            }
+      }
+      // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
+      bool moved = false;
+      float alpha[MT][2];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m_r[m][h], mx * c_exp);
+          const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+          alpha[m][h] = ex2(m_r[m][h] - m_use);
+          moved |= m_new != m_r[m][h];
+          m_r[m][h] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j) {
+            const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
+            const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
+            s[m][j][2 * h] = a0;
+            s[m][j][2 * h + 1] = a1;
+            sum += a0 + a1;
+          }
+          l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
+        }
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int n = 0; n < kNTo; ++n) {
+            o[m][n][0] *= alpha[m][0];
+            o[m][n][1] *= alpha[m][0];
+            o[m][n][2] *= alpha[m][1];
+            o[m][n][3] *= alpha[m][1];
+          }
+      }
+      // ---- O += P V ----
+      // P stays in registers (the S accumulator layout is the A layout); V fragments by
+      // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
+      {
+        constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
+        constexpr int kNV = (kTile / 16) * kNP;    // ldmatrix.x4.trans per tile
+        uint32_t vf[3][4];
+        auto load_v = [&](int idx, uint32_t (&b)[4]) {
+          const int kk = idx / kNP, np = idx % kNP;
+          ldsm4t(su32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+        };
+        load_v(0, vf[0]);
+        if (kNV > 1) load_v(1, vf[1]);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int idx = 0; idx < kNV; ++idx) {
+          if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
+          const int kk = idx / kNP, n = 2 * (idx % kNP);
+          if (n == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              a[m][0] = pk2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
+              a[m][1] = pk2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
+              a[m][2] = pk2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+              a[m][3] = pk2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+            }
+          }
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma<BF16>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
+            mma<BF16>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- host side ------------------------------------------------------------------------------------
 std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
 std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
+std::atomic<int> g_pipe{-1};  // 1 = pf_attn_pipe_kernel where it fits, 0 = pf_attn_kernel; -1 = unread
+
+// KVATTN_PREFILL_PIPE=0 selects the unpipelined kernel (A/B comparisons); read once.
+bool pipe_now() {
+  int v = g_pipe.load(std::memory_order_relaxed);
+  if (v >= 0) return v != 0;
+  v = 1;
+  if (const char* e = std::getenv("KVATTN_PREFILL_PIPE")) v = std::strcmp(e, "0") != 0;
+  g_pipe.store(v, std::memory_order_relaxed);
+  return v != 0;
+}
 
 int mode_now() {
   int m = g_mode.load(std::memory_order_relaxed);
@@ -716,11 +1199,15 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, int D, int MT, int NW, int KT = kKeyTile>
+template <bool BF16, bool PIPE, int D, int MT, int NW, int KT = kKeyTile>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
+  constexpr bool kPipeFits = 2 * C::kTile >= C::kRows;
   auto kern = pf_attn_kernel<BF16, D, MT, NW, KT>;
+  if constexpr (kPipeFits) {
+    if (PIPE) kern = pf_attn_pipe_kernel<BF16, D, MT, NW, KT>;
+  }
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
   cudaGetDevice(&dev);
@@ -743,16 +1230,16 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16>
+template <bool BF16, bool PIPE>
 int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, 64, 1, 8>(p, num_sms, plan);
+    case 64: return pf_run<BF16, PIPE, 64, 1, 8>(p, num_sms, plan);
     case 128:
-      if (variant == 1) return pf_run<BF16, 128, 2, 4>(p, num_sms, plan);
-      if (variant == 2) return pf_run<BF16, 128, 1, 4>(p, num_sms, plan);
-      if (variant == 3) return pf_run<BF16, 128, 2, 4, 32>(p, num_sms, plan);
-      return pf_run<BF16, 128, 1, 8>(p, num_sms, plan);  // A (default)
-    case 256: return pf_run<BF16, 256, 1, 8>(p, num_sms, plan);
+      if (variant == 1) return pf_run<BF16, PIPE, 128, 2, 4>(p, num_sms, plan);
+      if (variant == 2) return pf_run<BF16, PIPE, 128, 1, 4>(p, num_sms, plan);
+      if (variant == 3) return pf_run<BF16, PIPE, 128, 2, 4, 32>(p, num_sms, plan);
+      return pf_run<BF16, PIPE, 128, 1, 8>(p, num_sms, plan);  // A
+    case 256: return pf_run<BF16, PIPE, 256, 1, 8>(p, num_sms, plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -819,7 +1306,9 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
-  return p.kv_t == Elt::bf16 ? pf_dispatch<true>(p, num_sms, plan, v) : pf_dispatch<false>(p, num_sms, plan, v);
+  if (pipe_now())
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v) : pf_dispatch<false, true>(p, num_sms, plan, v);
+  return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v) : pf_dispatch<false, false>(p, num_sms, plan, v);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k
