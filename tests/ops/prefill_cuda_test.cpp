@@ -179,47 +179,6 @@ TEST_F(CudaPrefill, Randomised) {
   }
 }
 
-// More units than resident CTAs (132 SMs x 1-2), so each CTA runs several units back to back and
-// the hand-over between units runs many times per CTA: the next unit's descriptor fetched a unit
-// ahead, its row table, Q rows and first K/V tiles issued before the finished unit's rows are
-// stored from the staging stage (pf_attn_pipe_kernel).  Causal with context, window + soft cap +
-// sinks + f32 output (scalar store path), head dim 256 f16 non-causal.
-TEST_F(CudaPrefill, ManyUnitsPerCta) {
-  std::mt19937 rng(4343);
-  auto lens = [&](Case& c, int n, int qmin, int qspan, int extra) {
-    for (int r = 0; r < n; ++r) {
-      const int64_t ql = qmin + static_cast<int64_t>(rng() % qspan);
-      c.q_lens.push_back(ql);
-      c.kv_lens.push_back(ql + (extra > 0 ? static_cast<int64_t>(rng() % extra) : 0));
-    }
-  };
-  {
-    Case c;  // ~1000 units of 128 rows (4 KV heads)
-    c.name = "dim 128 group 4 causal, context";
-    c.hq = 16; c.hkv = 4;
-    lens(c, 64, 33, 160, 40);
-    EXPECT_EQ(run_case(c, 7600), 1);
-  }
-  {
-    Case c;  // ~1500 units
-    c.name = "dim 64 group 8 window 50, cap, sinks, f32 out";
-    c.dim = 64; c.hq = 16; c.hkv = 2;
-    c.window_left = 50; c.soft_cap = 20; c.sinks = true; c.base = LseBase::E;
-    c.out_dt = DType::f32;
-    lens(c, 48, 100, 300, 100);
-    EXPECT_EQ(run_case(c, 7601), 1);
-  }
-  {
-    Case c;  // ~360 units on 132 CTAs (1 per SM)
-    c.name = "dim 256 f16 non-causal, context";
-    c.dim = 256; c.kv_dt = c.q_dt = c.out_dt = DType::f16;
-    c.hq = 16; c.hkv = 4;
-    c.causal = false;
-    lens(c, 30, 40, 100, 100);
-    EXPECT_EQ(run_case(c, 7602), 1);
-  }
-}
-
 // Which calls reach the prefill kernel.  Everything it does not implement goes to attn_kernel
 // (and is checked against the reference here too).
 TEST_F(CudaPrefill, Routing) {
