@@ -93,35 +93,6 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-// Hopper bulk copies (sm_90): one instruction per K/V row instead of D/8 16-byte cp.async,
-// completion counted in bytes on an mbarrier per ring stage.  Compiled out below sm_90 (the
-// host never launches the bulk configs there: bulk_now()).
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
-// arrive on the stage's barrier announcing `bytes`, then copy `bytes` from global src to shared dst
-__device__ __forceinline__ void bulk_row(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-
 __device__ __forceinline__ uint32_t pk2_rt(float lo, float hi, bool bf16) {
   return bf16 ? pk2<true>(lo, hi) : pk2<false>(lo, hi);
 }
@@ -144,7 +115,6 @@ struct PfPlan {
   int2* items;          // [max_items] (request, row tile), heaviest first
   int32_t* num_items;   // [1]
   int32_t* counter;     // [1] work counter, reset by the plan kernel
-  uint4* zeros;         // [32] 512 zero bytes (bulk-copy source of K/V rows past the range), zeroed by the plan kernel
 };
 
 // Block-wide exclusive scan of one int per thread (blockDim.x = kPlanThreads).
@@ -267,15 +237,11 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
     plan.num_items[0] = T;
     plan.counter[0] = 0;
   }
-  if (tid < 32) plan.zeros[tid] = make_uint4(0, 0, 0, 0);
 }
 
 // ---- the attention kernel ---------------------------------------------------------------------------
 // MT m-tiles of 16 rows per warp, NW warps: 16 * MT * NW rows per CTA.
-// BK: K/V rows by one bulk copy each (sm_90) into rows padded by 16 bytes (the 8 rows an ldmatrix
-// reads then start 4 banks apart: conflict-free without the XOR swizzle, which a bulk copy of a
-// whole row cannot apply); otherwise 16-byte cp.async into swizzled rows.
-template <int D, int MT, int NW, int KT = kKeyTile, bool BK = false>
+template <int D, int MT, int NW, int KT = kKeyTile>
 struct PfCfg {
   static constexpr int kThreads = 32 * NW;
   static constexpr int kRows = 16 * MT * NW;
@@ -283,16 +249,14 @@ struct PfCfg {
   static constexpr bool kQRegs = MT * D <= 128;  // Q fragments held in registers
   static constexpr bool kFragDB = MT * D <= 128;  // K fragments double-buffered in registers
   static constexpr int kCPR = D * 2 / 16;
-  static constexpr int kRowBytes = BK ? D * 2 + 16 : D * 2;  // K/V row pitch in shared memory
-  static constexpr int kStageBytes = kTile * kRowBytes;  // one of K / V
-  static constexpr int kOffBytes = BK ? 0 : 2 * kTile * 8;  // per stage: row offsets (cp.async loader)
+  static constexpr int kStageBytes = kTile * D * 2;  // one of K / V
   static constexpr int kQBytes = kRows * D * 2;
   static constexpr int kMinBlocks = (NW == 4 || D == 64) ? 2 : 1;
   static constexpr int kBudget = 227 * 1024 / kMinBlocks - 2048;
-  static constexpr int kStagesFit = (kBudget - kQBytes) / (2 * kStageBytes + kOffBytes);
+  static constexpr int kStagesFit = (kBudget - kQBytes) / (2 * kStageBytes + 2 * kTile * 8);
   static constexpr int kStages = kStagesFit >= 3 ? 3 : 2;
   static constexpr int kOffBase = kQBytes + kStages * 2 * kStageBytes;
-  static constexpr int kSmem = kOffBase + kStages * kOffBytes;
+  static constexpr int kSmem = kOffBase + kStages * 2 * kTile * 8;
   static constexpr int kChunksPerThread = kTile * kCPR / kThreads;
   static constexpr int kRowStep = kThreads / kCPR;
   static_assert(kStagesFit >= 2, "shared memory");
@@ -300,10 +264,10 @@ struct PfCfg {
   static_assert(kThreads >= 2 * kTile, "one offset per thread");
 };
 
-template <bool BF16, int D, int MT, int NW, int KT, bool BK>
-__global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, MT, NW, KT, BK>::kMinBlocks)
+template <bool BF16, int D, int MT, int NW, int KT>
+__global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
-  using C = PfCfg<D, MT, NW, KT, BK>;
+  using C = PfCfg<D, MT, NW, KT>;
   constexpr int kTile = C::kTile, kCPR = C::kCPR, kS = C::kStages;
   constexpr int kKSteps = D / 16;
   constexpr int kNTs = kTile / 8;  // S n-tiles
@@ -314,9 +278,6 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, M
   int64_t* sOff = reinterpret_cast<int64_t*>(smem + C::kOffBase);  // [stage][K|V][kTile]
   __shared__ int s_work[2];
   __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
-  __shared__ __align__(8) uint64_t s_bar[kS];  // BK: one mbarrier per ring stage
-  // byte offset of (row, 16-byte chunk) in a K/V stage
-  auto kvo = [](int row, int chunk) { return BK ? row * C::kRowBytes + chunk * 16 : swz<kCPR>(row, chunk); };
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -332,14 +293,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, M
   const unsigned char* kb = static_cast<const unsigned char*>(p.k);
   const unsigned char* vb = static_cast<const unsigned char*>(p.v);
 
-  uint32_t bar_par = 0;  // BK: bit s = parity of stage s's next fill (phases run on across units)
-  if (tid == 0) {
-    s_work[0] = atomicAdd(plan.counter, 1);
-    if constexpr (BK) {
-#pragma unroll
-      for (int st = 0; st < kS; ++st) mbar_init(su32(&s_bar[st]), 2 * kTile);
-    }
-  }
+  if (tid == 0) s_work[0] = atomicAdd(plan.counter, 1);
   for (int iter = 0;; ++iter) {
     __syncthreads();
     const int w = s_work[iter & 1];
@@ -439,52 +393,25 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, M
       }
     };
 
-    // BK: thread t < 2*kTile copies row t % kTile of K (t < kTile) or V of the tile, one bulk copy
-    // (rows past the range or with an invalid page id: from the zero row); every such thread
-    // arrives once per fill, so the stage's barrier completes when all rows have landed.
-    auto issue_bk = [&](int tile, int64_t pg) {
-      if (tid >= 2 * kTile) return;
-      const int st = tile % kS;
-      const int row = tid & (kTile - 1), which = tid / kTile;
-      const int j = tile0 + tile * kTile + row;
-      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-      const unsigned char* src = reinterpret_cast<const unsigned char*>(plan.zeros);
-      if (pg >= 0)
-        src = which == 0 ? kb + (pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh)
-                         : vb + (pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh);
-      bulk_row(su32(sKV + (st * 2 + which) * C::kStageBytes + row * C::kRowBytes), src, D * 2, su32(&s_bar[st]));
-    };
-
     int64_t pg_pref = -1;
-    if constexpr (BK) {
-      // no shared offsets: each thread issues its own rows right after their page ids arrive
-      if (n_tiles > 0) {
+    if (n_tiles > 0) {
+      int64_t pgs[kS];
 #pragma unroll
-        for (int t = 0; t < kS - 1; ++t)
-          if (t < n_tiles) issue_bk(t, load_page(t));
-        pg_pref = load_page(kS - 1);
-      }
-    } else {
-      if (n_tiles > 0) {
-        int64_t pgs[kS];
+      for (int t = 0; t < kS; ++t) pgs[t] = load_page(t);
 #pragma unroll
-        for (int t = 0; t < kS; ++t) pgs[t] = load_page(t);
+      for (int t = 0; t < kS; ++t) store_off(t, pgs[t]);
+      pg_pref = load_page(kS);
+    }
+    __syncthreads();
 #pragma unroll
-        for (int t = 0; t < kS; ++t) store_off(t, pgs[t]);
-        pg_pref = load_page(kS);
-      }
-      __syncthreads();
-#pragma unroll
-      for (int t = 0; t < kS - 1; ++t) {
-        if (t < n_tiles) issue(t);
-        cpa_commit();
-      }
+    for (int t = 0; t < kS - 1; ++t) {
+      if (t < n_tiles) issue(t);
+      cpa_commit();
     }
 
     uint32_t qf[C::kQRegs ? kKSteps : 1][4];
     if constexpr (C::kQRegs) {
-      if constexpr (BK) cpa_wait<0>();  // the Q group (K/V complete on the barriers)
-      else cpa_wait<kS - 1>();          // the Q group
+      cpa_wait<kS - 1>();  // the Q group
       __syncthreads();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks)
@@ -501,18 +428,9 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, M
     for (int m = 0; m < MT; ++m) m_r[m][0] = m_r[m][1] = -INFINITY, l_r[m][0] = l_r[m][1] = 0.f;
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-      if constexpr (BK) {
-        if (!C::kQRegs && tile == 0) cpa_wait<0>();  // the Q group
-        const int st = tile % kS;
-        mbar_wait(su32(&s_bar[st]), (bar_par >> st) & 1u);
-        bar_par ^= 1u << st;
-        __syncthreads();  // every warp is done with the stage refilled below (tile - 1's)
-        const int nt = tile + kS - 1;
-        if (nt < n_tiles) issue_bk(nt, pg_pref);
-        pg_pref = load_page(nt + 1);
-      } else {
-        cpa_wait<kS - 2>();
-        __syncthreads();
+      cpa_wait<kS - 2>();
+      __syncthreads();
+      {
         const int nt = tile + kS - 1;
         if (nt < n_tiles) issue(nt);
         cpa_commit();
@@ -543,7 +461,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, M
         auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
 #pragma unroll
           for (int jj = 0; jj < kNTs / 2; ++jj)
-            ldsm4(su32(tK + kvo(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
+            ldsm4(su32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
         };
         auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
 #pragma unroll
@@ -650,7 +568,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, M
         uint32_t vf[3][4];
         auto load_v = [&](int idx, uint32_t (&b)[4]) {
           const int kk = idx / kNP, np = idx % kNP;
-          ldsm4t(su32(tV + kvo(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+          ldsm4t(su32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
         };
         load_v(0, vf[0]);
         if (kNV > 1) load_v(1, vf[1]);
@@ -752,31 +670,6 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT, BK>::kThreads, PfCfg<D, M
 std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
 std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
-std::atomic<int> g_bulk{-1};  // K/V loader: 1 = bulk copies (sm_90+), 0 = 16-byte cp.async; -1 = unread
-
-// Bulk-copy K/V loader on devices of compute capability >= 9 unless KVATTN_PREFILL_BULK=0 (the
-// cp.async loader, which sm_80 always uses); the environment is read once, the device each call.
-bool bulk_now() {
-  int v = g_bulk.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = 1;
-    if (const char* e = std::getenv("KVATTN_PREFILL_BULK")) v = std::strcmp(e, "0") != 0;
-    g_bulk.store(v, std::memory_order_relaxed);
-  }
-  if (v == 0) return false;
-  static int major_cache[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& major = major_cache[dev & 63];
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      major = 0;
-      return false;
-    }
-  }
-  return major >= 9;
-}
 
 int mode_now() {
   int m = g_mode.load(std::memory_order_relaxed);
@@ -807,7 +700,7 @@ int variant_now() {
 }
 
 struct PfWs {
-  int64_t req, page_base, items, num_items, counter, zeros, total;
+  int64_t req, page_base, items, num_items, counter, total;
 };
 PfWs pf_ws(const AttnParams& p) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
@@ -819,16 +712,15 @@ PfWs pf_ws(const AttnParams& p) {
   w.items = off; off += al(max_items * int64_t(sizeof(int2)) + 16);
   w.num_items = off; off += 256;
   w.counter = off; off += 256;
-  w.zeros = off; off += 512;
   w.total = off;
   return w;
 }
 
-template <bool BF16, bool BK, int D, int MT, int NW, int KT = kKeyTile>
+template <bool BF16, int D, int MT, int NW, int KT = kKeyTile>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
-  using C = PfCfg<D, MT, NW, KT, BK>;
+  using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
-  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, BK>;
+  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT>;
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
   cudaGetDevice(&dev);
@@ -851,29 +743,18 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16, bool BK>
+template <bool BF16>
 int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, BK, 64, 1, 8>(p, num_sms, plan);
+    case 64: return pf_run<BF16, 64, 1, 8>(p, num_sms, plan);
     case 128:
-      if (variant == 1) return pf_run<BF16, BK, 128, 2, 4>(p, num_sms, plan);
-      if (variant == 2) return pf_run<BF16, BK, 128, 1, 4>(p, num_sms, plan);
-      if (variant == 3) return pf_run<BF16, BK, 128, 2, 4, 32>(p, num_sms, plan);
-      return pf_run<BF16, BK, 128, 1, 8>(p, num_sms, plan);  // A
-    case 256: return pf_run<BF16, BK, 256, 1, 8>(p, num_sms, plan);
+      if (variant == 1) return pf_run<BF16, 128, 2, 4>(p, num_sms, plan);
+      if (variant == 2) return pf_run<BF16, 128, 1, 4>(p, num_sms, plan);
+      if (variant == 3) return pf_run<BF16, 128, 2, 4, 32>(p, num_sms, plan);
+      return pf_run<BF16, 128, 1, 8>(p, num_sms, plan);  // A (default)
+    case 256: return pf_run<BF16, 256, 1, 8>(p, num_sms, plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
-}
-
-// dynamic shared memory of the config a call would use
-template <bool BK>
-int pf_smem(int head_dim, int variant) {
-  return head_dim == 64 ? PfCfg<64, 1, 8, kKeyTile, BK>::kSmem
-         : head_dim == 128 ? (variant == 1   ? PfCfg<128, 2, 4, kKeyTile, BK>::kSmem
-                              : variant == 2 ? PfCfg<128, 1, 4, kKeyTile, BK>::kSmem
-                              : variant == 3 ? PfCfg<128, 2, 4, 32, BK>::kSmem
-                                             : PfCfg<128, 1, 8, kKeyTile, BK>::kSmem)
-                           : PfCfg<256, 1, 8, kKeyTile, BK>::kSmem;
 }
 
 }  // namespace
@@ -896,7 +777,12 @@ bool prefill_supported(const AttnParams& p) {
     optin_cache[dev & 63] = optin;
   }
   optin = optin_cache[dev & 63];
-  const int need = bulk_now() ? pf_smem<true>(p.head_dim, variant_now()) : pf_smem<false>(p.head_dim, variant_now());
+  const int need = p.head_dim == 64 ? PfCfg<64, 1, 8>::kSmem
+                   : p.head_dim == 128 ? (variant_now() == 1   ? PfCfg<128, 2, 4>::kSmem
+                                          : variant_now() == 2 ? PfCfg<128, 1, 4>::kSmem
+                                          : variant_now() == 3 ? PfCfg<128, 2, 4, 32>::kSmem
+                                                               : PfCfg<128, 1, 8>::kSmem)
+                                       : PfCfg<256, 1, 8>::kSmem;
   if (need + 2048 > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return false;  // fp8 pages: attn_kernel
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
@@ -931,12 +817,9 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.items = reinterpret_cast<int2*>(base + w.items);
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
-  plan.zeros = reinterpret_cast<uint4*>(base + w.zeros);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
-  if (bulk_now())
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v) : pf_dispatch<false, true>(p, num_sms, plan, v);
-  return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v) : pf_dispatch<false, false>(p, num_sms, plan, v);
+  return p.kv_t == Elt::bf16 ? pf_dispatch<true>(p, num_sms, plan, v) : pf_dispatch<false>(p, num_sms, plan, v);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k
