@@ -179,6 +179,45 @@ TEST_F(CudaPrefill, Randomised) {
   }
 }
 
+// More units than resident CTAs (132 SMs x 1-2), so CTAs run several units back to back (the
+// atomic work counter, the K/V ring and the row tables reused across units), with units of 1 KV
+// tile alternating with longer ones.  Many short requests keep the CPU reference cheap: one
+// 128-row unit per request and KV head.
+TEST_F(CudaPrefill, ManyUnitsPerCta) {
+  std::mt19937 rng(4343);
+  auto lens = [&](Case& c, int n, int qmax, int extra) {
+    for (int r = 0; r < n; ++r) {
+      const int64_t ql = 1 + static_cast<int64_t>(rng() % qmax);
+      c.q_lens.push_back(ql);
+      c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % extra));
+    }
+  };
+  {
+    Case c;  // dim 128, group 8: <= 16 tokens per request = one unit; 1-2 KV tiles
+    c.name = "dim 128 group 8, 400 requests, context";
+    c.hq = 8; c.hkv = 1;
+    lens(c, 400, 16, 70);
+    EXPECT_EQ(run_case(c, 7600), 1);
+  }
+  {
+    Case c;
+    c.name = "dim 64 group 8, 300 requests, window 20, cap, sinks, f32 out, block table";
+    c.dim = 64; c.hq = 16; c.hkv = 2;
+    c.window_left = 20; c.soft_cap = 20; c.sinks = true; c.base = LseBase::E;
+    c.out_dt = DType::f32; c.paged_form = false; c.page = 8;
+    lens(c, 300, 16, 90);
+    EXPECT_EQ(run_case(c, 7601), 1);
+  }
+  {
+    Case c;
+    c.name = "dim 256 f16 group 16, 200 requests, non-causal";
+    c.dim = 256; c.kv_dt = c.q_dt = c.out_dt = DType::f16;
+    c.hq = 16; c.hkv = 1; c.causal = false;
+    lens(c, 200, 8, 70);
+    EXPECT_EQ(run_case(c, 7602), 1);
+  }
+}
+
 // Which calls reach the prefill kernel.  Everything it does not implement goes to attn_kernel
 // (and is checked against the reference here too).
 TEST_F(CudaPrefill, Routing) {
