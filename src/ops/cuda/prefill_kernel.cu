@@ -38,6 +38,9 @@ constexpr int kPlanThreads = 1024;
 constexpr int kBuckets = 2048;  // cost buckets of the plan's counting sort (KV tiles, clamped)
 constexpr int kRowsPerCta = 128;  // rows per CTA of the default configs (64 for variant C)
 constexpr int kKeyTile = 64;  // keys per K/V tile (variant D: 32); the plan's cost unit
+// lazy rescale threshold (log2 units): P = 2^(s - m_ref) <= 2^8, exact in f32 accumulators and
+// as bf16/f16 MMA inputs (relative precision does not depend on the scale)
+constexpr float kLazy = 8.f;
 
 // ---- PTX wrappers -----------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t su32(const void* p) {
@@ -45,6 +48,12 @@ __device__ __forceinline__ uint32_t su32(const void* p) {
 }
 __device__ __forceinline__ void cpa16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// 16-byte cp.async that writes zeros instead of reading when `ignore` != 0 (ignore-src operand:
+// no src-size to compute per copy)
+__device__ __forceinline__ void cpa16z(uint32_t dst, const void* src, uint32_t ignore) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+               "l"(src), "r"(ignore));
 }
 __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -264,7 +273,13 @@ struct PfCfg {
   static_assert(kThreads >= 2 * kTile, "one offset per thread");
 };
 
-template <bool BF16, int D, int MT, int NW, int KT>
+// NX ("v4", unmeasured): the three changes ranked first in docs/notes-s4-prefill.md §5 —
+//  * lazy O rescale: a row's reference max moves only when the tile max exceeds it by more than
+//    kLazy (log2 units), so P <= 2^kLazy and O / l are rescaled on few tiles instead of ~90 %;
+//  * K/V loader with absolute source addresses in shared memory (bit 0 = zero-fill) and the
+//    ignore-src form of cp.async: no per-copy src-size or cache-base arithmetic;
+//  * masks specialised per case (causal-only tiles skip the per-element window test).
+template <bool BF16, int D, int MT, int NW, int KT, bool NX>
 __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
   using C = PfCfg<D, MT, NW, KT>;
@@ -375,7 +390,14 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
       const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
                                      : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-      sOff[((tile % kS) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+      if constexpr (NX) {
+        // absolute address; a row to zero-fill keeps the (readable, 16-byte aligned) base | 1
+        const unsigned char* base = which == 0 ? kb : vb;
+        sOff[((tile % kS) * 2 + which) * kTile + row] =
+            pg < 0 ? (reinterpret_cast<int64_t>(base) | 1) : reinterpret_cast<int64_t>(base + off);
+      } else {
+        sOff[((tile % kS) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+      }
     };
     auto issue = [&](int tile) {
       const int st = tile % kS;
@@ -388,8 +410,14 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
         const int row = my_row0 + i * C::kRowStep;
         const int so = swz<kCPR>(row, my_chunk);
         const int64_t ok = offk[row], ov = offv[row];
-        cpa16(sk + so, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
-        cpa16(sv + so, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+        if constexpr (NX) {
+          const uint32_t zk = uint32_t(ok) & 1u, zv = uint32_t(ov) & 1u;
+          cpa16z(sk + so, reinterpret_cast<const unsigned char*>(ok - zk) + my_chunk * 16, zk);
+          cpa16z(sv + so, reinterpret_cast<const unsigned char*>(ov - zv) + my_chunk * 16, zv);
+        } else {
+          cpa16(sk + so, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
+          cpa16(sv + so, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+        }
       }
     };
 
@@ -505,7 +533,20 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       }
       const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
                              (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
-      if (need_mask) {
+      if (need_mask && NX && p.window_left < 0) {
+        // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
+        const int kv_lim = ri.kv_len;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+              const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
+              if (key >= lim) s[m][j][e] = -INFINITY;
+            }
+      } else if (need_mask) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -532,7 +573,10 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
           for (int j = 0; j < kNTs; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m_r[m][h], mx * c_exp);
+          float m_new = fmaxf(m_r[m][h], mx * c_exp);
+          // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
+          // (-inf + kLazy = -inf: a row's first visible tile always moves it)
+          if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
           const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
           alpha[m][h] = ex2(m_r[m][h] - m_use);
           moved |= m_new != m_r[m][h];
@@ -670,6 +714,17 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
 std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
+std::atomic<int> g_v4{-1};  // 1 = NX kernel (lazy rescale, slim loader, specialised masks); -1 = unread
+
+// KVATTN_PREFILL_V4=1 selects the NX kernel; off by default until measured on the H200.  Read once.
+bool v4_now() {
+  int v = g_v4.load(std::memory_order_relaxed);
+  if (v >= 0) return v != 0;
+  v = 0;
+  if (const char* e = std::getenv("KVATTN_PREFILL_V4")) v = std::strcmp(e, "1") == 0;
+  g_v4.store(v, std::memory_order_relaxed);
+  return v != 0;
+}
 
 int mode_now() {
   int m = g_mode.load(std::memory_order_relaxed);
@@ -716,11 +771,11 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, int D, int MT, int NW, int KT = kKeyTile>
+template <bool BF16, bool NX, int D, int MT, int NW, int KT = kKeyTile>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
-  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT>;
+  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, NX>;
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
   cudaGetDevice(&dev);
@@ -743,16 +798,16 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16>
+template <bool BF16, bool NX>
 int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, 64, 1, 8>(p, num_sms, plan);
+    case 64: return pf_run<BF16, NX, 64, 1, 8>(p, num_sms, plan);
     case 128:
-      if (variant == 1) return pf_run<BF16, 128, 2, 4>(p, num_sms, plan);
-      if (variant == 2) return pf_run<BF16, 128, 1, 4>(p, num_sms, plan);
-      if (variant == 3) return pf_run<BF16, 128, 2, 4, 32>(p, num_sms, plan);
-      return pf_run<BF16, 128, 1, 8>(p, num_sms, plan);  // A (default)
-    case 256: return pf_run<BF16, 256, 1, 8>(p, num_sms, plan);
+      if (variant == 1) return pf_run<BF16, NX, 128, 2, 4>(p, num_sms, plan);
+      if (variant == 2) return pf_run<BF16, NX, 128, 1, 4>(p, num_sms, plan);
+      if (variant == 3) return pf_run<BF16, NX, 128, 2, 4, 32>(p, num_sms, plan);
+      return pf_run<BF16, NX, 128, 1, 8>(p, num_sms, plan);  // A
+    case 256: return pf_run<BF16, NX, 256, 1, 8>(p, num_sms, plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -819,7 +874,9 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
-  return p.kv_t == Elt::bf16 ? pf_dispatch<true>(p, num_sms, plan, v) : pf_dispatch<false>(p, num_sms, plan, v);
+  if (v4_now())
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v) : pf_dispatch<false, true>(p, num_sms, plan, v);
+  return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v) : pf_dispatch<false, false>(p, num_sms, plan, v);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k
