@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# scripts/device_check.sh — the whole device validation of a tree in one call (at most about
-# 9 minutes, usually less, on nvidia-h200-x2; the NCCL parts skip on one GPU):
-#   build (scripts/device-build.sh) -> every CUDA test (ops + backend, incl. NCCL DCP)
-#   -> compute-sanitizer memcheck and racecheck on filters -> `kvattn run` on CUDA (default,
-#   fp8, DCP over NCCL) -> `kvattn bench-dcp` -> `kvattn bench-cuda`.
+# scripts/device_check.sh — the whole device validation of a tree in one call (about 6-8
+# minutes on one H200; the NCCL parts skip on one GPU):
+#   binaries (built here by scripts/device-build.sh, or carried in .devbin/)
+#   -> every CUDA test (ops + backend, incl. NCCL DCP), the ops suite in parallel shards
+#   -> compute-sanitizer memcheck and racecheck on filters, also in parallel
+#   -> `kvattn run` on CUDA (default with lazy and eager module loading, fp8, DCP over NCCL)
+#   -> `kvattn bench-dcp` -> `kvattn bench-cuda` (alone on the GPU: nothing else runs then).
 # Every step has its own time limit, so one slow step cannot eat the call.  The device tool
 # brings back at most 8 files: the logs travel as one logs.tgz; summary.txt is printed.
 #
-#   scripts/device_check.sh [OUT_DIR]     (device tool: carry [".devdeps"])
-# Knobs: KVATTN_MEMCHECK_FILTER, KVATTN_RACECHECK_FILTER (gtest filters for test_ops_cuda),
-#        KVATTN_BENCH_ARGS (extra bench-cuda arguments), KVATTN_CHECK_QUICK=1 (no bench, no runs).
+#   scripts/device_check.sh [OUT_DIR]     (device tool: carry [".devdeps"], and ".devbin" with
+#                                          KVATTN_PREBUILT=1)
+# Knobs: KVATTN_PREBUILT=1 (run kvattn, test_ops_cuda, test_attention_cuda from .devbin/, built on
+#        the dev machine with -DKVATTN_CUDA_ARCHS=90a; falls back to building when they do not run),
+#        KVATTN_MEMCHECK_FILTER, KVATTN_RACECHECK_FILTER, KVATTN_RACECHECK_PREFILL_FILTER (gtest
+#        filters for test_ops_cuda), KVATTN_BENCH_ARGS (extra bench-cuda arguments),
+#        KVATTN_CHECK_QUICK=1 (no bench, no runs), KVATTN_CHECK_AB="NAME=VAR=VALUE#FILTER#BENCH ..."
+#        (for each entry: test_ops_cuda on FILTER with VAR=VALUE, memcheck of the same, and
+#        `kvattn bench-cuda BENCH` with VAR=VALUE after the default bench; BENCH words joined by ','),
+#        KVATTN_SHARDS (parallel test_ops_cuda processes, default 4).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUTDIR="${1:-${OUT:-$ROOT/build/device-out}}"
@@ -26,44 +35,97 @@ trap 'stamp done; save' EXIT
 { nvidia-smi; nvidia-smi topo -m; nvcc --version || /usr/local/cuda/bin/nvcc --version; nproc; } > "$LOGS/env.txt" 2>&1
 . "$ROOT/scripts/device-deps.sh" > /dev/null
 . "$ROOT/scripts/device-build.sh"
-stamp "GPUs: $(nvidia-smi -L 2>/dev/null | wc -l); build -> build.log"
-device_build "$LOGS/build.log" kvattn test_ops_cuda test_attention_cuda
-brc=$?
-stamp "build rc=$brc; ptxas spill warnings: $(grep -ci 'spill' "$LOGS/build.log")"; save
-[ $brc -ne 0 ] && { tail -40 "$LOGS/build.log"; exit $brc; }
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 B="$DEVICE_BUILD_DIR"; K="$B/tools/kvattn"; TOPS="$B/tests/test_ops_cuda"; TATT="$B/tests/test_attention_cuda"
+if [ "${KVATTN_PREBUILT:-0}" = 1 ] && "$ROOT/.devbin/kvattn" version > /dev/null 2>&1 &&
+   "$ROOT/.devbin/test_ops_cuda" --gtest_list_tests > /dev/null 2>&1 &&
+   "$ROOT/.devbin/test_attention_cuda" --gtest_list_tests > /dev/null 2>&1; then
+  K="$ROOT/.devbin/kvattn"; TOPS="$ROOT/.devbin/test_ops_cuda"; TATT="$ROOT/.devbin/test_attention_cuda"
+  stamp "GPUs: $NGPU; prebuilt binaries from .devbin/"
+else
+  [ "${KVATTN_PREBUILT:-0}" = 1 ] && stamp "prebuilt binaries do not run here; building"
+  stamp "GPUs: $NGPU; build -> build.log"
+  device_build "$LOGS/build.log" kvattn test_ops_cuda test_attention_cuda
+  brc=$?
+  stamp "build rc=$brc; ptxas spill warnings: $(grep -ci 'spill' "$LOGS/build.log")"; save
+  [ $brc -ne 0 ] && { tail -40 "$LOGS/build.log"; exit $brc; }
+fi
 "$K" version >> "$LOGS/summary.txt" 2>&1
 
-step() {  # name, seconds, command...  (output -> NAME.log, last gtest/sanitizer lines to the summary)
+# The last gtest / sanitizer / run lines of a log, into the summary.
+digest() {
+  grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|ERROR SUMMARY|RACECHECK SUMMARY|correctness|throughput  |attention / step|slowest step|DCP 2 step" \
+    "$1" | head -14 | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+}
+step() {  # name, seconds, command...  (output -> NAME.log)
   local name=$1 secs=$2; shift 2
   timeout "$secs" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   stamp "$name rc=$rc$([ $rc = 124 ] && echo ' (TIME LIMIT)')"
-  grep -hE "^\[  (PASSED|FAILED|SKIPPED) |ERROR SUMMARY|RACECHECK SUMMARY|correctness|throughput  |attention / step|slowest step|DCP 2 step" \
-    "$LOGS/$name.log" | head -12 | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+  digest "$LOGS/$name.log"
   save
 }
-step test_ops_cuda 200 "$TOPS"
-step test_attention_cuda 150 "$TATT"
+# Runs "name secs command..." jobs given one per line on stdin in parallel, then reports each.
+parallel_steps() {
+  local -a names=() pids=()
+  while read -r name secs cmd; do
+    [ -z "$name" ] && continue
+    ( eval "timeout $secs $cmd" > "$LOGS/$name.log" 2>&1; echo $? > "$LOGS/$name.rc" ) &
+    names+=("$name"); pids+=($!)
+  done
+  wait "${pids[@]}"
+  for n in "${names[@]}"; do
+    local rc; rc=$(cat "$LOGS/$n.rc" 2>/dev/null || echo '?')
+    stamp "$n rc=$rc$([ "$rc" = 124 ] && echo ' (TIME LIMIT)')"
+    digest "$LOGS/$n.log"
+  done
+  save
+}
+SH=${KVATTN_SHARDS:-4}
 CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-step memcheck 100 "$CS" --tool memcheck --print-limit 20 "$TOPS" \
-  --gtest_filter="${KVATTN_MEMCHECK_FILTER:-*Decode*:*Merge*:*Reshape*:*Zero*:*Copy*:*Fp8*:*Mask*:*Dcp*:CudaPrefill.HeadDims*}"
-step racecheck 70 "$CS" --tool racecheck --print-limit 20 "$TOPS" \
-  --gtest_filter="${KVATTN_RACECHECK_FILTER:-*Decode*:*Merge*:*Fp8*:*Mask*}"
-# the prefill kernels on their own step (session 3's single racecheck step ran out of time
-# before reaching them)
-step racecheck_prefill 110 "$CS" --tool racecheck --print-limit 20 "$TOPS" \
-  --gtest_filter="${KVATTN_RACECHECK_PREFILL_FILTER:-CudaPrefill.HeadDims*:CudaPrefill.CausalAndNonCausal*:CudaPrefill.WindowSoftCap*}"
+MF="${KVATTN_MEMCHECK_FILTER:-*Decode*:*Merge*:*Reshape*:*Zero*:*Copy*:*Fp8*:*Mask*:*Dcp*:CudaPrefill.HeadDims*}"
+RF="${KVATTN_RACECHECK_FILTER:-*Decode*:*Merge*:*Fp8*:*Mask*}"
+# the prefill kernels on their own racecheck (session 3's single racecheck ran out of time first)
+RPF="${KVATTN_RACECHECK_PREFILL_FILTER:-CudaPrefill.HeadDims*:CudaPrefill.CausalAndNonCausal*:CudaPrefill.WindowSoftCap*}"
+
+# 1. tests: the ops suite in SH shards, the backend suite, each A/B knob's tests — in parallel
+{
+  for i in $(seq 0 $((SH - 1))); do
+    echo "test_ops_cuda_$i 240 env GTEST_TOTAL_SHARDS=$SH GTEST_SHARD_INDEX=$i $TOPS"
+  done
+  echo "test_attention_cuda 240 $TATT"
+  for ab in ${KVATTN_CHECK_AB:-}; do
+    IFS="#" read -r nv filt _ <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
+    echo "ab_${n}_tests 240 env $kv $TOPS --gtest_filter='$filt'"
+  done
+} | parallel_steps
+# 2. sanitizers, in parallel (memcheck in SH shards)
+{
+  for i in $(seq 0 $((SH - 1))); do
+    echo "memcheck_$i 200 env GTEST_TOTAL_SHARDS=$SH GTEST_SHARD_INDEX=$i $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$MF'"
+  done
+  echo "racecheck 200 $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RF'"
+  echo "racecheck_prefill 200 $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RPF'"
+  for ab in ${KVATTN_CHECK_AB:-}; do
+    IFS="#" read -r nv filt _ <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
+    echo "ab_${n}_memcheck 200 env $kv $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$filt'"
+  done
+} | parallel_steps
 if [ "${KVATTN_CHECK_QUICK:-0}" != 1 ]; then
   # The default run twice, CUDA modules loaded lazily (the driver's default) and eagerly: the
   # per-step timings in the JSON show what the first launches of each kernel cost the first steps.
-  CUDA_MODULE_LOADING=LAZY step run_cuda 60 "$K" run --quiet --device cuda --json "$LOGS/run_cuda.json"
-  CUDA_MODULE_LOADING=EAGER step run_cuda_eager 60 "$K" run --quiet --device cuda --json "$LOGS/run_cuda_eager.json"
+  step run_cuda 60 env CUDA_MODULE_LOADING=LAZY "$K" run --quiet --device cuda --json "$LOGS/run_cuda.json"
+  step run_cuda_eager 60 env CUDA_MODULE_LOADING=EAGER "$K" run --quiet --device cuda --json "$LOGS/run_cuda_eager.json"
   step run_cuda_fp8 60 "$K" run --quiet --device cuda --model tiny-gemma2 --kv-cache-dtype fp8 --layout HND
-  if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  if [ "$NGPU" -ge 2 ]; then
     step run_dcp2 60 "$K" run --quiet --device cuda --dcp 2
     step bench_dcp 60 "$K" bench-dcp --dcp 2 --batch 8 --kv-len 131072
   fi
-  step bench_cuda 120 "$K" bench-cuda ${KVATTN_BENCH_ARGS:-}
+  step bench_cuda 150 "$K" bench-cuda ${KVATTN_BENCH_ARGS:-}
   cat "$LOGS/bench_cuda.log"
+  for ab in ${KVATTN_CHECK_AB:-}; do
+    IFS="#" read -r nv _ bargs <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
+    step "ab_${n}_bench" 90 env "$kv" "$K" bench-cuda ${bargs//,/ }
+    cat "$LOGS/ab_${n}_bench.log"
+  done
 fi
