@@ -44,5 +44,8 @@ int64_t prefill_kernel_launches() noexcept { return 0; }
 void set_small_decode_mode(int) {}
 int small_decode_mode() noexcept { return 0; }
 int64_t small_decode_launches() noexcept { return 0; }
+void set_decode_options(int) {}
+int decode_options() noexcept { return 0; }
+void set_decode_splits(int) {}
 
 }  // namespace kvattn::ops::cuda_impl

@@ -359,6 +359,9 @@ int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
 void set_small_decode_mode(int mode) { k::set_small_decode_mode(static_cast<k::SmallDecodeMode>(mode)); }
 int small_decode_mode() noexcept { return static_cast<int>(k::small_decode_mode()); }
 int64_t small_decode_launches() noexcept { return k::small_decode_launches(); }
+void set_decode_options(int opts) { k::set_decode_options(opts); }
+int decode_options() noexcept { return k::decode_options(); }
+void set_decode_splits(int n) { k::set_decode_splits(n); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
 void copy_(const Tensor& dst, const Tensor& src, float scale) {

@@ -156,6 +156,13 @@ enum class SmallDecodeMode : int { automatic = 0, off = 1, force = 2 };
 void set_small_decode_mode(SmallDecodeMode m);
 SmallDecodeMode small_decode_mode();
 int64_t small_decode_launches();  // launches of the small-call path so far
+// v6 path of attn_kernel (plan kernel, persistent attention grid, merge): option bits
+// (1 = the next unit's work id fetched when a unit starts; initial value from KVATTN_DECODE_OPTS) and a forced split count per request
+// (0 = the plan kernel's rule; initial value from KVATTN_DECODE_SPLITS).  KVATTN_DECODE_TIMELINE=N
+// prints a per-unit timing summary of the process's Nth v6-path call to stderr (debug; syncs that call).
+void set_decode_options(int opts);
+int decode_options();
+void set_decode_splits(int n);
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the
