@@ -4,7 +4,7 @@
 # timeline of each setting (KVATTN_DECODE_TIMELINE), in one device call.  Runs the binaries
 # carried in .devbin/ (kvattn, test_ops_cuda built for sm_90a on the dev machine).
 #   DECODE_TESTS=0      skip the decode tests run first (CudaDecodeV6.*, CudaOps.PagedDecode*)
-#   DECODE_NCU=1        add ncu of the fp8 and bf16 256x8192 attention kernels
+#   DECODE_NCU=1        add ncu of the 256x8192 attention kernel (DECODE_NCU_ARGS: --fp8)
 #   DECODE_SHAPES / DECODE_VARIANTS_<n>  override the shapes and their opts/splits lists
 set -uo pipefail
 OUTDIR="${1:-${OUT:-build/device-out}}"
@@ -23,9 +23,8 @@ if [ "${DECODE_TESTS:-1}" = 1 ]; then
 fi
 run_shape() {  # $1 args, $2 variants
   stamp "bench-cuda $1 --variants $2"
-  KVATTN_DECODE_TIMELINE=5 timeout 90 "$K" bench-cuda $1 --variants "$2" 2>&1 | grep -v "^ceiling\|^case\|^kvattn" | tee -a "$OUTDIR/ab.txt"
+  KVATTN_DECODE_TIMELINE=5 timeout 90 "$K" bench-cuda $1 --variants "$2" 2>&1 | grep -v "^case\|^kvattn" | tee -a "$OUTDIR/ab.txt"
 }
-"$K" bench-cuda --batch 1 --kv-len 16 2>&1 | grep ceiling | tee -a "$OUTDIR/ab.txt"
 run_shape "--batch 64 --kv-len 4096" "${DECODE_VARIANTS_64:-0/0,1/0,0/2,0/3,0/4,0/5,0/8,1/3,1/4,0/0,1/0}"
 run_shape "--batch 128 --kv-len 4096" "${DECODE_VARIANTS_128:-0/0,1/0,0/2,0/3,0/6,0/8,1/2,0/0,1/0}"
 run_shape "--batch 128 --kv-len 8192 --mixed" "${DECODE_VARIANTS_MIX:-0/0,1/0,0/4,0/8,0/0,1/0}"
@@ -33,7 +32,7 @@ run_shape "--batch 256 --kv-len 8192" "${DECODE_VARIANTS_256:-0/0,1/0,0/1,0/0,1/
 run_shape "--batch 256 --kv-len 8192 --fp8" "${DECODE_VARIANTS_FP8:-0/0,1/0,0/1}"
 if [ "${DECODE_NCU:-0}" = 1 ]; then
   NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
-  for a in "--fp8" ""; do
+  for a in ${DECODE_NCU_ARGS:---fp8}; do
     stamp "ncu 256x8192 $a"
     timeout 90 "$NCU" --clock-control none -k regex:attn_kernel -s 4 -c 1 --section SpeedOfLight \
       --section WarpStateStats --section InstructionStats --section ComputeWorkloadAnalysis --section Occupancy \
