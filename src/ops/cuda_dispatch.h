@@ -62,7 +62,8 @@ void set_small_decode_mode(int mode);
 int small_decode_mode() noexcept;
 int64_t small_decode_launches() noexcept;
 // Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
-// set_decode_options): option bits (KVATTN_DECODE_OPTS) and a forced split count per request
+// set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
+// KVATTN_DECODE_SPLIT_RULE=waves|v6) and a forced split count per request
 // (KVATTN_DECODE_SPLITS, 0 = the plan's rule).  No-ops without CUDA.
 void set_decode_options(int opts);
 int decode_options() noexcept;

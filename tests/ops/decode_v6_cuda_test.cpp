@@ -1,8 +1,9 @@
 // The v6 decode path of attn_kernel (plan kernel, persistent grid pulling units from a work
 // counter, merge kernel) under each of its knobs (kernels.h set_decode_options /
-// set_decode_splits): the next unit's work id fetched at a unit's start, page ids before Q,
-// and forced split counts (one chunk per request, more chunks than the plan's rule, more than
-// a short request has tiles).  Every setting against the CPU reference on random inputs,
+// set_decode_splits): the whole-wave split rule for uniform lengths (default) and the v6 rule,
+// forced split counts (one chunk per request, more than a short request has tiles), the merge
+// with partials in registers (<= 8 splits) and in rounds (more), the token -> splits map of
+// short and long query ranges.  Every setting against the CPU reference on random inputs,
 // outputs poisoned, permuted block tables with block 0 reserved, odd and empty lengths,
 // repeated calls on one workspace.  Batches > 32 so the small-call path never takes them.
 #include <gtest/gtest.h>
@@ -30,46 +31,53 @@ class CudaDecodeV6 : public ::testing::Test {
     cuda_impl::set_decode_splits(0);
     cuda_impl::set_small_decode_mode(0);
   }
-  int opts0_ = 0;
+  int opts0_ = 1;
 };
 
-AttnCase mixed_case(std::mt19937& rng, int batch) {
+// 8 q / 2 KV heads keep the CPU reference fast; lengths mixed (v6 rule) or uniform (whole-wave
+// rule when opts has bit 1).
+AttnCase decode_case(std::mt19937& rng, int batch, bool uniform) {
   AttnCase c;
+  c.hq = 8; c.hkv = 2;
   for (int r = 0; r < batch; ++r) {
-    c.q_lens.push_back(r % 23 == 7 ? 0 : 1);
-    c.kv_lens.push_back(r % 19 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 3000));
+    c.q_lens.push_back(!uniform && r % 23 == 7 ? 0 : 1);
+    c.kv_lens.push_back(uniform ? 1999 : (r % 19 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 3000)));
   }
-  c.kv_lens[5] = 9001;  // one long request: many chunks
+  if (!uniform) c.kv_lens[5] = 9001;  // one long request: many chunks
   c.repeats = 2;
   return c;
 }
 
-TEST_F(CudaDecodeV6, EveryOptionAndSplitCount) {
+TEST_F(CudaDecodeV6, SplitRulesAndForcedSplitCounts) {
   std::mt19937 rng(1601);
   uint32_t seed = 1610;
-  for (int opts : {0, 1, 2, 3}) {
+  for (int opts : {1, 0}) {
     for (int splits : {0, 1, 3, 40}) {
-      AttnCase c = mixed_case(rng, 40);
-      c.name = "opts " + std::to_string(opts) + " splits " + std::to_string(splits);
-      cuda_impl::set_decode_options(opts);
-      cuda_impl::set_decode_splits(splits);
-      ASSERT_EQ(cuda_impl::decode_options(), opts);
-      run_attn_case(c, seed++);
+      for (bool uniform : {true, false}) {
+        if (splits != 0 && uniform) continue;  // a forced count overrides either rule
+        AttnCase c = decode_case(rng, 40, uniform);
+        c.name = std::string(uniform ? "uniform" : "mixed") + " opts " + std::to_string(opts) + " splits " +
+                 std::to_string(splits);
+        cuda_impl::set_decode_options(opts);
+        cuda_impl::set_decode_splits(splits);
+        ASSERT_EQ(cuda_impl::decode_options(), opts);
+        run_attn_case(c, seed++);
+      }
     }
   }
 }
 
-TEST_F(CudaDecodeV6, OptionsWithFp8SinksWindowAndMultiToken) {
+TEST_F(CudaDecodeV6, Fp8SinksWindowMultiTokenAndLongQueries) {
   std::mt19937 rng(1701);
   uint32_t seed = 1710;
-  for (int opts : {0, 3}) {
+  for (int opts : {1, 0}) {
     cuda_impl::set_decode_options(opts);
-    AttnCase c = mixed_case(rng, 36);
+    AttnCase c = decode_case(rng, 36, opts == 1);
     c.name = "fp8 e4m3 sinks softcap window, opts " + std::to_string(opts);
     c.kv_dt = DType::fp8_e4m3; c.k_scale = 0.6; c.v_scale = 1.4;
     c.sinks = true; c.soft_cap = 25.0; c.window_left = 700; c.base = LseBase::E;
     run_attn_case(c, seed++);
-    AttnCase m = mixed_case(rng, 34);
+    AttnCase m = decode_case(rng, 34, false);
     m.name = "multi-token rows, gqa 8, D 64, block-table form, opts " + std::to_string(opts);
     // 1-2 query tokens x 8 heads: <= 16 rows per request on average (decode config)
     for (size_t i = 0; i < m.q_lens.size(); ++i) {
@@ -80,6 +88,19 @@ TEST_F(CudaDecodeV6, OptionsWithFp8SinksWindowAndMultiToken) {
     m.paged_form = false;
     run_attn_case(m, seed++);
   }
+  // query ranges > 64 tokens (the plan's block-wide token map) with split KV: fp8 pages keep the
+  // call on attn_kernel's prefill config, D 256 and > 8 splits take the merge's round loop
+  AttnCase l;
+  l.name = "long queries, fp8, split KV";
+  l.kv_dt = DType::fp8_e4m3; l.k_scale = 0.9; l.v_scale = 1.1;
+  l.hq = 4; l.hkv = 2;
+  l.q_lens = {100, 3, 70, 0, 65};
+  l.kv_lens = {3000, 500, 2000, 7, 4100};
+  run_attn_case(l, 1790);
+  l.name = "long queries, D 256, many splits";
+  l.dim = 256;
+  cuda_impl::set_decode_splits(12);
+  run_attn_case(l, 1791);
 }
 
 }  // namespace

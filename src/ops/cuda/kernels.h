@@ -157,8 +157,10 @@ void set_small_decode_mode(SmallDecodeMode m);
 SmallDecodeMode small_decode_mode();
 int64_t small_decode_launches();  // launches of the small-call path so far
 // v6 path of attn_kernel (plan kernel, persistent attention grid, merge): option bits
-// (1 = the next unit's work id fetched when a unit starts; initial value from KVATTN_DECODE_OPTS) and a forced split count per request
-// (0 = the plan kernel's rule; initial value from KVATTN_DECODE_SPLITS).  KVATTN_DECODE_TIMELINE=N
+// (1 = uniform-length calls split so units fill whole waves of CTAs, the default; 0 = the v6
+// split rule for every call; initial value from KVATTN_DECODE_SPLIT_RULE=waves|v6) and a
+// forced split count per request (0 = the plan kernel's rule; initial value from
+// KVATTN_DECODE_SPLITS).  KVATTN_DECODE_TIMELINE=N
 // prints a per-unit timing summary of the process's Nth v6-path call to stderr (debug; syncs that call).
 void set_decode_options(int opts);
 int decode_options();

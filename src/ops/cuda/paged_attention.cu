@@ -129,7 +129,7 @@ struct Plan {
   int32_t* num_items;    // [1]
   int32_t* chunk;        // [1] keys per split (multiple of the tile)
   int32_t* counter;      // [1] dynamic work counter (reset by the plan kernel)
-  int32_t* tok2req;      // [num_tokens] (split runs only)
+  int32_t* tok_splits;   // [num_tokens] splits of the token's request, 0 = no request (split runs only)
   float* part_o;         // [S_max, num_tokens, hq, D]
   float* part_lse;       // [S_max, num_tokens, hq] base 2
   // small-call path only (attn_kernel<..., SMALL = true>): arrivals per (request, row tile,
@@ -145,8 +145,8 @@ struct Plan {
   int32_t tl_cap;        // unit records available in tl
 };
 
-// attn_kernel v6-path options (Plan::opts)
-constexpr int kOptNextWork = 1;   // thread 0 fetches the next unit's work id at the unit's start
+// v6-path options (Plan::opts)
+constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length calls by whole waves
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end
@@ -172,6 +172,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   if (plan.tl != nullptr && tid == 0) plan.tl[0] = gtimer();
+  // tokens of no request (padding rows) read 0 in the merge; the first barrier below orders
+  // these stores before the per-request ones
+  if (write_map)
+    for (int64_t t = tid; t < p.num_tokens; t += blockDim.x) plan.tok_splits[t] = 0;
   int64_t work = 0, rt_sum = 0;
   int32_t kv_max = 0;
   for (int r = tid; r < p.batch; r += blockDim.x) {
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   }
   if (lane == 0) { s_red[warp] = work; s_red2[warp] = rt_sum; s_max[warp] = kv_max; }
   __syncthreads();
-  if (tid == 0) {
+  if (warp == 0) {
     int64_t W = 0, R = 0;
     int32_t M = 0;
     for (int w = 0; w < (int)(blockDim.x >> 5); ++w) { W += s_red[w]; R += s_red2[w]; M = max(M, s_max[w]); }
@@ -228,13 +232,48 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
       int64_t want = per_cta <= 8 ? per_cta : max(int64_t(8), (per_cta + 7) / 8);
       want = max(want, (max_tiles + max_splits - 1) / max_splits);
       want = max(want, int64_t(1));
-      const int64_t nsplit = (max_tiles + want - 1) / want;
+      int64_t nsplit = (max_tiles + want - 1) / want;
       chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
+      if ((plan.opts & kOptWaveSplits) && R > 0 && W == R * max_tiles) {
+        // Uniform lengths (every row tile has max_tiles tiles): all units are equally long and
+        // the work counter hands them out in waves of target_ctas, so the call takes about
+        // ceil(units / G) x (tiles per unit + c0), c0 = a unit's fixed cost in tiles.  Measured
+        // (session 4 timeline): ~8 us per unit (6 us from the unit's start to its first tile,
+        // 1.5 us epilogue, 0.4 us between units) vs 2.7 us per 64-key bf16 tile and 4.3 us per
+        // 128-key fp8 tile -> c0 = 3 / 2.  64 x 4096: 3 splits (3.9 waves of 22 tiles) instead
+        // of 6 (7.8 waves of 11) measured 6 % faster.  Mixed lengths keep the rule above
+        // (units of different lengths fill the tail; v4's wave model lost 7 % there).
+        constexpr int64_t c0 = TILE <= 64 ? 3 : 2;
+        const int64_t G = max(target_ctas, 1);
+        const int64_t per_split = R * p.hkv;
+        auto cost = [&](int64_t n) {
+          const int64_t ct = (max_tiles + n - 1) / n;
+          const int64_t units = per_split * ((max_tiles + ct - 1) / ct);
+          return ((units + G - 1) / G) * (ct + c0);
+        };
+        const int64_t n_max = min(min(int64_t(max_splits), max_tiles), int64_t(128));
+        int64_t best = int64_t(0x7fffffffffffffff), best_n = 1;
+        for (int64_t n = 1 + lane; n <= n_max; n += 32) {  // lane-parallel search
+          const int64_t c = cost(n);
+          if (c < best) { best = c; best_n = n; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+          const int64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+          const int64_t on = __shfl_xor_sync(0xffffffffu, best_n, o);
+          if (ob < best || (ob == best && on < best_n)) { best = ob; best_n = on; }
+        }
+        // keep the rule above unless whole waves are >= 2 % cheaper by the model
+        if (best * 50 < cost(nsplit) * 49) {
+          nsplit = best_n;
+          chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
+        }
+      }
     }
-    (void)R;
-    plan.counter[0] = 0;
-    s_red[0] = chunk_tiles * TILE;
-    plan.chunk[0] = static_cast<int32_t>(chunk_tiles * TILE);
+    if (lane == 0) {
+      plan.counter[0] = 0;
+      s_red[0] = chunk_tiles * TILE;
+      plan.chunk[0] = static_cast<int32_t>(chunk_tiles * TILE);
+    }
   }
   __syncthreads();
   const int64_t chunk = s_red[0];
@@ -244,6 +283,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   for (int r0 = 0; r0 < p.batch; r0 += blockDim.x) {
     const int r = r0 + tid;
     int64_t n_items = 0, rt = 0, sp = 1;
+    bool long_q = false;
     if (r < p.batch) {
       ReqInfo ri = plan.req[r];
       sp = ri.kv_len > 0 ? (ri.kv_len + chunk - 1) / chunk : 1;
@@ -251,6 +291,21 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
       n_items = rt * sp;
       ri.splits = static_cast<int32_t>(sp);
       plan.req[r] = ri;
+      // token -> splits map: a request's own thread writes short query ranges (decode); long
+      // ones are written by the whole block below (a serial loop over every request here cost
+      // ~0.13 us per request: 21 us of plan kernel at batch 128)
+      if (write_map) {
+        long_q = ri.q_len > 64;
+        if (!long_q)
+          for (int t = 0; t < ri.q_len; ++t) plan.tok_splits[ri.q_start + t] = ri.splits;
+      }
+    }
+    if (write_map && __syncthreads_or(long_q)) {
+      for (int rr = r0; rr < min(p.batch, r0 + (int)blockDim.x); ++rr) {
+        const ReqInfo ri = plan.req[rr];
+        if (ri.q_len > 64)
+          for (int t = tid; t < ri.q_len; t += blockDim.x) plan.tok_splits[ri.q_start + t] = ri.splits;
+      }
     }
     // inclusive warp scan
     int64_t x = n_items;
@@ -284,14 +339,6 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     __syncthreads();
   }
   if (tid == 0) plan.num_items[0] = static_cast<int32_t>(min(base, max_items));
-  if (write_map) {
-    for (int64_t t = tid; t < p.num_tokens; t += blockDim.x) plan.tok2req[t] = -1;
-    __syncthreads();
-    for (int r = 0; r < p.batch; ++r) {
-      const ReqInfo ri = plan.req[r];
-      for (int t = tid; t < ri.q_len; t += blockDim.x) plan.tok2req[ri.q_start + t] = r;
-    }
-  }
   if (plan.tl != nullptr) {
     __syncthreads();
     if (tid == 0) plan.tl[1] = gtimer();
@@ -609,9 +656,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     __syncthreads();
   }
   const int piece = blockIdx.x;  // small path: one piece per CTA
-  // v6 path: with kOptNextWork thread 0 asks for the next unit's work id when a unit starts
-  // (the atomic's round trip hides behind the unit instead of sitting between two units)
-  const bool next_work = !SMALL && (plan.opts & kOptNextWork) != 0;
   // timeline record of the current unit (thread 0; s_work holds the unit's work id until the
   // next unit starts, so the address is recomputed instead of kept in registers)
   uint64_t* const tl = SMALL ? nullptr : plan.tl;
@@ -619,30 +663,22 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     if (tl == nullptr || tid != 0 || s_work >= plan.tl_cap) return nullptr;
     return tl + kTlHeader + 2 * gridDim.x + int64_t(s_work) * kTlUnitWords;
   };
-  // the prefetched id waits in a register only until the unit's Q rows are staged, then in
-  // s_next (kept out of the tile loop's register budget)
-  __shared__ int s_next;
-  int w_next = 0;
   if constexpr (!SMALL) {
-    if (tid == 0) {
-      if (tl != nullptr) tl[kTlHeader + 2 * blockIdx.x] = gtimer();
-      if (next_work) s_next = atomicAdd(plan.counter, 1);
-    }
+    if (tid == 0 && tl != nullptr) tl[kTlHeader + 2 * blockIdx.x] = gtimer();
   }
   for (;;) {
     Item it;
     int hk, chunk;
     ReqInfo ri;
     if constexpr (!SMALL) {
-      if (tid == 0) s_work = next_work ? s_next : atomicAdd(plan.counter, 1);
+      if (tid == 0) s_work = atomicAdd(plan.counter, 1);
       __syncthreads();
       const int w = s_work;
       if (w >= total) {
         if (tl != nullptr && tid == 0) tl[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
         break;
       }
-      if (tid == 0) {
-        if (next_work) w_next = atomicAdd(plan.counter, 1);
+      if (tl != nullptr) {
         if (uint64_t* r = tl_unit()) r[0] = gtimer();
       }
       it = plan.items[w / p.hkv];
@@ -802,7 +838,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
           sQ[row * kQP + d] = tok >= 0 ? load_q(p, tok, s_rhead[row], d) : 0.f;
         }
       }
-      if (!SMALL && next_work && tid == 0) s_next = w_next;
       __syncthreads();
     }
     uint32_t qf[kKSteps][4];
@@ -1173,19 +1208,29 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 }
 
 // Combine the splits of split requests: one warp per (token, qo head); lane s holds split
-// s's LSE (and s + 32, ...), so every load is issued up front.
+// s's LSE (and s + 32, ...).  Two dependent round trips: the token's split count, then every
+// LSE and (for <= kMergeRegSplits splits, D <= 128) every partial O vector at once — lane l
+// holds dims 4l..4l+3 of each split (v6 walked the dims in 4 serial rounds after the LSEs:
+// ~10-13 us for 128 x 4096 in the session-4 timeline).
+constexpr int kMergeRegSplits = 8;
 __device__ __forceinline__ void merge_splits_body(const AttnParams& p, const Plan& plan, float kv_out_factor) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= p.num_tokens * p.hq) return;
   const int64_t tok = row / p.hq;
   const int head = static_cast<int>(row % p.hq);
-  const int r = plan.tok2req[tok];
-  if (r < 0) return;
-  const int ns = plan.req[r].splits;
+  const int ns = plan.tok_splits[tok];
   if (ns <= 1) return;
   const int64_t stride = p.num_tokens * p.hq;  // between splits
   const int64_t base = tok * p.hq + head;
+  const bool in_regs = ns <= kMergeRegSplits && p.head_dim <= 128;
+  const int d4 = 4 * lane;
+  float4 v[kMergeRegSplits];
+  if (in_regs && d4 < p.head_dim) {
+#pragma unroll
+    for (int s = 0; s < kMergeRegSplits; ++s)
+      if (s < ns) v[s] = __ldcg(reinterpret_cast<const float4*>(plan.part_o + (s * stride + base) * p.head_dim + d4));
+  }
   constexpr int kMaxPerLane = 4;  // up to 128 splits
   float ls[kMaxPerLane];
 #pragma unroll
@@ -1215,14 +1260,32 @@ __device__ __forceinline__ void merge_splits_body(const AttnParams& p, const Pla
   if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
   const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
   const float inv = (denom > 0.f && M != -INFINITY) ? p.v_scale * kv_out_factor / denom : 0.f;
-  // output dims: lane handles d = d0 + lane; every split wrote its partial (zeros when empty),
-  // so the loads are unconditional and independent
-  for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
-    const int d = d0 + lane;
-    float acc = 0.f;
+  const int64_t ob = tok * p.o_st + int64_t(head) * p.o_sh;
+  if (in_regs) {
+    if (d4 < p.head_dim) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int s = 0; s < kMergeRegSplits; ++s) {
+        if (s < ns) {
+          const float w = sw[s];
+          acc.x += w * v[s].x; acc.y += w * v[s].y; acc.z += w * v[s].z; acc.w += w * v[s].w;
+        }
+      }
+      store_elt(p.out, ob + int64_t(d4) * p.o_sd, p.out_t, acc.x * inv);
+      store_elt(p.out, ob + int64_t(d4 + 1) * p.o_sd, p.out_t, acc.y * inv);
+      store_elt(p.out, ob + int64_t(d4 + 2) * p.o_sd, p.out_t, acc.z * inv);
+      store_elt(p.out, ob + int64_t(d4 + 3) * p.o_sd, p.out_t, acc.w * inv);
+    }
+  } else {
+    // many splits or D 256: dims in rounds of 32 (every split wrote its partial, zeros when
+    // empty, so the loads are unconditional and independent)
+    for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
+      const int d = d0 + lane;
+      float acc = 0.f;
 #pragma unroll 8
-    for (int s = 0; s < ns; ++s) acc += sw[s] * plan.part_o[(s * stride + base) * p.head_dim + d];
-    store_elt(p.out, tok * p.o_st + int64_t(head) * p.o_sh + int64_t(d) * p.o_sd, p.out_t, acc * inv);
+      for (int s = 0; s < ns; ++s) acc += sw[s] * plan.part_o[(s * stride + base) * p.head_dim + d];
+      store_elt(p.out, ob + int64_t(d) * p.o_sd, p.out_t, acc * inv);
+    }
   }
   if (lane == 0 && p.lse != nullptr)
     p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
@@ -1240,7 +1303,7 @@ __global__ void merge_splits_kernel(AttnParams p, Plan plan, float kv_out_factor
 // ---------------------------------------------------------------------------------------------
 // Host side.
 struct WsLayout {
-  int64_t req, page_base, items, num_items, chunk, counter, tok2req, part_o, part_lse, total;
+  int64_t req, page_base, items, num_items, chunk, counter, tok_splits, part_o, part_lse, total;
 };
 WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
@@ -1252,7 +1315,7 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   w.num_items = off; off += 256;
   w.chunk = off; off += 256;
   w.counter = off; off += 256;
-  w.tok2req = off; off += al(p.num_tokens * 4 + 16);
+  w.tok_splits = off; off += al(p.num_tokens * 4 + 16);
   w.part_o = off;
   off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * p.head_dim * 4) : 0;
   w.part_lse = off;
@@ -1262,14 +1325,15 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 }
 
 // ---- v6-path knobs (environment, read once; tests and benchmarks set them directly) ----------
-// KVATTN_DECODE_OPTS: kOpt* bits of attn_kernel's v6 path.
-constexpr int kDefaultDecodeOpts = 0;
+// Plan::opts of the v6 path: kOptWaveSplits unless KVATTN_DECODE_SPLIT_RULE=v6 (the v6 rule
+// for every call; `waves`, the default, is the measured-faster side).
+constexpr int kDefaultDecodeOpts = kOptWaveSplits;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
   if (m >= 0) return m;
   m = kDefaultDecodeOpts;
-  if (const char* e = std::getenv("KVATTN_DECODE_OPTS")) m = std::atoi(e) & 1;
+  if (const char* e = std::getenv("KVATTN_DECODE_SPLIT_RULE")) m = std::strcmp(e, "v6") == 0 ? 0 : kOptWaveSplits;
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1628,7 +1692,7 @@ int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* wo
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.chunk = reinterpret_cast<int32_t*>(base + w.chunk);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
-  plan.tok2req = reinterpret_cast<int32_t*>(base + w.tok2req);
+  plan.tok_splits = reinterpret_cast<int32_t*>(base + w.tok_splits);
   plan.part_o = reinterpret_cast<float*>(base + w.part_o);
   plan.part_lse = reinterpret_cast<float*>(base + w.part_lse);
   plan.small_ctr = nullptr;
