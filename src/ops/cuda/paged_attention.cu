@@ -234,7 +234,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
       want = max(want, int64_t(1));
       int64_t nsplit = (max_tiles + want - 1) / want;
       chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
-      if ((plan.opts & kOptWaveSplits) && R > 0 && W == R * max_tiles) {
+      // (decode config only: in the prefill config causal masking makes units of equal tile
+      // counts unequal in work, and the model was fitted on decode timelines)
+      if (ROWS == 16 && (plan.opts & kOptWaveSplits) && R > 0 && W == R * max_tiles) {
         // Uniform lengths (every row tile has max_tiles tiles): all units are equally long and
         // the work counter hands them out in waves of target_ctas, so the call takes about
         // ceil(units / G) x (tiles per unit + c0), c0 = a unit's fixed cost in tiles.  Measured
