@@ -34,6 +34,8 @@ struct Opts {
   std::string only;
   int64_t batch = 0, kv_len = 0;  // --shape: one decode case only
   bool fp8 = false;
+  bool mixed = false;  // --batch case with lengths U[256, kv_len] (the 128xU row's generator)
+  std::string variants;  // --batch case once per "opts/splits" pair of the decode v6 path
 };
 
 #if defined(KVATTN_WITH_CUDA)
@@ -314,9 +316,34 @@ int run(const Opts& o) {
   if (o.batch > 0) {
     Pool one = make_pool(std::max<int64_t>(o.batch * ((o.kv_len + kPage - 1) / kPage) * 2 + 1, 1024),
                          o.fp8 ? DType::fp8_e4m3 : DType::bf16);
-    print_row(bench_decode(fmt::format("decode {} {}x{}", o.fp8 ? "fp8" : "bf16", o.batch, o.kv_len), one,
-                           std::vector<int64_t>(static_cast<size_t>(o.batch), o.kv_len),
-                           o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true));
+    std::vector<int64_t> lens(static_cast<size_t>(o.batch), o.kv_len);
+    if (o.mixed) {
+      std::mt19937 rng(99);
+      std::uniform_int_distribution<int64_t> u(256, o.kv_len);
+      for (auto& x : lens) x = u(rng);
+    }
+    const std::string name = fmt::format("decode {} {}x{}{}", o.fp8 ? "fp8" : "bf16", o.batch, o.mixed ? "U[256," : "",
+                                         o.kv_len) + (o.mixed ? "]" : "");
+    if (o.variants.empty()) {
+      print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true));
+      return 0;
+    }
+    // A/B of the v6 path's knobs in one process (kernels.h set_decode_options / _splits)
+    const int opts0 = k::decode_options();
+    for (size_t pos = 0; pos < o.variants.size();) {
+      size_t end = o.variants.find(',', pos);
+      if (end == std::string::npos) end = o.variants.size();
+      const std::string v = o.variants.substr(pos, end - pos);
+      pos = end + 1;
+      const size_t slash = v.find('/');
+      const int opts = std::atoi(v.c_str()), splits = slash == std::string::npos ? 0 : std::atoi(v.c_str() + slash + 1);
+      k::set_decode_options(opts);
+      k::set_decode_splits(splits);
+      print_row(bench_decode(fmt::format("{} [opts {} splits {}]", name, opts, splits), one, lens,
+                             o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", o.quick));
+    }
+    k::set_decode_options(opts0);
+    k::set_decode_splits(0);
     return 0;
   }
   // pool: 140k pages of 64 KiB (bf16) = 9.2 GB
@@ -424,6 +451,8 @@ std::function<int()> setup(CLI::App& app) {
   app.add_option("--batch", o->batch, "with --kv-len: time one decode shape only");
   app.add_option("--kv-len", o->kv_len, "kv length of the --batch decode case");
   app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");
+  app.add_flag("--mixed", o->mixed, "the --batch case with kv lengths U[256, kv-len] (as the 128xU row)");
+  app.add_option("--variants", o->variants, "the --batch case once per opts/splits pair (decode knobs), e.g. 0/0,3/0,3/4");
   return [o]() -> int {
 #if defined(KVATTN_WITH_CUDA)
     return run(*o);

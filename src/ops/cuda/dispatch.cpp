@@ -363,6 +363,9 @@ void set_small_decode_kernel(int kernel) { k::set_small_kernel(static_cast<k::Sm
 int64_t small_cluster_launches() noexcept { return k::cluster_decode_launches(); }
 void set_small_cluster_max(int pieces) { k::set_small_cluster_max(pieces); }
 int small_cluster_max() noexcept { return k::small_cluster_max(); }
+void set_decode_options(int opts) { k::set_decode_options(opts); }
+int decode_options() noexcept { return k::decode_options(); }
+void set_decode_splits(int n) { k::set_decode_splits(n); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
 void copy_(const Tensor& dst, const Tensor& src, float scale) {

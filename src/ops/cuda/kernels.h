@@ -168,6 +168,15 @@ SmallKernel small_kernel();
 void set_small_cluster_max(int n);
 int small_cluster_max();
 int64_t cluster_decode_launches();  // launches of the cluster kernel so far
+// v6 path of attn_kernel (plan kernel, persistent attention grid, merge): option bits
+// (1 = uniform-length calls split so units fill whole waves of CTAs, the default; 0 = the v6
+// split rule for every call; initial value from KVATTN_DECODE_SPLIT_RULE=waves|v6) and a
+// forced split count per request (0 = the plan kernel's rule; initial value from
+// KVATTN_DECODE_SPLITS).  KVATTN_DECODE_TIMELINE=N
+// prints a per-unit timing summary of the process's Nth v6-path call to stderr (debug; syncs that call).
+void set_decode_options(int opts);
+int decode_options();
+void set_decode_splits(int n);
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the

@@ -24,9 +24,12 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -127,7 +130,7 @@ struct Plan {
   int32_t* num_items;    // [1]
   int32_t* chunk;        // [1] keys per split (multiple of the tile)
   int32_t* counter;      // [1] dynamic work counter (reset by the plan kernel)
-  int32_t* tok2req;      // [num_tokens] (split runs only)
+  int32_t* tok_splits;   // [num_tokens] splits of the token's request, 0 = no request (split runs only)
   float* part_o;         // [S_max, num_tokens, hq, D]
   float* part_lse;       // [S_max, num_tokens, hq] base 2
   // small-call path only (attn_kernel<..., SMALL = true>): arrivals per (request, row tile,
@@ -137,7 +140,23 @@ struct Plan {
   int32_t small_units;   // unit counters available
   int32_t small_smax;    // split bound (<= kSmallMaxSplits)
   int32_t small_min_tiles;
+  // v6 path (decode and prefill configs of attn_kernel, not the small path):
+  int32_t opts;          // kOpt* bits (KVATTN_DECODE_OPTS)
+  uint64_t* tl;          // timeline stamps (KVATTN_DECODE_TIMELINE), nullptr = off
+  int32_t tl_cap;        // unit records available in tl
 };
+
+// v6-path options (Plan::opts)
+constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length calls by whole waves
+// Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
+// (start, first tile ready, tile loop done, end, meta).
+constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end
+constexpr int kTlUnitWords = 5;
+__device__ __forceinline__ uint64_t gtimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 
 // Small-call path (one launch: plan per CTA, attention, merge by the last-arriving piece).
 constexpr int kSmallMaxBatch = 32;   // one lane of warp 0 per request in the per-CTA plan
@@ -146,13 +165,18 @@ constexpr int kSmallMaxSplits = 32;  // pieces per unit (LSE slots per row in th
 template <int ROWS, int TILE>
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan plan, int max_splits,
                                                             int64_t max_items, int target_ctas,
-                                                            bool write_map) {
+                                                            bool write_map, int force_splits) {
   __shared__ int64_t s_red[32];
   __shared__ int64_t s_red2[32];
   __shared__ int32_t s_max[32];
   __shared__ int64_t s_total;
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
+  if (plan.tl != nullptr && tid == 0) plan.tl[0] = gtimer();
+  // tokens of no request (padding rows) read 0 in the merge; the first barrier below orders
+  // these stores before the per-request ones
+  if (write_map)
+    for (int64_t t = tid; t < p.num_tokens; t += blockDim.x) plan.tok_splits[t] = 0;
   int64_t work = 0, rt_sum = 0;
   int32_t kv_max = 0;
   for (int r = tid; r < p.batch; r += blockDim.x) {
@@ -191,13 +215,17 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   }
   if (lane == 0) { s_red[warp] = work; s_red2[warp] = rt_sum; s_max[warp] = kv_max; }
   __syncthreads();
-  if (tid == 0) {
+  if (warp == 0) {
     int64_t W = 0, R = 0;
     int32_t M = 0;
     for (int w = 0; w < (int)(blockDim.x >> 5); ++w) { W += s_red[w]; R += s_red2[w]; M = max(M, s_max[w]); }
     const int64_t max_tiles = (M + TILE - 1) / TILE;
     int64_t chunk_tiles = max_tiles > 0 ? max_tiles : 1;  // default: no split
-    if (max_splits > 1 && max_tiles > 1) {
+    if (force_splits > 0 && max_tiles > 1) {
+      // measurement knob (KVATTN_DECODE_SPLITS): every request cut into this many chunks
+      const int64_t nsplit = min(min(int64_t(force_splits), int64_t(max_splits)), max_tiles);
+      chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
+    } else if (max_splits > 1 && max_tiles > 1) {
       // Units of about 1/8 of a CTA's fair share (at least 8 tiles) balance mixed lengths
       // under the dynamic scheduler; small batches split down to one tile per unit.
       // (v3 tried a waves x unit-length cost model: +2% at 64x4096, -7% on mixed lengths.)
@@ -205,13 +233,50 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
       int64_t want = per_cta <= 8 ? per_cta : max(int64_t(8), (per_cta + 7) / 8);
       want = max(want, (max_tiles + max_splits - 1) / max_splits);
       want = max(want, int64_t(1));
-      const int64_t nsplit = (max_tiles + want - 1) / want;
+      int64_t nsplit = (max_tiles + want - 1) / want;
       chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
+      // (decode config only: in the prefill config causal masking makes units of equal tile
+      // counts unequal in work, and the model was fitted on decode timelines)
+      if (ROWS == 16 && (plan.opts & kOptWaveSplits) && R > 0 && W == R * max_tiles) {
+        // Uniform lengths (every row tile has max_tiles tiles): all units are equally long and
+        // the work counter hands them out in waves of target_ctas, so the call takes about
+        // ceil(units / G) x (tiles per unit + c0), c0 = a unit's fixed cost in tiles.  Measured
+        // (session 4 timeline): ~8 us per unit (6 us from the unit's start to its first tile,
+        // 1.5 us epilogue, 0.4 us between units) vs 2.7 us per 64-key bf16 tile and 4.3 us per
+        // 128-key fp8 tile -> c0 = 3 / 2.  64 x 4096: 3 splits (3.9 waves of 22 tiles) instead
+        // of 6 (7.8 waves of 11) measured 6 % faster.  Mixed lengths keep the rule above
+        // (units of different lengths fill the tail; v4's wave model lost 7 % there).
+        constexpr int64_t c0 = TILE <= 64 ? 3 : 2;
+        const int64_t G = max(target_ctas, 1);
+        const int64_t per_split = R * p.hkv;
+        auto cost = [&](int64_t n) {
+          const int64_t ct = (max_tiles + n - 1) / n;
+          const int64_t units = per_split * ((max_tiles + ct - 1) / ct);
+          return ((units + G - 1) / G) * (ct + c0);
+        };
+        const int64_t n_max = min(min(int64_t(max_splits), max_tiles), int64_t(128));
+        int64_t best = int64_t(0x7fffffffffffffff), best_n = 1;
+        for (int64_t n = 1 + lane; n <= n_max; n += 32) {  // lane-parallel search
+          const int64_t c = cost(n);
+          if (c < best) { best = c; best_n = n; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+          const int64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
+          const int64_t on = __shfl_xor_sync(0xffffffffu, best_n, o);
+          if (ob < best || (ob == best && on < best_n)) { best = ob; best_n = on; }
+        }
+        // keep the rule above unless whole waves are >= 2 % cheaper by the model
+        if (best * 50 < cost(nsplit) * 49) {
+          nsplit = best_n;
+          chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
+        }
+      }
     }
-    (void)R;
-    plan.counter[0] = 0;
-    s_red[0] = chunk_tiles * TILE;
-    plan.chunk[0] = static_cast<int32_t>(chunk_tiles * TILE);
+    if (lane == 0) {
+      plan.counter[0] = 0;
+      s_red[0] = chunk_tiles * TILE;
+      plan.chunk[0] = static_cast<int32_t>(chunk_tiles * TILE);
+    }
   }
   __syncthreads();
   const int64_t chunk = s_red[0];
@@ -221,6 +286,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   for (int r0 = 0; r0 < p.batch; r0 += blockDim.x) {
     const int r = r0 + tid;
     int64_t n_items = 0, rt = 0, sp = 1;
+    bool long_q = false;
     if (r < p.batch) {
       ReqInfo ri = plan.req[r];
       sp = ri.kv_len > 0 ? (ri.kv_len + chunk - 1) / chunk : 1;
@@ -228,6 +294,21 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
       n_items = rt * sp;
       ri.splits = static_cast<int32_t>(sp);
       plan.req[r] = ri;
+      // token -> splits map: a request's own thread writes short query ranges (decode); long
+      // ones are written by the whole block below (a serial loop over every request here cost
+      // ~0.13 us per request: 21 us of plan kernel at batch 128)
+      if (write_map) {
+        long_q = ri.q_len > 64;
+        if (!long_q)
+          for (int t = 0; t < ri.q_len; ++t) plan.tok_splits[ri.q_start + t] = ri.splits;
+      }
+    }
+    if (write_map && __syncthreads_or(long_q)) {
+      for (int rr = r0; rr < min(p.batch, r0 + (int)blockDim.x); ++rr) {
+        const ReqInfo ri = plan.req[rr];
+        if (ri.q_len > 64)
+          for (int t = tid; t < ri.q_len; t += blockDim.x) plan.tok_splits[ri.q_start + t] = ri.splits;
+      }
     }
     // inclusive warp scan
     int64_t x = n_items;
@@ -261,13 +342,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     __syncthreads();
   }
   if (tid == 0) plan.num_items[0] = static_cast<int32_t>(min(base, max_items));
-  if (write_map) {
-    for (int64_t t = tid; t < p.num_tokens; t += blockDim.x) plan.tok2req[t] = -1;
+  if (plan.tl != nullptr) {
     __syncthreads();
-    for (int r = 0; r < p.batch; ++r) {
-      const ReqInfo ri = plan.req[r];
-      for (int t = tid; t < ri.q_len; t += blockDim.x) plan.tok2req[ri.q_start + t] = r;
-    }
+    if (tid == 0) plan.tl[1] = gtimer();
   }
 }
 
@@ -582,6 +659,16 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     __syncthreads();
   }
   const int piece = blockIdx.x;  // small path: one piece per CTA
+  // timeline record of the current unit (thread 0; s_work holds the unit's work id until the
+  // next unit starts, so the address is recomputed instead of kept in registers)
+  uint64_t* const tl = SMALL ? nullptr : plan.tl;
+  auto tl_unit = [&]() -> uint64_t* {
+    if (tl == nullptr || tid != 0 || s_work >= plan.tl_cap) return nullptr;
+    return tl + kTlHeader + 2 * gridDim.x + int64_t(s_work) * kTlUnitWords;
+  };
+  if constexpr (!SMALL) {
+    if (tid == 0 && tl != nullptr) tl[kTlHeader + 2 * blockIdx.x] = gtimer();
+  }
   for (;;) {
     Item it;
     int hk, chunk;
@@ -590,7 +677,13 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       if (tid == 0) s_work = atomicAdd(plan.counter, 1);
       __syncthreads();
       const int w = s_work;
-      if (w >= total) break;
+      if (w >= total) {
+        if (tl != nullptr && tid == 0) tl[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
+        break;
+      }
+      if (tl != nullptr) {
+        if (uint64_t* r = tl_unit()) r[0] = gtimer();
+      }
       it = plan.items[w / p.hkv];
       hk = w % p.hkv;
       ri = plan.req[it.req];
@@ -802,6 +895,9 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait<kStages - 2>();
       __syncthreads();
+      if (!SMALL && tl != nullptr && tile == 0) {
+        if (uint64_t* r = tl_unit()) r[1] = gtimer();
+      }
       {
         const int nt = tile + kStages - 1;
         if (nt < n_tiles) issue(nt);
@@ -950,6 +1046,9 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline smem is free
+    if (!SMALL && tl != nullptr) {
+      if (uint64_t* r = tl_unit()) r[2] = gtimer();
+    }
 
     // ---- epilogue: combine the WN warps of each row, normalise, write ----
     float* sO = reinterpret_cast<float*>(smem);
@@ -1075,6 +1174,14 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       }
     }
     __syncthreads();  // smem reused by the next work unit
+    if (!SMALL && tl != nullptr) {
+      if (uint64_t* r = tl_unit()) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        r[3] = gtimer();
+        r[4] = uint64_t(smid) | (uint64_t(blockIdx.x) << 16) | (uint64_t(n_tiles) << 40);
+      }
+    }
     if constexpr (SMALL) {
       if (split_run) {
         // the last piece of this unit to arrive merges the unit's pieces (threadFenceReduction
@@ -1104,20 +1211,29 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 }
 
 // Combine the splits of split requests: one warp per (token, qo head); lane s holds split
-// s's LSE (and s + 32, ...), so every load is issued up front.
-__global__ void merge_splits_kernel(AttnParams p, Plan plan, float kv_out_factor) {
-  if (p.kv_t == Elt::e4m3) kv_out_factor = kE4m3Factor;  // same factor as the attention kernel
+// s's LSE (and s + 32, ...).  Two dependent round trips: the token's split count, then every
+// LSE and (for <= kMergeRegSplits splits, D <= 128) every partial O vector at once — lane l
+// holds dims 4l..4l+3 of each split (v6 walked the dims in 4 serial rounds after the LSEs:
+// ~10-13 us for 128 x 4096 in the session-4 timeline).
+constexpr int kMergeRegSplits = 8;
+__device__ __forceinline__ void merge_splits_body(const AttnParams& p, const Plan& plan, float kv_out_factor) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= p.num_tokens * p.hq) return;
   const int64_t tok = row / p.hq;
   const int head = static_cast<int>(row % p.hq);
-  const int r = plan.tok2req[tok];
-  if (r < 0) return;
-  const int ns = plan.req[r].splits;
+  const int ns = plan.tok_splits[tok];
   if (ns <= 1) return;
   const int64_t stride = p.num_tokens * p.hq;  // between splits
   const int64_t base = tok * p.hq + head;
+  const bool in_regs = ns <= kMergeRegSplits && p.head_dim <= 128;
+  const int d4 = 4 * lane;
+  float4 v[kMergeRegSplits];
+  if (in_regs && d4 < p.head_dim) {
+#pragma unroll
+    for (int s = 0; s < kMergeRegSplits; ++s)
+      if (s < ns) v[s] = __ldcg(reinterpret_cast<const float4*>(plan.part_o + (s * stride + base) * p.head_dim + d4));
+  }
   constexpr int kMaxPerLane = 4;  // up to 128 splits
   float ls[kMaxPerLane];
 #pragma unroll
@@ -1147,23 +1263,50 @@ __global__ void merge_splits_kernel(AttnParams p, Plan plan, float kv_out_factor
   if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
   const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
   const float inv = (denom > 0.f && M != -INFINITY) ? p.v_scale * kv_out_factor / denom : 0.f;
-  // output dims: lane handles d = d0 + lane; every split wrote its partial (zeros when empty),
-  // so the loads are unconditional and independent
-  for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
-    const int d = d0 + lane;
-    float acc = 0.f;
+  const int64_t ob = tok * p.o_st + int64_t(head) * p.o_sh;
+  if (in_regs) {
+    if (d4 < p.head_dim) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int s = 0; s < kMergeRegSplits; ++s) {
+        if (s < ns) {
+          const float w = sw[s];
+          acc.x += w * v[s].x; acc.y += w * v[s].y; acc.z += w * v[s].z; acc.w += w * v[s].w;
+        }
+      }
+      store_elt(p.out, ob + int64_t(d4) * p.o_sd, p.out_t, acc.x * inv);
+      store_elt(p.out, ob + int64_t(d4 + 1) * p.o_sd, p.out_t, acc.y * inv);
+      store_elt(p.out, ob + int64_t(d4 + 2) * p.o_sd, p.out_t, acc.z * inv);
+      store_elt(p.out, ob + int64_t(d4 + 3) * p.o_sd, p.out_t, acc.w * inv);
+    }
+  } else {
+    // many splits or D 256: dims in rounds of 32 (every split wrote its partial, zeros when
+    // empty, so the loads are unconditional and independent)
+    for (int d0 = 0; d0 < p.head_dim; d0 += 32) {
+      const int d = d0 + lane;
+      float acc = 0.f;
 #pragma unroll 8
-    for (int s = 0; s < ns; ++s) acc += sw[s] * plan.part_o[(s * stride + base) * p.head_dim + d];
-    store_elt(p.out, tok * p.o_st + int64_t(head) * p.o_sh + int64_t(d) * p.o_sd, p.out_t, acc * inv);
+      for (int s = 0; s < ns; ++s) acc += sw[s] * plan.part_o[(s * stride + base) * p.head_dim + d];
+      store_elt(p.out, ob + int64_t(d) * p.o_sd, p.out_t, acc * inv);
+    }
   }
   if (lane == 0 && p.lse != nullptr)
     p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+}
+__global__ void merge_splits_kernel(AttnParams p, Plan plan, float kv_out_factor) {
+  if (p.kv_t == Elt::e4m3) kv_out_factor = kE4m3Factor;  // same factor as the attention kernel
+  if (plan.tl != nullptr && threadIdx.x == 0) atomicMin(reinterpret_cast<unsigned long long*>(plan.tl + 2), gtimer());
+  merge_splits_body(p, plan, kv_out_factor);
+  if (plan.tl != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned long long*>(plan.tl + 3), gtimer());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
 struct WsLayout {
-  int64_t req, page_base, items, num_items, chunk, counter, tok2req, part_o, part_lse, total;
+  int64_t req, page_base, items, num_items, chunk, counter, tok_splits, part_o, part_lse, total;
 };
 WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
@@ -1175,7 +1318,7 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   w.num_items = off; off += 256;
   w.chunk = off; off += 256;
   w.counter = off; off += 256;
-  w.tok2req = off; off += al(p.num_tokens * 4 + 16);
+  w.tok_splits = off; off += al(p.num_tokens * 4 + 16);
   w.part_o = off;
   off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * p.head_dim * 4) : 0;
   w.part_lse = off;
@@ -1184,13 +1327,148 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   return w;
 }
 
+// ---- v6-path knobs (environment, read once; tests and benchmarks set them directly) ----------
+// Plan::opts of the v6 path: kOptWaveSplits unless KVATTN_DECODE_SPLIT_RULE=v6 (the v6 rule
+// for every call; `waves`, the default, is the measured-faster side).
+constexpr int kDefaultDecodeOpts = kOptWaveSplits;
+std::atomic<int> g_decode_opts{-1};
+int decode_opts_now() {
+  int m = g_decode_opts.load(std::memory_order_relaxed);
+  if (m >= 0) return m;
+  m = kDefaultDecodeOpts;
+  if (const char* e = std::getenv("KVATTN_DECODE_SPLIT_RULE")) m = std::strcmp(e, "v6") == 0 ? 0 : kOptWaveSplits;
+  g_decode_opts.store(m, std::memory_order_relaxed);
+  return m;
+}
+// KVATTN_DECODE_SPLITS: cut every request of a v6-path call into this many KV chunks (0 = the
+// plan kernel's rule).  A measurement knob: how the time depends on the unit count.
+std::atomic<int> g_decode_splits{-1};
+int decode_splits_now() {
+  int m = g_decode_splits.load(std::memory_order_relaxed);
+  if (m >= 0) return m;
+  m = 0;
+  if (const char* e = std::getenv("KVATTN_DECODE_SPLITS")) m = std::max(0, std::atoi(e));
+  g_decode_splits.store(m, std::memory_order_relaxed);
+  return m;
+}
+
+// KVATTN_DECODE_TIMELINE=N: the Nth v6-path call (of the process, or since the last knob setter) records %globaltimer stamps (plan kernel
+// start/end, each CTA's entry/exit, each unit's start / first tile ready / tile loop done / end,
+// merge first start / last end), synchronises and prints a summary to stderr.  Debug only: the
+// reported call syncs the device (not capturable), the other calls run unchanged.
+int timeline_every() {
+  static const int v = [] {
+    const char* e = std::getenv("KVATTN_DECODE_TIMELINE");
+    return e != nullptr ? std::max(0, std::atoi(e)) : 0;
+  }();
+  return v;
+}
+constexpr int kTlCap = 1 << 20;  // unit records
+uint64_t* timeline_buffer(int grid) {
+  static uint64_t* buf = nullptr;
+  static int64_t words = 0;
+  const int64_t need = kTlHeader + 2 * int64_t(grid) + int64_t(kTlCap) * kTlUnitWords;
+  if (words < need) {
+    if (buf != nullptr) cudaFree(buf);
+    buf = nullptr;
+    words = 0;
+    if (cudaMalloc(&buf, size_t(need) * 8) != cudaSuccess) { (void)cudaGetLastError(); return nullptr; }
+    words = need;
+  }
+  cudaMemset(buf, 0, size_t(need) * 8);
+  const uint64_t init[4] = {0, 0, ~0ull, 0};
+  cudaMemcpy(buf, init, sizeof(init), cudaMemcpyHostToDevice);
+  return buf;
+}
+void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* dbuf) {
+  cudaDeviceSynchronize();
+  int32_t items = 0, chunk = 0;
+  cudaMemcpy(&items, plan.num_items, 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(&chunk, plan.chunk, 4, cudaMemcpyDeviceToHost);
+  const int64_t units = std::min<int64_t>(int64_t(items) * p.hkv, kTlCap);
+  std::vector<uint64_t> h(size_t(kTlHeader + 2 * int64_t(grid) + units * kTlUnitWords));
+  cudaMemcpy(h.data(), dbuf, h.size() * 8, cudaMemcpyDeviceToHost);
+  const double t0 = double(h[0]);
+  auto us = [&](uint64_t t) { return (double(t) - t0) * 1e-3; };
+  double ent_min = 1e30, ent_max = 0, ex_min = 1e30, ex_max = 0, ex_sum = 0;
+  for (int c = 0; c < grid; ++c) {
+    const double a = us(h[kTlHeader + 2 * c]), b = us(h[kTlHeader + 2 * c + 1]);
+    ent_min = std::min(ent_min, a); ent_max = std::max(ent_max, a);
+    ex_min = std::min(ex_min, b); ex_max = std::max(ex_max, b); ex_sum += b;
+  }
+  const uint64_t* u = h.data() + kTlHeader + 2 * grid;
+  double chain = 0, loop = 0, epi = 0, busy = 0, tiles = 0, n = 0, nt = 0;
+  std::vector<double> chains;
+  std::vector<std::pair<uint64_t, int64_t>> order;  // (cta << 40 | start) per unit
+  std::vector<int> per_cta(size_t(grid), 0);
+  for (int64_t w = 0; w < units; ++w) {
+    const uint64_t* r = u + w * kTlUnitWords;
+    if (r[0] == 0 || r[3] == 0) continue;
+    const int cta = int((r[4] >> 16) & 0xffffff);
+    const int64_t ntl = int64_t(r[4] >> 40);
+    n += 1;
+    busy += (double(r[3]) - double(r[0])) * 1e-3;
+    epi += (double(r[3]) - double(r[2])) * 1e-3;
+    if (ntl > 0 && r[1] != 0) {
+      const double c = (double(r[1]) - double(r[0])) * 1e-3;
+      chain += c;
+      chains.push_back(c);
+      loop += (double(r[2]) - double(r[1])) * 1e-3;
+      tiles += double(ntl);
+      nt += 1;
+    }
+    if (cta < grid) per_cta[size_t(cta)]++;
+    order.push_back({(uint64_t(cta) << 44) | (r[0] - h[0]), w});
+  }
+  std::sort(order.begin(), order.end());
+  double gap = 0, ngap = 0;
+  for (size_t i = 1; i < order.size(); ++i) {
+    if ((order[i].first >> 44) != (order[i - 1].first >> 44)) continue;
+    const uint64_t* a = u + order[i - 1].second * kTlUnitWords;
+    const uint64_t* b = u + order[i].second * kTlUnitWords;
+    gap += (double(b[0]) - double(a[3])) * 1e-3;
+    ngap += 1;
+  }
+  std::sort(chains.begin(), chains.end());
+  auto pct = [&](double q) { return chains.empty() ? 0.0 : chains[size_t(q * double(chains.size() - 1))]; };
+  const int pc_min = grid > 0 ? *std::min_element(per_cta.begin(), per_cta.end()) : 0;
+  const int pc_max = grid > 0 ? *std::max_element(per_cta.begin(), per_cta.end()) : 0;
+  const double span = ex_max - ent_min;
+  const bool merged = h[2] != ~0ull && h[3] != 0;
+  std::fprintf(stderr,
+               "[timeline] batch %lld tokens %lld grid %d units %lld chunk %d keys | plan %.1f us, gap to attn %.1f us"
+               " | attn span %.1f us (CTA entries %.1f..%.1f, exits %.1f..%.1f, mean exit %.1f) | merge %s%.1f us after"
+               " attn, %.1f us long | total %.1f us\n",
+               (long long)p.batch, (long long)p.num_tokens, grid, (long long)n, chunk, us(h[1]), ent_min - us(h[1]),
+               span, ent_min, ent_max, ex_min, ex_max, ex_sum / std::max(grid, 1), merged ? "" : "(none) ",
+               merged ? us(h[2]) - ex_max : 0.0, merged ? us(h[3]) - us(h[2]) : 0.0,
+               merged ? us(h[3]) : ex_max);
+  std::fprintf(stderr,
+               "[timeline]   per unit: start->first tile %.2f us (p10 %.2f p50 %.2f p90 %.2f), tile loop %.2f us"
+               " (%.1f tiles, %.3f us/tile), epilogue %.2f us, between units %.2f us | units/CTA %d..%d | CTA time"
+               " in units %.1f %%, in tile loops %.1f %%, idle after own exit %.1f %%\n",
+               nt > 0 ? chain / nt : 0.0, pct(0.1), pct(0.5), pct(0.9), nt > 0 ? loop / nt : 0.0,
+               nt > 0 ? tiles / nt : 0.0, tiles > 0 ? loop / tiles : 0.0, n > 0 ? epi / n : 0.0,
+               ngap > 0 ? gap / ngap : 0.0, pc_min, pc_max, 100.0 * busy / (grid * span),
+               100.0 * loop / (grid * span), 100.0 * (grid * ex_max - ex_sum) / (grid * span));
+}
+std::atomic<int64_t> g_v6_calls{0};
+
 template <typename KV, int D, int WM, int WN>
 int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
   using C = Cfg<KV, D, WM, WN>;
   auto kern = attn_kernel<KV, D, WM, WN>;
   if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN>>(C::kSmem)) return e;
+  plan.opts = decode_opts_now();
+  plan.tl = nullptr;
+  plan.tl_cap = 0;
+  const int tl_every = timeline_every();
+  if (tl_every > 0 && g_v6_calls.fetch_add(1, std::memory_order_relaxed) + 1 == tl_every) {
+    plan.tl = timeline_buffer(s.grid);
+    plan.tl_cap = plan.tl != nullptr ? kTlCap : 0;
+  }
   plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
-                                                      s.max_splits > 1);
+                                                      s.max_splits > 1, decode_splits_now());
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
   kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
@@ -1203,6 +1481,7 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
     if (blocks > 0) merge_splits_kernel<<<static_cast<unsigned>(blocks), threads>>>(p, plan, of);
     e = cudaGetLastError();
   }
+  if (plan.tl != nullptr && e == cudaSuccess) timeline_report(p, plan, s.grid, plan.tl);
   return static_cast<int>(e);
 }
 
@@ -1398,6 +1677,16 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
   return 0;
 }
 
+// (the setters restart the timeline's call count, so each setting gets its own report)
+void set_decode_options(int opts) {
+  g_decode_opts.store(opts & 1, std::memory_order_relaxed);
+  g_v6_calls.store(0, std::memory_order_relaxed);
+}
+int decode_options() { return decode_opts_now(); }
+void set_decode_splits(int n) {
+  g_decode_splits.store(std::max(0, n), std::memory_order_relaxed);
+  g_v6_calls.store(0, std::memory_order_relaxed);
+}
 void set_small_decode_mode(SmallDecodeMode m) { g_small_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
 SmallDecodeMode small_decode_mode() { return static_cast<SmallDecodeMode>(small_mode_now()); }
 int64_t small_decode_launches() { return g_small_launches.load(std::memory_order_relaxed); }
@@ -1413,13 +1702,16 @@ int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* wo
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.chunk = reinterpret_cast<int32_t*>(base + w.chunk);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
-  plan.tok2req = reinterpret_cast<int32_t*>(base + w.tok2req);
+  plan.tok_splits = reinterpret_cast<int32_t*>(base + w.tok_splits);
   plan.part_o = reinterpret_cast<float*>(base + w.part_o);
   plan.part_lse = reinterpret_cast<float*>(base + w.part_lse);
   plan.small_ctr = nullptr;
   plan.small_units = 0;
   plan.small_smax = 1;
   plan.small_min_tiles = 1;
+  plan.opts = 0;
+  plan.tl = nullptr;
+  plan.tl_cap = 0;
   int dummy = 0;
   return dispatch(p, &s, &plan, false, &dummy);
 }

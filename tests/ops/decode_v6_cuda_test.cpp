@@ -1,0 +1,107 @@
+// The v6 decode path of attn_kernel (plan kernel, persistent grid pulling units from a work
+// counter, merge kernel) under each of its knobs (kernels.h set_decode_options /
+// set_decode_splits): the whole-wave split rule for uniform lengths (default) and the v6 rule,
+// forced split counts (one chunk per request, more than a short request has tiles), the merge
+// with partials in registers (<= 8 splits) and in rounds (more), the token -> splits map of
+// short and long query ranges.  Every setting against the CPU reference on random inputs,
+// outputs poisoned, permuted block tables with block 0 reserved, odd and empty lengths,
+// repeated calls on one workspace.  Batches > 32 so the small-call path never takes them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+
+#include "kvattn/core/cuda_runtime_api.h"
+#include "cuda_attn_case.h"
+
+namespace kvattn::ops::testing {
+namespace {
+
+class CudaDecodeV6 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kvattn::cuda::available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+    opts0_ = cuda_impl::decode_options();
+    cuda_impl::set_small_decode_mode(1);  // v6 path for every decode call
+  }
+  void TearDown() override {
+    if (!kvattn::cuda::available()) return;
+    cuda_impl::set_decode_options(opts0_);
+    cuda_impl::set_decode_splits(0);
+    cuda_impl::set_small_decode_mode(0);
+  }
+  int opts0_ = 1;
+};
+
+// 8 q / 2 KV heads keep the CPU reference fast; lengths mixed (v6 rule) or uniform (whole-wave
+// rule when opts has bit 1).
+AttnCase decode_case(std::mt19937& rng, int batch, bool uniform) {
+  AttnCase c;
+  c.hq = 8; c.hkv = 2;
+  for (int r = 0; r < batch; ++r) {
+    c.q_lens.push_back(!uniform && r % 23 == 7 ? 0 : 1);
+    c.kv_lens.push_back(uniform ? 999 : (r % 19 == 3 ? 0 : 1 + static_cast<int64_t>(rng() % 1500)));
+  }
+  if (!uniform) c.kv_lens[5] = 5001;  // one long request: many chunks
+  c.repeats = 2;
+  return c;
+}
+
+TEST_F(CudaDecodeV6, SplitRulesAndForcedSplitCounts) {
+  std::mt19937 rng(1601);
+  uint32_t seed = 1610;
+  for (int opts : {1, 0}) {
+    for (int splits : {0, 1, 3, 40}) {
+      for (bool uniform : {true, false}) {
+        if (splits != 0 && uniform) continue;  // a forced count overrides either rule
+        AttnCase c = decode_case(rng, 34, uniform);
+        c.name = std::string(uniform ? "uniform" : "mixed") + " opts " + std::to_string(opts) + " splits " +
+                 std::to_string(splits);
+        cuda_impl::set_decode_options(opts);
+        cuda_impl::set_decode_splits(splits);
+        ASSERT_EQ(cuda_impl::decode_options(), opts);
+        run_attn_case(c, seed++);
+      }
+    }
+  }
+}
+
+TEST_F(CudaDecodeV6, Fp8SinksWindowMultiTokenAndLongQueries) {
+  std::mt19937 rng(1701);
+  uint32_t seed = 1710;
+  for (int opts : {1, 0}) {
+    cuda_impl::set_decode_options(opts);
+    AttnCase c = decode_case(rng, 34, opts == 1);
+    c.name = "fp8 e4m3 sinks softcap window, opts " + std::to_string(opts);
+    c.kv_dt = DType::fp8_e4m3; c.k_scale = 0.6; c.v_scale = 1.4;
+    c.sinks = true; c.soft_cap = 25.0; c.window_left = 700; c.base = LseBase::E;
+    run_attn_case(c, seed++);
+    AttnCase m = decode_case(rng, 34, false);
+    m.name = "multi-token rows, gqa 8, D 64, block-table form, opts " + std::to_string(opts);
+    // 1-2 query tokens x 8 heads: <= 16 rows per request on average (decode config)
+    for (size_t i = 0; i < m.q_lens.size(); ++i) {
+      m.q_lens[i] = m.q_lens[i] == 0 ? 0 : 1 + static_cast<int64_t>(i % 2);
+      m.kv_lens[i] = std::max(m.kv_lens[i], m.q_lens[i]);
+    }
+    m.hq = 16; m.hkv = 2; m.dim = 64;
+    m.paged_form = false;
+    run_attn_case(m, seed++);
+  }
+  // query ranges > 64 tokens (the plan's block-wide token map) with split KV: fp8 pages keep the
+  // call on attn_kernel's prefill config, D 256 and > 8 splits take the merge's round loop
+  AttnCase l;
+  l.name = "long queries, fp8, split KV";
+  l.kv_dt = DType::fp8_e4m3; l.k_scale = 0.9; l.v_scale = 1.1;
+  l.hq = 4; l.hkv = 2;
+  l.q_lens = {100, 3, 70, 0, 65};
+  l.kv_lens = {1500, 500, 900, 7, 2100};
+  run_attn_case(l, 1790);
+  l.name = "long queries, D 256, many splits";
+  l.dim = 256;
+  cuda_impl::set_decode_splits(12);
+  run_attn_case(l, 1791);
+}
+
+}  // namespace
+}  // namespace kvattn::ops::testing
