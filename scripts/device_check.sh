@@ -56,6 +56,9 @@ fi
 digest() {
   grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|ERROR SUMMARY|RACECHECK SUMMARY|correctness|throughput  |attention / step|slowest step|DCP 2 step" \
     "$1" | head -14 | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+  # a process cut by its limit prints no summary: count what finished and what was reported
+  echo "    ($(grep -c '^\[       OK \]' "$1") tests OK, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$1") failed," \
+    "$(grep -E '^========= [A-Z]' "$1" | grep -vcE 'COMPUTE-SANITIZER|SUMMARY') sanitizer reports)" | tee -a "$LOGS/summary.txt"
 }
 step() {  # name, seconds, command...  (output -> NAME.log)
   local name=$1 secs=$2; shift 2
@@ -81,7 +84,9 @@ parallel_steps() {
   done
   save
 }
-SH=${KVATTN_SHARDS:-4}
+SH=${KVATTN_SHARDS:-4}   # parallel test processes (the tests' CPU references are the slow part)
+MSH=$((SH + SH / 2))      # memcheck shards
+TT=${KVATTN_TEST_LIMIT:-150} ST=${KVATTN_SANITIZER_LIMIT:-130}  # per-process limits (s)
 CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 MF="${KVATTN_MEMCHECK_FILTER:-*Decode*:*Merge*:*Reshape*:*Zero*:*Copy*:*Fp8*:*Mask*:*Dcp*:CudaPrefill.HeadDims*}"
 RF="${KVATTN_RACECHECK_FILTER:-*Decode*:*Merge*:*Fp8*:*Mask*}"
@@ -91,32 +96,34 @@ RPF="${KVATTN_RACECHECK_PREFILL_FILTER:-CudaPrefill.HeadDims*:CudaPrefill.Causal
 # 1. tests: the ops suite in SH shards, the backend suite, each A/B knob's tests — in parallel
 {
   for i in $(seq 0 $((SH - 1))); do
-    echo "test_ops_cuda_$i 240 env GTEST_TOTAL_SHARDS=$SH GTEST_SHARD_INDEX=$i $TOPS"
+    echo "test_ops_cuda_$i $TT env GTEST_TOTAL_SHARDS=$SH GTEST_SHARD_INDEX=$i $TOPS"
   done
-  echo "test_attention_cuda 240 $TATT"
+  echo "test_attention_cuda $TT $TATT"
   for ab in ${KVATTN_CHECK_AB:-}; do
     IFS="#" read -r nv filt _ <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
-    echo "ab_${n}_tests 240 env $kv $TOPS --gtest_filter='$filt'"
+    echo "ab_${n}_tests $TT env $kv $TOPS --gtest_filter='$filt'"
   done
 } | parallel_steps
 # 2. sanitizers, in parallel (memcheck in SH shards)
 {
-  for i in $(seq 0 $((SH - 1))); do
-    echo "memcheck_$i 200 env GTEST_TOTAL_SHARDS=$SH GTEST_SHARD_INDEX=$i $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$MF'"
+  for i in $(seq 0 $((MSH - 1))); do
+    echo "memcheck_$i $ST env GTEST_TOTAL_SHARDS=$MSH GTEST_SHARD_INDEX=$i $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$MF'"
   done
-  echo "racecheck 200 $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RF'"
-  echo "racecheck_prefill 200 $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RPF'"
+  for i in 0 1; do
+    echo "racecheck_$i $ST env GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RF'"
+  done
+  echo "racecheck_prefill $ST $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RPF'"
   for ab in ${KVATTN_CHECK_AB:-}; do
     IFS="#" read -r nv filt _ <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
-    echo "ab_${n}_memcheck 200 env $kv $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$filt'"
+    echo "ab_${n}_memcheck $ST env $kv $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$filt'"
   done
 } | parallel_steps
 if [ "${KVATTN_CHECK_QUICK:-0}" != 1 ]; then
   # The default run twice, CUDA modules loaded lazily (the driver's default) and eagerly: the
   # per-step timings in the JSON show what the first launches of each kernel cost the first steps.
-  step run_cuda 60 env CUDA_MODULE_LOADING=LAZY "$K" run --quiet --device cuda --json "$LOGS/run_cuda.json"
-  step run_cuda_eager 60 env CUDA_MODULE_LOADING=EAGER "$K" run --quiet --device cuda --json "$LOGS/run_cuda_eager.json"
-  step run_cuda_fp8 60 "$K" run --quiet --device cuda --model tiny-gemma2 --kv-cache-dtype fp8 --layout HND
+  step run_cuda 45 env CUDA_MODULE_LOADING=LAZY "$K" run --quiet --device cuda --json "$LOGS/run_cuda.json"
+  step run_cuda_eager 45 env CUDA_MODULE_LOADING=EAGER "$K" run --quiet --device cuda --json "$LOGS/run_cuda_eager.json"
+  step run_cuda_fp8 45 "$K" run --quiet --device cuda --model tiny-gemma2 --kv-cache-dtype fp8 --layout HND
   if [ "$NGPU" -ge 2 ]; then
     step run_dcp2 60 "$K" run --quiet --device cuda --dcp 2
     step bench_dcp 60 "$K" bench-dcp --dcp 2 --batch 8 --kv-len 131072
@@ -125,7 +132,7 @@ if [ "${KVATTN_CHECK_QUICK:-0}" != 1 ]; then
   cat "$LOGS/bench_cuda.log"
   for ab in ${KVATTN_CHECK_AB:-}; do
     IFS="#" read -r nv _ bargs <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
-    step "ab_${n}_bench" 90 env "$kv" "$K" bench-cuda ${bargs//,/ }
+    step "ab_${n}_bench" 60 env "$kv" "$K" bench-cuda ${bargs//,/ }
     cat "$LOGS/ab_${n}_bench.log"
   done
 fi
