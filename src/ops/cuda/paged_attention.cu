@@ -272,6 +272,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
         }
       }
     }
+    // every lane of warp 0 has read s_red[] above before lane 0 overwrites s_red[0]
+    // (compute-sanitizer racecheck reported the unsynchronised version)
+    __syncwarp();
     if (lane == 0) {
       plan.counter[0] = 0;
       s_red[0] = chunk_tiles * TILE;
