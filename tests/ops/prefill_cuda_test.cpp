@@ -62,6 +62,27 @@ TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {
   }
 }
 
+// The previous kernel (before v4's lazy rescale, absolute-address loader and specialised
+// masks) stays selectable (KVATTN_PREFILL_V4=0): the same cases as above on it, plus a window.
+TEST_F(CudaPrefill, PreviousKernelWithoutV4) {
+  const bool saved = cuda_impl::prefill_kernel_v4();
+  cuda_impl::set_prefill_kernel_v4(false);
+  uint32_t seed = 7050;
+  for (int64_t group : {1, 4}) {
+    for (bool causal : {true, false}) {
+      Case c;
+      c.name = "previous kernel, gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
+      c.hkv = 2;
+      c.hq = 2 * group;
+      c.q_lens = {1, 15, 250, 0, 130};
+      c.kv_lens = {1, 40, 600, 5, 130};
+      c.window_left = causal ? -1 : 100;
+      EXPECT_EQ(run_case(c, seed++), 1);
+    }
+  }
+  cuda_impl::set_prefill_kernel_v4(saved);
+}
+
 TEST_F(CudaPrefill, LongOddLengths) {
   Case c;
   c.name = "causal 2049 + 1000";

@@ -196,6 +196,10 @@ PrefillMode prefill_mode();
 // KVATTN_PREFILL_VARIANT=a|b|c|d.
 void set_prefill_variant(int v);
 int prefill_variant();
+// The v4 kernel (lazy O rescale, absolute-address K/V loader, masks specialised per case; the
+// default) or the previous one (false); initial value from KVATTN_PREFILL_V4=1|0.
+void set_prefill_v4(bool on);
+bool prefill_v4();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
 bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)

@@ -273,7 +273,9 @@ struct PfCfg {
   static_assert(kThreads >= 2 * kTile, "one offset per thread");
 };
 
-// NX ("v4", unmeasured): the three changes ranked first in docs/notes-s4-prefill.md §5 —
+// NX = the v4 kernel (default; NX false = the previous v2 B code): the three changes ranked
+// first in docs/notes-s4-prefill.md §5, measured together on the H200 (session 4: causal
+// 8 x 2048 +11 %, non-causal +8 %, causal 1 x 8192 +8 %) —
 //  * lazy O rescale: a row's reference max moves only when the tile max exceeds it by more than
 //    kLazy (log2 units), so P <= 2^kLazy and O / l are rescaled on few tiles instead of ~90 %;
 //  * K/V loader with absolute source addresses in shared memory (bit 0 = zero-fill) and the
@@ -714,14 +716,16 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
 std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
-std::atomic<int> g_v4{-1};  // 1 = NX kernel (lazy rescale, slim loader, specialised masks); -1 = unread
+std::atomic<int> g_v4{-1};  // 1 = v4 kernel (lazy rescale, slim loader, specialised masks); -1 = unread
 
-// KVATTN_PREFILL_V4=1 selects the NX kernel; off by default until measured on the H200.  Read once.
+// v4 (the default since session 4: causal 8 x 2048 257 -> 285 TFLOP/s, 1 x 8192 300 -> 325 in
+// one run) = lazy O rescale + absolute-address K/V loader + masks specialised per case;
+// KVATTN_PREFILL_V4=0 selects the previous kernel (v2 B).  Read once; set_prefill_v4 overrides.
 bool v4_now() {
   int v = g_v4.load(std::memory_order_relaxed);
   if (v >= 0) return v != 0;
-  v = 0;
-  if (const char* e = std::getenv("KVATTN_PREFILL_V4")) v = std::strcmp(e, "1") == 0;
+  v = 1;
+  if (const char* e = std::getenv("KVATTN_PREFILL_V4")) v = std::strcmp(e, "0") != 0;
   g_v4.store(v, std::memory_order_relaxed);
   return v != 0;
 }
@@ -817,6 +821,8 @@ int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int varian
 void set_prefill_mode(PrefillMode m) { g_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
 PrefillMode prefill_mode() { return static_cast<PrefillMode>(mode_now()); }
 void set_prefill_variant(int v) { g_variant.store(v, std::memory_order_relaxed); }
+void set_prefill_v4(bool on) { g_v4.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool prefill_v4() { return v4_now(); }
 int prefill_variant() { return variant_now(); }
 int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
