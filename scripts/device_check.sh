@@ -18,7 +18,10 @@
 #        KVATTN_CHECK_QUICK=1 (no bench, no runs), KVATTN_CHECK_AB="NAME=VAR=VALUE#FILTER#BENCH ..."
 #        (for each entry: test_ops_cuda on FILTER with VAR=VALUE, memcheck of the same, and
 #        `kvattn bench-cuda BENCH` with VAR=VALUE after the default bench; BENCH words joined by ','),
-#        KVATTN_SHARDS (parallel test_ops_cuda processes, default 4).
+#        KVATTN_SHARDS (parallel test_ops_cuda processes, default 4; memcheck runs 1.5x as many),
+#        KVATTN_RACECHECK_SHARDS (default 2), KVATTN_TEST_LIMIT / KVATTN_SANITIZER_LIMIT (seconds
+#        per process, default 150 / 130), KVATTN_CHECK_ONE_PHASE=1 (tests and sanitizers in one
+#        parallel phase: shorter, the timings of the tests are then not meaningful).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUTDIR="${1:-${OUT:-$ROOT/build/device-out}}"
@@ -86,6 +89,7 @@ parallel_steps() {
 }
 SH=${KVATTN_SHARDS:-4}   # parallel test processes (the tests' CPU references are the slow part)
 MSH=$((SH + SH / 2))      # memcheck shards
+RSH=${KVATTN_RACECHECK_SHARDS:-2}
 TT=${KVATTN_TEST_LIMIT:-150} ST=${KVATTN_SANITIZER_LIMIT:-130}  # per-process limits (s)
 CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 MF="${KVATTN_MEMCHECK_FILTER:-*Decode*:*Merge*:*Reshape*:*Zero*:*Copy*:*Fp8*:*Mask*:*Dcp*:CudaPrefill.HeadDims*}"
@@ -93,8 +97,8 @@ RF="${KVATTN_RACECHECK_FILTER:-*Decode*:*Merge*:*Fp8*:*Mask*}"
 # the prefill kernels on their own racecheck (session 3's single racecheck ran out of time first)
 RPF="${KVATTN_RACECHECK_PREFILL_FILTER:-CudaPrefill.HeadDims*:CudaPrefill.CausalAndNonCausal*:CudaPrefill.WindowSoftCap*}"
 
-# 1. tests: the ops suite in SH shards, the backend suite, each A/B knob's tests — in parallel
-{
+# 1. tests: the ops suite in SH shards, the backend suite, each A/B knob's tests
+test_jobs() {
   for i in $(seq 0 $((SH - 1))); do
     echo "test_ops_cuda_$i $TT env GTEST_TOTAL_SHARDS=$SH GTEST_SHARD_INDEX=$i $TOPS"
   done
@@ -103,21 +107,28 @@ RPF="${KVATTN_RACECHECK_PREFILL_FILTER:-CudaPrefill.HeadDims*:CudaPrefill.Causal
     IFS="#" read -r nv filt _ <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
     echo "ab_${n}_tests $TT env $kv $TOPS --gtest_filter='$filt'"
   done
-} | parallel_steps
-# 2. sanitizers, in parallel (memcheck in SH shards)
-{
+}
+# 2. sanitizers (memcheck in MSH shards, racecheck in RSH shards + the prefill kernels)
+sanitizer_jobs() {
   for i in $(seq 0 $((MSH - 1))); do
-    echo "memcheck_$i $ST env GTEST_TOTAL_SHARDS=$MSH GTEST_SHARD_INDEX=$i $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$MF'"
+    echo "memcheck_$i $ST env GTEST_TOTAL_SHARDS=$MSH GTEST_SHARD_INDEX=$i $CS --tool memcheck --require-cuda-init no --print-limit 20 $TOPS --gtest_filter='$MF'"
   done
-  for i in 0 1; do
-    echo "racecheck_$i $ST env GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RF'"
+  for i in $(seq 0 $((RSH - 1))); do
+    echo "racecheck_$i $ST env GTEST_TOTAL_SHARDS=$RSH GTEST_SHARD_INDEX=$i $CS --tool racecheck --require-cuda-init no --print-limit 20 $TOPS --gtest_filter='$RF'"
   done
-  echo "racecheck_prefill $ST $CS --tool racecheck --print-limit 20 $TOPS --gtest_filter='$RPF'"
+  echo "racecheck_prefill $ST $CS --tool racecheck --require-cuda-init no --print-limit 20 $TOPS --gtest_filter='$RPF'"
   for ab in ${KVATTN_CHECK_AB:-}; do
     IFS="#" read -r nv filt _ <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}
-    echo "ab_${n}_memcheck $ST env $kv $CS --tool memcheck --print-limit 20 $TOPS --gtest_filter='$filt'"
+    echo "ab_${n}_memcheck $ST env $kv $CS --tool memcheck --require-cuda-init no --print-limit 20 $TOPS --gtest_filter='$filt'"
   done
-} | parallel_steps
+}
+# one phase (KVATTN_CHECK_ONE_PHASE=1: everything at once, for a short call) or two
+if [ "${KVATTN_CHECK_ONE_PHASE:-0}" = 1 ]; then
+  { test_jobs; sanitizer_jobs; } | parallel_steps
+else
+  test_jobs | parallel_steps
+  sanitizer_jobs | parallel_steps
+fi
 if [ "${KVATTN_CHECK_QUICK:-0}" != 1 ]; then
   # The default run twice, CUDA modules loaded lazily (the driver's default) and eagerly: the
   # per-step timings in the JSON show what the first launches of each kernel cost the first steps.
