@@ -23,6 +23,7 @@
 // Epilogue: sinks, LSE (base 2 or e), O scaled and staged through the warp's own rows of the
 // Q tile for 16-byte row stores.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/ptx.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -42,59 +43,12 @@ constexpr int kKeyTile = 64;  // keys per K/V tile (variant D: 32); the plan's c
 // as bf16/f16 MMA inputs (relative precision does not depend on the scale)
 constexpr float kLazy = 8.f;
 
-// ---- PTX wrappers -----------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t su32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cpa16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
+// ---- PTX wrappers (the shared ones are in ptx.cuh) -----------------------------------------------
 // 16-byte cp.async that writes zeros instead of reading when `ignore` != 0 (ignore-src operand:
 // no src-size to compute per copy)
 __device__ __forceinline__ void cpa16z(uint32_t dst, const void* src, uint32_t ignore) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
                "l"(src), "r"(ignore));
-}
-__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cpa_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-template <bool BF16>
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (BF16) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-template <bool BF16>
-__device__ __forceinline__ uint32_t pk2(float lo, float hi) {
-  if constexpr (BF16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
 }
 // 2^x, MUFU.EX2 (relative error ~2^-22; -inf -> +0)
 __device__ __forceinline__ float ex2(float x) {
@@ -103,7 +57,7 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 __device__ __forceinline__ uint32_t pk2_rt(float lo, float hi, bool bf16) {
-  return bf16 ? pk2<true>(lo, hi) : pk2<false>(lo, hi);
+  return bf16 ? pack2<true>(lo, hi) : pack2<false>(lo, hi);
 }
 
 // Swizzled byte offset of (row, 16-byte chunk) in a tile of CPR chunks per row (CPR >= 8):
@@ -359,7 +313,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
         const int tok = s_rtok[row];
         const uint16_t* src = static_cast<const uint16_t*>(p.q);
         if (tok >= 0) src += int64_t(tok) * p.q_st + int64_t(s_rhead[row]) * p.q_sh + c * 8;
-        cpa16(su32(sQ + swz<kCPR>(row, c)), src, tok >= 0 ? 16 : 0);
+        cp_async16(smem_u32(sQ + swz<kCPR>(row, c)), src, tok >= 0 ? 16 : 0);
       }
     } else {
       for (int idx = tid; idx < C::kRows * (D / 2); idx += C::kThreads) {
@@ -371,10 +325,10 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
           x0 = load_elt(p.q, b + int64_t(d) * p.q_sd, p.q_t);
           x1 = load_elt(p.q, b + int64_t(d + 1) * p.q_sd, p.q_t);
         }
-        *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(row, d >> 3) + (d & 7) * 2) = pk2<BF16>(x0, x1);
+        *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(row, d >> 3) + (d & 7) * 2) = pack2<BF16>(x0, x1);
       }
     }
-    cpa_commit();
+    cp_async_commit();
 
     // ---- K/V loader ----
     auto load_page = [&](int tile) -> int64_t {
@@ -403,7 +357,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
     };
     auto issue = [&](int tile) {
       const int st = tile % kS;
-      const uint32_t sk = su32(sKV + st * 2 * C::kStageBytes);
+      const uint32_t sk = smem_u32(sKV + st * 2 * C::kStageBytes);
       const uint32_t sv = sk + C::kStageBytes;
       const int64_t* offk = sOff + st * 2 * kTile;
       const int64_t* offv = offk + kTile;
@@ -417,8 +371,8 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
           cpa16z(sk + so, reinterpret_cast<const unsigned char*>(ok - zk) + my_chunk * 16, zk);
           cpa16z(sv + so, reinterpret_cast<const unsigned char*>(ov - zv) + my_chunk * 16, zv);
         } else {
-          cpa16(sk + so, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
-          cpa16(sv + so, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+          cp_async16(sk + so, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
+          cp_async16(sv + so, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
         }
       }
     };
@@ -436,16 +390,16 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 #pragma unroll
     for (int t = 0; t < kS - 1; ++t) {
       if (t < n_tiles) issue(t);
-      cpa_commit();
+      cp_async_commit();
     }
 
     uint32_t qf[C::kQRegs ? kKSteps : 1][4];
     if constexpr (C::kQRegs) {
-      cpa_wait<kS - 1>();  // the Q group
+      cp_async_wait<kS - 1>();  // the Q group
       __syncthreads();
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks)
-        ldsm4(su32(sQ + swz<kCPR>(wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), qf[ks]);
+        ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), qf[ks]);
     }
 
     float o[MT][kNTo][4];
@@ -458,12 +412,12 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
     for (int m = 0; m < MT; ++m) m_r[m][0] = m_r[m][1] = -INFINITY, l_r[m][0] = l_r[m][1] = 0.f;
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-      cpa_wait<kS - 2>();
+      cp_async_wait<kS - 2>();
       __syncthreads();
       {
         const int nt = tile + kS - 1;
         if (nt < n_tiles) issue(nt);
-        cpa_commit();
+        cp_async_commit();
         store_off(tile + kS, pg_pref);  // slot of `tile`, whose copies were issued long ago
         pg_pref = load_page(tile + kS + 1);
       }
@@ -491,12 +445,12 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
         auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
 #pragma unroll
           for (int jj = 0; jj < kNTs / 2; ++jj)
-            ldsm4(su32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
+            ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
         };
         auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
 #pragma unroll
           for (int m = 0; m < MT; ++m)
-            ldsm4(su32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
+            ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
         };
         if constexpr (C::kFragDB) {
           load_k(0, kf[0]);
@@ -519,8 +473,8 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
               const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
-              mma<BF16>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
-              mma<BF16>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
+              mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
+              mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
             }
         }
       }
@@ -614,7 +568,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
         uint32_t vf[3][4];
         auto load_v = [&](int idx, uint32_t (&b)[4]) {
           const int kk = idx / kNP, np = idx % kNP;
-          ldsm4t(su32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+          ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
         };
         load_v(0, vf[0]);
         if (kNV > 1) load_v(1, vf[1]);
@@ -626,21 +580,21 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
           if (n == 0) {
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-              a[m][0] = pk2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
-              a[m][1] = pk2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
-              a[m][2] = pk2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-              a[m][3] = pk2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+              a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
+              a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
+              a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+              a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
             }
           }
 #pragma unroll
           for (int m = 0; m < MT; ++m) {
-            mma<BF16>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
-            mma<BF16>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
+            mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
+            mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
           }
         }
       }
     }
-    cpa_wait<0>();
+    cp_async_wait<0>();
     __syncthreads();  // Q tile free: each warp stages its output in its own rows
 
     // ---- epilogue ----

@@ -26,6 +26,7 @@
 // output.  Everything else (fp8, D 256, PrefixLM / XQA masks, other query types, pre-sm_90
 // devices) stays on attn_kernel<..., SMALL>; see cluster_decode_pieces().
 #include "ops/cuda/small_decode.h"
+#include "ops/cuda/ptx.cuh"
 
 #include <algorithm>
 #include <atomic>
@@ -64,53 +65,6 @@ struct SCfg {
   static_assert(32 % kCPR == 0 && (kSlice * kCPR) % 32 == 0, "lanes must cover whole rows");
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-template <bool BF16>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (BF16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-template <bool BF16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (BF16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
 // Swizzled byte offset of (key row, 16-byte chunk) in a warp's K or V slice (as paged_attention.cu).
 template <int CPR>
 __device__ __forceinline__ int swz(int row, int chunk) {
@@ -282,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
     for (int tile = 0; tile < n_tiles; ++tile) {
-      cp_async_wait<kStages - 1>();
+      cp_async_wait_mem<kStages - 1>();
       __syncwarp();  // every lane's chunks of this stage have landed
       const int st = tile % kStages;
       const unsigned char* tK = wbuf + st * 2 * C::kSliceBytes;
@@ -369,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
       cp_async_commit();
       pg_pref = load_page(nt + 1);
     }
-    cp_async_wait<0>();
+    cp_async_wait_mem<0>();
     __syncthreads();  // every warp is done with the pipeline: the partials alias it
 
     // ---- this CTA's partial: the four warps combined, unnormalised, base-2 max ----

@@ -1,0 +1,78 @@
+// src/ops/cuda/ptx.cuh — the inline-PTX wrappers the attention kernels share (paged_attention.cu,
+// prefill_kernel.cu, small_decode.cu): cp.async, ldmatrix, mma.sync m16n8k16 and the 16-bit pack.
+// Device code only; every function is force-inlined, so sharing them changes no kernel's code.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace kvattn::ops::cuda_impl::k {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; src_bytes < 16 zero-fills the rest (0: all zeros, src unread).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N committed groups are pending.  The kernels that follow it with
+// __syncthreads() use this form; cp_async_wait_mem also orders the compiler's shared-memory
+// accesses around it (small_decode.cu, whose warps synchronise with __syncwarp only).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait_mem() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) { ldsm_x4(addr, r[0], r[1], r[2], r[3]); }
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) { ldsm_x4_t(addr, r[0], r[1], r[2], r[3]); }
+
+// c += a * b, m16n8k16, f32 accumulators, bf16 or f16 operands.  kOrdered = true keeps the asm
+// volatile (issued in program order); the prefill kernel passes false so the compiler may
+// schedule the MMAs between the fragment loads and softmax work (measured faster there).
+#define KVATTN_MMA16816(T)                                                                              \
+  "mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                        \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)
+template <bool BF16, bool kOrdered = true>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kOrdered) {
+    if constexpr (BF16) asm volatile(KVATTN_MMA16816("bf16"));
+    else asm volatile(KVATTN_MMA16816("f16"));
+  } else {
+    if constexpr (BF16) asm(KVATTN_MMA16816("bf16"));
+    else asm(KVATTN_MMA16816("f16"));
+  }
+}
+#undef KVATTN_MMA16816
+
+// Two floats -> one register of two bf16 / f16 values, round to nearest even (lo in bits 0-15).
+template <bool BF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (BF16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+}  // namespace kvattn::ops::cuda_impl::k
