@@ -641,16 +641,9 @@ double measure_empty_launch_us(int ctas, int cluster) {
           empty_kernel<<<x->ctas, kThreads>>>();
           return;
         }
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1);
-        cfg.blockDim = dim3(kThreads, 1, 1);
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = static_cast<unsigned>(x->cluster);
-        at[0].val.clusterDim.y = 1;
-        at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cluster_config(
+            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster, 0, at);
         (void)cudaLaunchKernelEx(&cfg, empty_kernel);
       },
       &ctx, 10, 60);
