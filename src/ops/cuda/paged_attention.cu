@@ -554,6 +554,11 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
   static_assert(!(SMALL && PF), "the next-unit prefetch is a v6-path (work counter) variant");
   static_assert(!PF || WN > 1, "the next-unit prefetch is built for the decode config only");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // the next-unit prefetch is an sm_90 variant (its sm_80 code spilled 4 B in bf16/f16 D 128);
+  // the host never launches it below compute capability 9
+  if constexpr (PF) return;
+#endif
   using C = Cfg<KV, D, WM, WN>;
   using TR = KVTraits<KV>;
   constexpr bool kBf16 = TR::kBf16;
@@ -1666,8 +1671,24 @@ int occupancy() {
   return cached;
 }
 
+// Compute capability major of the current device (cached per device).
+int device_cc_major() {
+  static int cache[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& c = cache[dev & 63];
+  if (c == 0) {
+    int m = 0;
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    c = m;
+  }
+  return c;
+}
 // Which instantiations have the next-unit prefetch variant (kOptPrefetch): the decode config,
-// D <= 128.
+// D <= 128 (device code for sm_90+ only; the host checks the device).
 template <typename KV, int D, int WN>
 constexpr bool kPfBuilt = WN > 1 && D <= 128;
 
@@ -1690,6 +1711,7 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
   bool pf = false;
   if constexpr (kPfBuilt<KV, D, WN>) {
     if ((plan.opts & kOptPrefetch) != 0 && p.q_vec && !(p.paged_form ? p.kv_indices.is64 : p.block_table.is64) &&
+        device_cc_major() >= 9 &&
         occupancy<KV, D, WM, WN, false, true>() >= occupancy<KV, D, WM, WN>()) {
       if (int e2 = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN, false, true>>(C::kSmem)) return e2;
       pf = true;
