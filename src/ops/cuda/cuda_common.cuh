@@ -50,6 +50,31 @@ __device__ __forceinline__ void store_elt(void* p, int64_t i, Elt t, float v) {
   }
 }
 
+// Four consecutive head dims d..d+3 of output row (tok, head): one 8-byte store when the output
+// is 16-bit with contiguous dims (p.o_vec), else four element stores (any dtype and stride).
+__device__ __forceinline__ void store_out4(const AttnParams& p, int64_t tok, int head, int d, float a0, float a1,
+                                           float a2, float a3) {
+  if (p.o_vec) {
+    uint2 o2;
+    if (p.out_t == Elt::bf16) {
+      __nv_bfloat162 h0 = __floats2bfloat162_rn(a0, a1), h1 = __floats2bfloat162_rn(a2, a3);
+      o2.x = *reinterpret_cast<uint32_t*>(&h0);
+      o2.y = *reinterpret_cast<uint32_t*>(&h1);
+    } else {
+      __half2 h0 = __floats2half2_rn(a0, a1), h1 = __floats2half2_rn(a2, a3);
+      o2.x = *reinterpret_cast<uint32_t*>(&h0);
+      o2.y = *reinterpret_cast<uint32_t*>(&h1);
+    }
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d) = o2;
+  } else {
+    const int64_t o = tok * p.o_st + int64_t(head) * p.o_sh;
+    store_elt(p.out, o + int64_t(d) * p.o_sd, p.out_t, a0);
+    store_elt(p.out, o + int64_t(d + 1) * p.o_sd, p.out_t, a1);
+    store_elt(p.out, o + int64_t(d + 2) * p.o_sd, p.out_t, a2);
+    store_elt(p.out, o + int64_t(d + 3) * p.o_sd, p.out_t, a3);
+  }
+}
+
 inline int elt_size(Elt t) { return (t == Elt::f32) ? 4 : (t == Elt::f16 || t == Elt::bf16) ? 2 : 1; }
 
 inline int64_t cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }

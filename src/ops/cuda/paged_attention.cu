@@ -474,25 +474,7 @@ __device__ __forceinline__ void small_merge(const AttnParams& p, const Plan& pla
     const float a0 = acc[k].x * sc, a1 = acc[k].y * sc, a2 = acc[k].z * sc, a3 = acc[k].w * sc;
     const int64_t tok = s_rtok[row];
     const int head = s_rhead[row];
-    if (p.o_vec) {
-      uint2 o2;
-      if (p.out_t == Elt::bf16) {
-        __nv_bfloat162 h0 = __floats2bfloat162_rn(a0, a1), h1 = __floats2bfloat162_rn(a2, a3);
-        o2.x = *reinterpret_cast<uint32_t*>(&h0);
-        o2.y = *reinterpret_cast<uint32_t*>(&h1);
-      } else {
-        __half2 h0 = __floats2half2_rn(a0, a1), h1 = __floats2half2_rn(a2, a3);
-        o2.x = *reinterpret_cast<uint32_t*>(&h0);
-        o2.y = *reinterpret_cast<uint32_t*>(&h1);
-      }
-      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d) = o2;
-    } else {
-      const int64_t o = tok * p.o_st + int64_t(head) * p.o_sh;
-      store_elt(p.out, o + int64_t(d) * p.o_sd, p.out_t, a0);
-      store_elt(p.out, o + int64_t(d + 1) * p.o_sd, p.out_t, a1);
-      store_elt(p.out, o + int64_t(d + 2) * p.o_sd, p.out_t, a2);
-      store_elt(p.out, o + int64_t(d + 3) * p.o_sd, p.out_t, a3);
-    }
+    store_out4(p, tok, head, d, a0, a1, a2, a3);
   }
 }
 

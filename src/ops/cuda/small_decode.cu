@@ -422,26 +422,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
       if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
       const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
       const float a0 = acc.x * sc, a1 = acc.y * sc, a2 = acc.z * sc, a3 = acc.w * sc;
-      const int d = 4 * c;
-      if (p.o_vec) {
-        uint2 o2;
-        if (p.out_t == Elt::bf16) {
-          __nv_bfloat162 h0 = __floats2bfloat162_rn(a0, a1), h1 = __floats2bfloat162_rn(a2, a3);
-          o2.x = *reinterpret_cast<uint32_t*>(&h0);
-          o2.y = *reinterpret_cast<uint32_t*>(&h1);
-        } else {
-          __half2 h0 = __floats2half2_rn(a0, a1), h1 = __floats2half2_rn(a2, a3);
-          o2.x = *reinterpret_cast<uint32_t*>(&h0);
-          o2.y = *reinterpret_cast<uint32_t*>(&h1);
-        }
-        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d) = o2;
-      } else {
-        const int64_t ob = tok * p.o_st + int64_t(head) * p.o_sh;
-        store_elt(p.out, ob + int64_t(d) * p.o_sd, p.out_t, a0);
-        store_elt(p.out, ob + int64_t(d + 1) * p.o_sd, p.out_t, a1);
-        store_elt(p.out, ob + int64_t(d + 2) * p.o_sd, p.out_t, a2);
-        store_elt(p.out, ob + int64_t(d + 3) * p.o_sd, p.out_t, a3);
-      }
+      store_out4(p, tok, head, 4 * c, a0, a1, a2, a3);
       if (c == 0 && p.lse != nullptr) {
         const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
         p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
