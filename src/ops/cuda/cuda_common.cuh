@@ -50,6 +50,31 @@ __device__ __forceinline__ void store_elt(void* p, int64_t i, Elt t, float v) {
   }
 }
 
+// Request r's query range [q_begin, q_end) (clamped to the call's tokens), KV length and first
+// page-list entry (paged form; 0 with a block table), from the index tensors in one round trip
+// (last_page_len is loaded unconditionally so nothing waits on kv_indptr first).
+struct RequestBounds {
+  int64_t q_begin, q_end, kv_len, page_base;
+};
+__device__ __forceinline__ RequestBounds load_request_bounds(const AttnParams& p, int r) {
+  RequestBounds b;
+  int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
+  b.page_base = 0;
+  if (p.paged_form) {
+    const int64_t pb = load_idx(p.kv_indptr, r), pe = load_idx(p.kv_indptr, r + 1);
+    const int64_t last = load_idx(p.last_page_len, r);
+    const int64_t np = max(pe - pb, int64_t(0));
+    b.kv_len = np > 0 ? (np - 1) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size)) : 0;
+    b.page_base = pb;
+  } else {
+    b.kv_len = min(max(load_idx(p.seq_lens, r), int64_t(0)), p.max_blocks * p.page_size);
+  }
+  qs = min(max(qs, int64_t(0)), p.num_tokens);
+  b.q_begin = qs;
+  b.q_end = min(max(qe, qs), p.num_tokens);
+  return b;
+}
+
 // Four consecutive head dims d..d+3 of output row (tok, head): one 8-byte store when the output
 // is 16-bit with contiguous dims (p.o_vec), else four element stores (any dtype and stride).
 __device__ __forceinline__ void store_out4(const AttnParams& p, int64_t tok, int head, int d, float a0, float a1,

@@ -529,20 +529,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       const int r = lane;
       int64_t qs = 0, qe = 0, kv = 0, pb = 0;
       if (r < p.batch) {
-        qs = load_idx(p.qo_indptr, r);
-        qe = load_idx(p.qo_indptr, r + 1);
-        if (p.paged_form) {
-          const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
-          const int64_t last = load_idx(p.last_page_len, r);  // unconditional: one round trip
-          const int64_t np = max(e - b, int64_t(0));
-          kv = np > 0 ? (np - 1) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size)) : 0;
-          pb = b;
-        } else {
-          kv = load_idx(p.seq_lens, r);
-          kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
-        }
-        qs = min(max(qs, int64_t(0)), p.num_tokens);
-        qe = min(max(qe, qs), p.num_tokens);
+        const RequestBounds rb = load_request_bounds(p, r);
+        qs = rb.q_begin; qe = rb.q_end; kv = rb.kv_len; pb = rb.page_base;
       }
       const int ql = static_cast<int>(qe - qs);
       const int rt = (ql * p.group + C::kRows - 1) / C::kRows;

@@ -134,22 +134,10 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
   const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
 
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
-  int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
-  int64_t kv64, pbase = 0;
-  if (p.paged_form) {
-    const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
-    const int64_t last = load_idx(p.last_page_len, r);  // unconditional: same round trip
-    const int64_t np = max(e - b, int64_t(0));
-    kv64 = np > 0 ? (np - 1) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size)) : 0;
-    pbase = b;
-  } else {
-    kv64 = load_idx(p.seq_lens, r);
-    kv64 = min(max(kv64, int64_t(0)), p.max_blocks * p.page_size);
-  }
-  qs = min(max(qs, int64_t(0)), p.num_tokens);
-  qe = min(max(qe, qs), p.num_tokens);
-  const int q_start = static_cast<int>(qs), q_len = static_cast<int>(qe - qs);
-  const int kv_len = static_cast<int>(kv64);
+  const RequestBounds rb = load_request_bounds(p, r);
+  const int64_t pbase = rb.page_base;
+  const int q_start = static_cast<int>(rb.q_begin), q_len = static_cast<int>(rb.q_end - rb.q_begin);
+  const int kv_len = static_cast<int>(rb.kv_len);
   const int rows_r = q_len * p.group;
 
   const float scale_log2 = p.sm_scale * kLog2e;
