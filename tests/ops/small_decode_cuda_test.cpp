@@ -7,6 +7,7 @@
 // soft cap, sliding window, LSE in both bases, multi-token rows (several 16-row tiles per unit),
 // cluster sizes 1 to 16; calls the kernel does not cover must stay on the v8 path.
 // Skips on devices before sm_90 (no thread-block clusters: the v8 path runs there).
+// CudaClusterDecodeSpec.* (at the end): the same kernel with KVATTN_SMALL_SPECULATE=1.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -212,6 +213,132 @@ TEST_F(CudaClusterDecode, UncoveredCallsTakeTheV8Path) {
   c.q_lens = {3, 1};
   c.xqa = true;
   both_kernels(c, seed++, false);
+}
+
+// ---- KVATTN_SMALL_SPECULATE=1: cluster_decode_spec_kernel (written in session 4n, not yet run on a
+// GPU) ----
+// The speculative kernel loads the first tile's page ids from row r of the block table, or from
+// kv_indices at r * (entries / batch), and Q from token r, before the index words arrive, then
+// checks the guesses and reloads on a miss.  These cases make it hit (block-table form; uniform
+// lengths with exactly-sized kv_indices; request 0; pure decode) and miss (mixed lengths in the
+// kv_indptr form, multi-token requests that shift q_start, a sliding window that moves the first
+// key) in the same call, with odd lengths, pages that are not a power of two, batches 1 to 32,
+// cluster sizes 1 to 16, and units of several 16-row tiles (the kernel's non-speculative loop).
+// Every case is checked against the CPU reference with NaN-poisoned outputs, as above.
+class CudaClusterDecodeSpec : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kvattn::cuda::available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
+    if (kvattn::cuda::compute_capability(0) < 90) GTEST_SKIP() << "thread-block clusters need sm_90";
+    spec0_ = cuda_impl::small_speculate();
+    cuda_impl::set_small_decode_mode(2);  // force
+    cuda_impl::set_small_decode_kernel(0);
+    cuda_impl::set_small_cluster_max(16);
+    cuda_impl::set_small_speculate(true);
+  }
+  void TearDown() override {
+    if (!kvattn::cuda::available() || kvattn::cuda::compute_capability(0) < 90) return;
+    cuda_impl::set_small_decode_mode(0);
+    cuda_impl::set_small_cluster_max(16);
+    cuda_impl::set_small_speculate(spec0_);  // KVATTN_SMALL_SPECULATE=1 runs keep it on for the other tests
+  }
+  // The case on the speculative kernel: every call must take it.
+  static void spec_case(const AttnCase& c, uint32_t seed) {
+    const int64_t cl0 = cuda_impl::small_cluster_launches();
+    const int64_t sp0 = cuda_impl::small_spec_launches();
+    run_attn_case(c, seed);
+    EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, c.repeats) << "cluster kernel";
+    EXPECT_EQ(cuda_impl::small_spec_launches() - sp0, c.repeats) << "speculative kernel";
+  }
+  bool spec0_ = false;
+};
+
+// Batches 1..32 in both page-table forms: uniform lengths (every guess right), then mixed odd
+// lengths with empty requests (kv_indptr form: guesses of requests > 0 mostly wrong).
+TEST_F(CudaClusterDecodeSpec, BatchesBothFormsHitAndMiss) {
+  std::mt19937 rng(4100);
+  for (int B : {1, 2, 5, 8, 17, 32}) {
+    for (int mixed : {0, 1}) {
+      AttnCase c;
+      c.name = "spec batch " + std::to_string(B) + (mixed ? " mixed" : " uniform");
+      const int64_t len = 1 + 2 * static_cast<int64_t>(rng() % 600);  // odd
+      for (int r = 0; r < B; ++r) {
+        c.q_lens.push_back(1);
+        c.kv_lens.push_back(mixed ? (rng() % 9 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 1200)) : len);
+      }
+      c.paged_form = (B + mixed) % 2 == 0;
+      spec_case(c, 4100 + static_cast<uint32_t>(2 * B + mixed));
+    }
+  }
+}
+
+// Every form x {page 16, page 5 (no shift)} x GQA 1/4/8 x D 64/128 x bf16/f16, with the options
+// that touch the guesses: a window (first key moves: page-id guess void), sinks (loaded at the
+// start), soft cap, LSE base e, a query whose requests have 0 or 2 tokens (q_start shifts).
+TEST_F(CudaClusterDecodeSpec, FormsPagesGroupsOptions) {
+  uint32_t seed = 4200;
+  for (int paged : {0, 1}) {
+    for (int64_t page : {16, 5}) {
+      for (int64_t group : {1, 4, 8}) {
+        AttnCase c;
+        c.name = std::string("spec ") + (paged ? "kv_indptr" : "block table") + " page " + std::to_string(page) +
+                 " gqa" + std::to_string(group);
+        c.paged_form = paged == 1;
+        c.page = page;
+        c.hkv = group == 8 ? 2 : 4;
+        c.hq = c.hkv * group;
+        c.dim = group == 4 ? 64 : 128;
+        c.kv_dt = c.q_dt = c.out_dt = (group == 8) ? DType::f16 : DType::bf16;
+        c.q_lens = {1, 1, 1, 1};
+        c.kv_lens = {1023, 1023, 1023, 1023};
+        if (group == 4) {  // q_start = 2 for request 1 (Q guess wrong), 3 for request 3 (right again)
+          c.q_lens = {2, 1, 0, 1};
+          c.kv_lens = {333, 1025, 77, 64};
+        }
+        if (page == 5) { c.sinks = true; c.soft_cap = 30.0; }
+        if (group == 1) c.base = LseBase::E;
+        spec_case(c, seed++);
+        c.name += " window";
+        c.window_left = 200;  // first key of row tile 0 no longer 0 for the long requests
+        spec_case(c, seed++);
+      }
+    }
+  }
+}
+
+// Cluster sizes 1, 2, 3, 7, 16 (the cyclic tile deal: pieces with no tile, several tiles a warp,
+// the stage ring wrapping) on lengths shorter than one tile, one tile per piece and many.
+TEST_F(CudaClusterDecodeSpec, ClusterSizesAndLengths) {
+  uint32_t seed = 4300;
+  for (int pmax : {1, 2, 3, 7, 16}) {
+    cuda_impl::set_small_cluster_max(pmax);
+    for (int64_t len : {int64_t(1), int64_t(37), int64_t(1024), int64_t(5003)}) {
+      AttnCase c;
+      c.name = "spec max " + std::to_string(pmax) + " 1x" + std::to_string(len);
+      c.q_lens = {1};
+      c.kv_lens = {len};
+      c.repeats = 2;
+      c.paged_form = len % 2 == 0;
+      spec_case(c, seed++);
+    }
+  }
+  cuda_impl::set_small_cluster_max(16);
+}
+
+// Units of more than 16 rows take the kernel's non-speculative loop (cyclic tiles as well).
+TEST_F(CudaClusterDecodeSpec, MultiTokenRows) {
+  AttnCase c;
+  c.name = "spec multi-token causal";
+  c.hq = 16; c.hkv = 4;
+  c.q_lens = {3, 1, 0, 5, 2, 8};
+  c.kv_lens = {901, 40, 17, 300, 2, 1000};
+  c.sinks = true;
+  spec_case(c, 4400);
+  c.name = "spec multi-token window, block table";
+  c.sinks = false;
+  c.window_left = 33;
+  c.paged_form = false;
+  spec_case(c, 4401);
 }
 
 }  // namespace
