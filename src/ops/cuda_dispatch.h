@@ -72,11 +72,6 @@ void set_small_decode_kernel(int kernel);
 int64_t small_cluster_launches() noexcept;
 void set_small_cluster_max(int pieces);
 int small_cluster_max() noexcept;
-// Speculative start of the cluster kernel (kernels.h set_small_speculate; KVATTN_SMALL_SPECULATE=1,
-// default off): small_spec_launches() counts the launches of that variant.
-void set_small_speculate(bool on);
-bool small_speculate() noexcept;
-int64_t small_spec_launches() noexcept;
 // Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
 // set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
 // KVATTN_DECODE_SPLIT_RULE=waves|v6; 2 = next-unit prefetch, KVATTN_DECODE_PREFETCH=1, default

@@ -50,9 +50,6 @@ void set_small_decode_kernel(int) {}
 int64_t small_cluster_launches() noexcept { return 0; }
 void set_small_cluster_max(int) {}
 int small_cluster_max() noexcept { return 16; }
-void set_small_speculate(bool) {}
-bool small_speculate() noexcept { return false; }
-int64_t small_spec_launches() noexcept { return 0; }
 void set_decode_options(int) {}
 int decode_options() noexcept { return 0; }
 void set_decode_splits(int) {}

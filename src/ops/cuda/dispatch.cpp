@@ -192,7 +192,6 @@ void paged_attention(const PagedAttentionArgs& a) {
     p.kv_indptr = idx_of(a.paged_kv_indptr);
     p.kv_indices = idx_of(a.paged_kv_indices);
     p.last_page_len = idx_of(a.paged_kv_last_page_len);
-    p.max_blocks = a.paged_kv_indices.size(0);  // entries: bounds small_decode.cu's speculative loads
   } else {
     p.block_table = idx_of(a.block_table);
     p.seq_lens = idx_of(a.seq_lens);
@@ -366,9 +365,6 @@ void set_small_decode_kernel(int kernel) { k::set_small_kernel(static_cast<k::Sm
 int64_t small_cluster_launches() noexcept { return k::cluster_decode_launches(); }
 void set_small_cluster_max(int pieces) { k::set_small_cluster_max(pieces); }
 int small_cluster_max() noexcept { return k::small_cluster_max(); }
-void set_small_speculate(bool on) { k::set_small_speculate(on); }
-bool small_speculate() noexcept { return k::small_speculate(); }
-int64_t small_spec_launches() noexcept { return k::cluster_spec_launches(); }
 void set_decode_options(int opts) { k::set_decode_options(opts); }
 int decode_options() noexcept { return k::decode_options(); }
 void set_decode_splits(int n) { k::set_decode_splits(n); }

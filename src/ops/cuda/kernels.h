@@ -112,8 +112,7 @@ struct AttnParams {
   bool paged_form = true;
   Idx kv_indptr, kv_indices, last_page_len;  // form A
   Idx block_table, seq_lens;                 // form B
-  int64_t max_blocks = 0;                    // form B row width; form A: entries of kv_indices
-                                             // (read only by small_decode.cu's speculative kernel)
+  int64_t max_blocks = 0;                    // form B row width
 
   int batch = 0;
   int64_t num_tokens = 0;
@@ -169,13 +168,6 @@ SmallKernel small_kernel();
 void set_small_cluster_max(int n);
 int small_cluster_max();
 int64_t cluster_decode_launches();  // launches of the cluster kernel so far
-// Speculative start of the cluster kernel (KVATTN_SMALL_SPECULATE=1, default off; unmeasured):
-// cluster_decode_spec_kernel loads the first page ids and Q in the index words' round trip and
-// verifies them (small_decode.cu).  cluster_spec_launches() counts its launches (also counted by
-// cluster_decode_launches()).
-void set_small_speculate(bool on);
-bool small_speculate();
-int64_t cluster_spec_launches();
 // v6 path of attn_kernel (plan kernel, persistent attention grid, merge): option bits
 // (1 = uniform-length calls split so units fill whole waves of CTAs, the default; 0 = the v6
 // split rule for every call; initial value from KVATTN_DECODE_SPLIT_RULE=waves|v6) and a

@@ -25,11 +25,6 @@
 // (rows of a unit above 16 are walked in 16-row tiles), sliding window, soft cap, sinks, LSE
 // output.  Everything else (fp8, D 256, PrefixLM / XQA masks, other query types, pre-sm_90
 // devices) stays on attn_kernel<..., SMALL>; see cluster_decode_pieces().
-//
-// KVATTN_SMALL_SPECULATE=1 (default off, not yet measured) runs cluster_decode_spec_kernel
-// instead: the same kernel with the page ids and Q of the first row tile loaded in the index
-// words' round trip and verified afterwards (chain: launch -> index words || page ids || Q ->
-// K/V -> ...); see its comment and docs/notes-s4n-small.md.
 #include "ops/cuda/small_decode.h"
 #include "ops/cuda/ptx.cuh"
 
@@ -40,7 +35,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <type_traits>
 
 #include "ops/cuda/cuda_common.cuh"
 
@@ -61,7 +55,6 @@ constexpr int kSlice = 16;   // keys per warp per tile
 constexpr int kTile = kWarps * kSlice;
 constexpr int kStages = 3;   // tiles in flight per warp: 96 KB for D 128, 2 CTAs / SM
 constexpr int kMaxPieces = 16;  // cluster size bound (16 needs the non-portable attribute)
-constexpr int32_t kNoSpec = -1;  // spec kernel: speculative page-table entry not loaded (or not in [0, 2^31))
 
 template <int D>
 struct SCfg {
@@ -431,457 +424,13 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
 #endif
 }
 
-// cluster_decode_spec_kernel (KVATTN_SMALL_SPECULATE=1): cluster_decode_kernel with a speculative
-// start.  A copy rather than a bool template parameter of the kernel above: folding both into one
-// body (a lambda per row tile) changed the default kernels' PTX (D 64: 222 -> 224 registers), and
-// the default must stay the measured code until this one is measured.
-//
-// The first row tile's page ids and Q are loaded in the same round trip as the index words, from
-// addresses known before those words arrive, then verified against them (a miss reloads, so the
-// result never depends on the guess).  For that, the keys of a unit are dealt to its pieces
-// cyclically in 64-key tiles (tile T -> piece T % P, warp w -> keys 16w..16w+15 of the tile)
-// instead of in contiguous chunks: the first keys of piece `rank` are then 64 * rank + 16 * warp
-// + lane whatever the request's length (given a window start of 0, checked).  Guesses: block-table
-// form, row r's entries (always right); kv_indptr form, the request's first page entry at
-// r * (entries / batch) (right for request 0 whenever kv_indptr[0] = 0, and for every request of a
-// uniform batch whose kv_indices has exactly its pages; `max_blocks` holds the entry count in this
-// form, so the guessed loads stay inside kv_indices); Q, query token r (pure decode, qo_indptr =
-// arange).  Speculative loads are bounds-checked, so a wrong guess only costs the reload.
-template <bool BF16, int D>
-__global__ void __launch_bounds__(kThreads) cluster_decode_spec_kernel(AttnParams p) {
-#ifdef KVATTN_CLUSTER_KERNEL
-  using C = SCfg<D>;
-  constexpr int kKSteps = D / 16;
-  constexpr int kNTilesO = D / 8;
-  constexpr int kCPR = C::kCPR;
-  constexpr int kC4 = D / 4;  // float4 columns of an output row
-  extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float s_wm[kWarps][kRows], s_wl[kWarps][kRows];  // per-warp row max / sum
-  __shared__ float s_cm[kRows], s_cl[kRows];                  // this CTA's partial, per row
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t4 = lane & 3;
-  const int P = static_cast<int>(gridDim.x);
-  const uint32_t rank = cluster_rank();
-  const int r = static_cast<int>(blockIdx.y) / p.hkv;
-  const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
-
-  constexpr int kKStepsQ = D / 16;
-  // ---- the first row tile's page ids and Q, from addresses that need no index word ----
-  int32_t spg[kStages + 1];       // table entries of tiles 0..kStages (lanes 0..15), kNoSpec if not loaded / not an int32
-  uint32_t qspec[kKStepsQ][4];    // Q fragments of rows g, g + 8 if q_start = r
-  float sink_pre = 0.f;           // the sink of this thread's first output item (row tile 0)
-  int64_t spec_base = 0;          // guessed kv_indptr[r]
-  {
-    if (p.paged_form) {
-      const uint32_t n_idx = static_cast<uint32_t>(min(max(p.max_blocks, int64_t(0)), int64_t(0x7fffffff)));
-      spec_base = int64_t(r) * (n_idx / static_cast<uint32_t>(max(p.batch, 1)));
-    }
-#pragma unroll
-    for (int t = 0; t <= kStages; ++t) {
-      const int j = (static_cast<int>(rank) + t * P) * kTile + warp * kSlice + lane;
-      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      int64_t v = kNoSpec;
-      if (lane < kSlice) {
-        if (p.paged_form) {
-          if (spec_base + blk < p.max_blocks) v = load_idx(p.kv_indices, spec_base + blk);
-        } else if (blk < p.max_blocks) {
-          v = load_idx2(p.block_table, r, blk);
-        }
-      }
-      spg[t] = (v >= 0 && v <= INT32_MAX) ? static_cast<int32_t>(v) : kNoSpec;  // else: reloaded if needed
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rr = g + 8 * h;
-      const int tq = rr / p.group;
-      const bool ok = int64_t(r) + tq < p.num_tokens;
-      const int head = hk * p.group + rr % p.group;
-      const uint16_t* qrow = static_cast<const uint16_t*>(p.q) + (int64_t(r) + tq) * p.q_st + int64_t(head) * p.q_sh;
-#pragma unroll
-      for (int s = 0; s < kKStepsQ; ++s) {
-        qspec[s][h] = ok ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
-        qspec[s][h + 2] = ok ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
-      }
-    }
-    if (p.sinks != nullptr) {
-      const int item0 = tid * P + static_cast<int>(rank);
-      if (item0 < kRows * (D / 4)) sink_pre = p.sinks[int64_t(hk * p.group + (item0 / (D / 4)) % p.group) * p.sinks_s];
-    }
-  }
-
-  // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
-  int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
-  int64_t kv64, pbase = 0;
-  if (p.paged_form) {
-    const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
-    const int64_t last = load_idx(p.last_page_len, r);  // unconditional: same round trip
-    const int64_t np = max(e - b, int64_t(0));
-    kv64 = np > 0 ? (np - 1) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size)) : 0;
-    pbase = b;
-  } else {
-    kv64 = load_idx(p.seq_lens, r);
-    kv64 = min(max(kv64, int64_t(0)), p.max_blocks * p.page_size);
-  }
-  qs = min(max(qs, int64_t(0)), p.num_tokens);
-  qe = min(max(qe, qs), p.num_tokens);
-  const int q_start = static_cast<int>(qs), q_len = static_cast<int>(qe - qs);
-  const int kv_len = static_cast<int>(kv64);
-  const int rows_r = q_len * p.group;
-
-  const float scale_log2 = p.sm_scale * kLog2e;
-  const float scale_lin = p.sm_scale;
-  const bool softcap = p.soft_cap > 0.f;
-
-  unsigned char* wbuf = smem + warp * C::kWarpBytes;  // this warp's stages: [K slice | V slice] x kStages
-  const int my_chunk = lane % kCPR, my_row0 = lane / kCPR;
-  const unsigned char* kb = static_cast<const unsigned char*>(p.k);
-  const unsigned char* vb = static_cast<const unsigned char*>(p.v);
-
-  // One 16-row tile of the unit.  FIRST (a unit of one row tile): the speculative loads above are
-  // verified and used; otherwise (several row tiles) every tile loads its page ids and Q itself.
-  auto row_tile = [&](int row0, auto first_tag) {
-    constexpr bool FIRST = decltype(first_tag)::value;
-    // ---- key range of this row tile, dealt to the P pieces in 64-key tiles ----
-    const int last_row = min(rows_r, row0 + kRows) - 1;
-    const int qpos_first = kv_len - q_len + row0 / p.group;
-    const int qpos_last = kv_len - q_len + last_row / p.group;
-    int hi = kv_len;
-    if (p.causal) hi = min(hi, qpos_last + 1);
-    int lo = 0;
-    if (p.window_left >= 0) lo = static_cast<int>(max(int64_t(0), int64_t(qpos_first) - p.window_left));
-    lo &= ~(kSlice - 1);
-    // 64-key tiles dealt cyclically: tile T -> piece T % P; this warp's slices start at
-    // lo + 64 * (rank + t * P) + 16 * warp, below hi (the pieces' key counts differ by at most one
-    // 16-key slice per warp, as with contiguous chunks)
-    const int tstride = kTile * P;  // keys between a warp's consecutive tiles
-    const int kend = hi;
-    const int first = lo + static_cast<int>(rank) * kTile + warp * kSlice;
-    const int n_tiles = kend > first ? (kend - first + tstride - 1) / tstride : 0;
-
-    // page id of key `first + tile * tstride + lane` (lanes 0..15), -1 when outside the piece
-    auto load_page = [&](int tile) -> int64_t {
-      const int j = first + tile * tstride + lane;
-      if (lane >= kSlice || tile >= n_tiles || j >= kend) return -1;
-      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      const int64_t pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, r, blk);
-      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
-    };
-    auto issue = [&](int tile, int64_t pg_lane) {
-      const int st = tile % kStages;
-      const uint32_t sk = smem_u32(wbuf + st * 2 * C::kSliceBytes);
-      const uint32_t sv = sk + C::kSliceBytes;
-#pragma unroll
-      for (int i = 0; i < C::kChunks; ++i) {
-        const int row = my_row0 + i * C::kRowStep;
-        const int64_t pg = __shfl_sync(0xffffffffu, pg_lane, row);
-        const int j = first + tile * tstride + row;
-        const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-        const int off = swz<kCPR>(row, my_chunk);
-        const bool ok = pg >= 0;
-        const int64_t ko = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh + my_chunk * 16;
-        const int64_t vo = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh + my_chunk * 16;
-        cp_async16(sk + off, ok ? kb + ko : kb, ok ? 16 : 0);
-        cp_async16(sv + off, ok ? vb + vo : vb, ok ? 16 : 0);
-      }
-    };
-
-    // ---- page ids of the first kStages + 1 tiles, then Q, while those loads are in flight ----
-    int64_t pgs[kStages];
-    int64_t pg_pref;
-    bool q_hit = false;
-    if constexpr (FIRST) {
-      // the guesses held when the window starts at key 0 (cyclic tiles from 0) and, in the
-      // kv_indptr form, kv_indptr[r] is the guessed base; lanes whose entry was not loaded
-      // (guessed index out of bounds) reload
-      const bool pg_hit = lo == 0 && (!p.paged_form || pbase == spec_base);
-      q_hit = q_start == r;
-      auto verified = [&](int tile, int32_t sp) -> int64_t {
-        const int j = first + tile * tstride + lane;
-        if (lane >= kSlice || tile >= n_tiles || j >= kend) return -1;
-        if (!pg_hit || sp == kNoSpec) return load_page(tile);
-        return sp >= p.num_pages ? int64_t(-1) : int64_t(sp);
-      };
-#pragma unroll
-      for (int t = 0; t < kStages; ++t) pgs[t] = verified(t, spg[t]);
-      pg_pref = verified(kStages, spg[kStages]);
-    } else {
-#pragma unroll
-      for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
-      pg_pref = load_page(kStages);
-    }
-
-    int rvalid[2], rqpos[2];
-    uint32_t qf[kKSteps][4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rr = row0 + g + 8 * h;
-      rvalid[h] = rr < rows_r;
-      const int tq = rvalid[h] ? rr / p.group : 0;
-      rqpos[h] = kv_len - q_len + tq;
-      const int head = hk * p.group + (rvalid[h] ? rr % p.group : 0);
-      const uint16_t* qrow = static_cast<const uint16_t*>(p.q) + int64_t(q_start + tq) * p.q_st + int64_t(head) * p.q_sh;
-      if (FIRST && q_hit) {  // the speculative rows are the request's (row rr = token r + rr / group)
-#pragma unroll
-        for (int s = 0; s < kKSteps; ++s) {
-          qf[s][h] = rvalid[h] ? qspec[s][h] : 0u;
-          qf[s][h + 2] = rvalid[h] ? qspec[s][h + 2] : 0u;
-        }
-      } else {
-#pragma unroll
-        for (int s = 0; s < kKSteps; ++s) {
-          // a0 / a2 (row g): dims 16s + 2t4 (+8); a1 / a3: the same for row g + 8
-          qf[s][h] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
-          qf[s][h + 2] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
-        }
-      }
-    }
-
-#pragma unroll
-    for (int t = 0; t < kStages; ++t) {
-      if (t < n_tiles) issue(t, pgs[t]);
-      cp_async_commit();
-    }
-
-    float o[kNTilesO][4];
-#pragma unroll
-    for (int n = 0; n < kNTilesO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      cp_async_wait_mem<kStages - 1>();
-      __syncwarp();  // every lane's chunks of this stage have landed
-      const int st = tile % kStages;
-      const unsigned char* tK = wbuf + st * 2 * C::kSliceBytes;
-      const unsigned char* tV = tK + C::kSliceBytes;
-      const int key0 = first + tile * tstride;
-
-      // ---- S = Q K^T (16 rows x 16 keys) ----
-      float s[2][4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int krow = 8 * j + (lane & 7);
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ks += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4(smem_u32(tK + swz<kCPR>(krow, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
-          mma16816<BF16>(s[j], qf[ks], b0, b1);
-          mma16816<BF16>(s[j], qf[ks + 1], b2, b3);
-        }
-      }
-      // ---- scale, soft cap, mask (piece range, causal, window) ----
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[j][e];
-          if (softcap) x = p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e;
-          else x *= scale_log2;
-          const int h = e >> 1;
-          const int key = key0 + 8 * j + 2 * t4 + (e & 1);
-          bool vis = rvalid[h] && key < kend;
-          if (p.causal && key > rqpos[h]) vis = false;
-          if (p.window_left >= 0 && int64_t(key) < int64_t(rqpos[h]) - p.window_left) vis = false;
-          s[j][e] = vis ? x : -INFINITY;
-        }
-      }
-      // ---- online softmax (rows g and g + 8) ----
-      float alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_r[h], mx);
-        const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-        alpha[h] = exp2f(m_r[h] - m_use);
-        m_r[h] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
-          s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
-          sum += s[j][2 * h] + s[j][2 * h + 1];
-        }
-        l_r[h] = l_r[h] * alpha[h] + sum;
-      }
-#pragma unroll
-      for (int n = 0; n < kNTilesO; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
-      }
-      // ---- O += P V ----
-      {
-        uint32_t a[4];
-        a[0] = pack2<BF16>(s[0][0], s[0][1]);
-        a[1] = pack2<BF16>(s[0][2], s[0][3]);
-        a[2] = pack2<BF16>(s[1][0], s[1][1]);
-        a[3] = pack2<BF16>(s[1][2], s[1][3]);
-        const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-        for (int n = 0; n < kNTilesO; n += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b0, b1, b2, b3);
-          mma16816<BF16>(o[n], a, b0, b1);
-          mma16816<BF16>(o[n + 1], a, b2, b3);
-        }
-      }
-      __syncwarp();  // every lane is done reading this stage before it is refilled
-      const int nt = tile + kStages;
-      if (nt < n_tiles) issue(nt, pg_pref);
-      cp_async_commit();
-      pg_pref = load_page(nt + 1);
-    }
-    cp_async_wait_mem<0>();
-    __syncthreads();  // every warp is done with the pipeline: the partials alias it
-
-    // ---- this CTA's partial: the four warps combined, unnormalised, base-2 max ----
-    float* sO = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kPitch]; warp 0's slot ends as the CTA's
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = l_r[h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      l_r[h] = l;
-    }
-    {
-      float* myO = sO + warp * kRows * C::kPitch;
-#pragma unroll
-      for (int n = 0; n < kNTilesO; ++n) {
-        *reinterpret_cast<float2*>(myO + g * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][0], o[n][1]);
-        *reinterpret_cast<float2*>(myO + (g + 8) * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][2], o[n][3]);
-      }
-      if (t4 == 0) {
-        s_wm[warp][g] = m_r[0];
-        s_wm[warp][g + 8] = m_r[1];
-        s_wl[warp][g] = l_r[0];
-        s_wl[warp][g + 8] = l_r[1];
-      }
-    }
-    __syncthreads();
-    const int nrows = min(kRows, rows_r - row0);
-    for (int item = tid; item < nrows * kC4; item += kThreads) {
-      const int row = item / kC4, c = item - row * kC4;
-      float mw[kWarps];
-      float M = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) { mw[w] = s_wm[w][row]; M = fmaxf(M, mw[w]); }
-      const float Mu = (M == -INFINITY) ? 0.f : M;
-      float L = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = exp2f(mw[w] - Mu);
-        L += s_wl[w][row] * f;
-        const float4 x = *reinterpret_cast<const float4*>(sO + (w * kRows + row) * C::kPitch + 4 * c);
-        acc.x += f * x.x;
-        acc.y += f * x.y;
-        acc.z += f * x.z;
-        acc.w += f * x.w;
-      }
-      *reinterpret_cast<float4*>(sO + row * C::kPitch + 4 * c) = acc;  // only this thread touches (row, c)
-      if (c == 0) { s_cm[row] = M; s_cl[row] = L; }
-    }
-    cluster_sync();  // every CTA's partial is complete and visible to the cluster
-
-    // ---- the unit's outputs: item (row, 4 dims) = tid * P + rank, the P partials over DSMEM ----
-    const uint32_t a_cm = smem_u32(s_cm), a_cl = smem_u32(s_cl), a_o = smem_u32(sO);
-    for (int item = tid * P + static_cast<int>(rank); item < nrows * kC4; item += kThreads * P) {
-      const int row = item / kC4, c = item - row * kC4;
-      float mj[kMaxPieces], lj[kMaxPieces];
-      float4 oj[kMaxPieces];
-#pragma unroll
-      for (int j = 0; j < kMaxPieces; ++j) {
-        if (j < P) {
-          mj[j] = ld_cluster_f32(map_rank(a_cm + row * 4, j));
-          lj[j] = ld_cluster_f32(map_rank(a_cl + row * 4, j));
-          oj[j] = ld_cluster_f4(map_rank(a_o + (row * C::kPitch + 4 * c) * 4, j));
-        }
-      }
-      const int rr = row0 + row;
-      const int64_t tok = q_start + rr / p.group;
-      const int head = hk * p.group + rr % p.group;
-      float M = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kMaxPieces; ++j)
-        if (j < P) M = fmaxf(M, mj[j]);
-      float s2 = -INFINITY;
-      if (p.sinks != nullptr) {
-        if (FIRST && item == tid * P + static_cast<int>(rank)) s2 = sink_pre * kLog2e;  // loaded at the start
-        else s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
-      }
-      const float Mf = fmaxf(M, s2);
-      const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
-      float denom = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int j = 0; j < kMaxPieces; ++j) {
-        if (j < P) {
-          const float f = exp2f(mj[j] - Mu);
-          denom += lj[j] * f;
-          acc.x += f * oj[j].x;
-          acc.y += f * oj[j].y;
-          acc.z += f * oj[j].z;
-          acc.w += f * oj[j].w;
-        }
-      }
-      if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
-      const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
-      const float a0 = acc.x * sc, a1 = acc.y * sc, a2 = acc.z * sc, a3 = acc.w * sc;
-      const int d = 4 * c;
-      if (p.o_vec) {
-        uint2 o2;
-        if (p.out_t == Elt::bf16) {
-          __nv_bfloat162 h0 = __floats2bfloat162_rn(a0, a1), h1 = __floats2bfloat162_rn(a2, a3);
-          o2.x = *reinterpret_cast<uint32_t*>(&h0);
-          o2.y = *reinterpret_cast<uint32_t*>(&h1);
-        } else {
-          __half2 h0 = __floats2half2_rn(a0, a1), h1 = __floats2half2_rn(a2, a3);
-          o2.x = *reinterpret_cast<uint32_t*>(&h0);
-          o2.y = *reinterpret_cast<uint32_t*>(&h1);
-        }
-        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d) = o2;
-      } else {
-        const int64_t ob = tok * p.o_st + int64_t(head) * p.o_sh;
-        store_elt(p.out, ob + int64_t(d) * p.o_sd, p.out_t, a0);
-        store_elt(p.out, ob + int64_t(d + 1) * p.o_sd, p.out_t, a1);
-        store_elt(p.out, ob + int64_t(d + 2) * p.o_sd, p.out_t, a2);
-        store_elt(p.out, ob + int64_t(d + 3) * p.o_sd, p.out_t, a3);
-      }
-      if (c == 0 && p.lse != nullptr) {
-        const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
-        p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
-      }
-    }
-    // no CTA may leave (or overwrite its partial in the next row tile) while another reads it
-    cluster_sync();
-  };
-  // The row count is the same in every CTA of the cluster (one unit), so the cluster barriers
-  // match.  One row tile: no loop, so the speculative registers are dead after it (in a loop they
-  // would stay live across the back edge).
-  if (rows_r <= kRows) {
-    if (rows_r > 0) row_tile(0, std::true_type{});
-  } else {
-    for (int row0 = 0; row0 < rows_r; row0 += kRows) row_tile(row0, std::false_type{});
-  }
-#else
-  (void)p;  // sm_80 builds: never launched (cluster_decode_pieces returns 0 before sm_90)
-#endif
-}
-
 __global__ void empty_kernel() {}
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
 std::atomic<int> g_kernel{-1};   // SmallKernel, -1 = not read from the environment yet
 std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
-std::atomic<int> g_spec{-1};     // 1 = cluster_decode_spec_kernel (KVATTN_SMALL_SPECULATE=1), -1 = not read yet
 std::atomic<int64_t> g_launches{0};
-std::atomic<int64_t> g_spec_launches{0};
 
 int kernel_now() {
   int m = g_kernel.load(std::memory_order_relaxed);
@@ -904,38 +453,23 @@ int cmax_now() {
   g_cmax.store(m, std::memory_order_relaxed);
   return m;
 }
-bool spec_now() {
-  int m = g_spec.load(std::memory_order_relaxed);
-  if (m < 0) {
-    const char* e = std::getenv("KVATTN_SMALL_SPECULATE");
-    m = (e != nullptr && !std::strcmp(e, "1")) ? 1 : 0;
-    g_spec.store(m, std::memory_order_relaxed);
-  }
-  return m == 1;
-}
 
-template <bool BF16, int D, bool SPEC>
-constexpr auto kernel_of() {
-  if constexpr (SPEC) return cluster_decode_spec_kernel<BF16, D>;
-  else return cluster_decode_kernel<BF16, D>;
-}
-
-template <bool BF16, int D, bool SPEC>
+template <bool BF16, int D>
 struct KernInfo {
-  // per device: attributes set, CTAs per SM, clusters of each size that fit at once (-1 unknown);
-  // `ready` is written under `mu` once the figures are in, and read without it afterwards
+  // per device: attributes set, CTAs per SM, clusters of each size that fit at once (-1 unknown)
   std::mutex mu;
-  std::atomic<bool> ready[64] = {};
+  bool ready[64] = {};
   int per_sm[64] = {};
   int max_clusters[64][kMaxPieces + 1] = {};
 };
 
-template <bool BF16, int D, bool SPEC>
-KernInfo<BF16, D, SPEC>& kern_info() {
-  static KernInfo<BF16, D, SPEC> k;
+template <bool BF16, int D>
+KernInfo<BF16, D>& kern_info() {
+  static KernInfo<BF16, D> k;
   return k;
 }
 
+// Attributes and the occupancy figures of one instantiation on device `dev` (once).
 // Launch configuration (legacy stream) of `grid` in clusters of P CTAs along x; `at` holds the
 // cluster attribute the configuration points to, so it must outlive the launch or query.
 cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute& at) {
@@ -954,16 +488,13 @@ cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttri
   return cfg;
 }
 
-// Attributes and the occupancy figures of one instantiation on device `dev` (once; afterwards a
-// lock-free check — this runs twice per call, in the plan and in the launch).
-template <bool BF16, int D, bool SPEC>
+template <bool BF16, int D>
 int prepare(int dev) {
-  auto& ki = kern_info<BF16, D, SPEC>();
-  const int d = dev & 63;
-  if (ki.ready[d].load(std::memory_order_acquire)) return 0;
+  auto& ki = kern_info<BF16, D>();
   std::lock_guard<std::mutex> lock(ki.mu);
-  if (ki.ready[d].load(std::memory_order_relaxed)) return 0;
-  auto kern = kernel_of<BF16, D, SPEC>();
+  const int d = dev & 63;
+  if (ki.ready[d]) return 0;
+  auto kern = cluster_decode_kernel<BF16, D>;
   constexpr int smem = SCfg<D>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
@@ -982,17 +513,19 @@ int prepare(int dev) {
     }
     ki.max_clusters[d][P] = c;
   }
-  ki.ready[d].store(true, std::memory_order_release);
+  ki.ready[d] = true;
   return 0;
 }
 
-template <bool BF16, int D, bool SPEC>
-int pieces_for(const AttnParams& p, int num_sms, int dev) {
-  if (prepare<BF16, D, SPEC>(dev) != 0) {
+template <bool BF16, int D>
+int pieces_for(const AttnParams& p, int num_sms) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (prepare<BF16, D>(dev) != 0) {
     (void)cudaGetLastError();
     return 0;
   }
-  auto& ki = kern_info<BF16, D, SPEC>();
+  auto& ki = kern_info<BF16, D>();
   const int d = dev & 63;
   const int64_t units = int64_t(p.batch) * p.hkv;
   const int64_t slots = int64_t(num_sms) * std::max(ki.per_sm[d], 1);
@@ -1001,43 +534,36 @@ int pieces_for(const AttnParams& p, int num_sms, int dev) {
     if (units * P <= slots && ki.max_clusters[d][P] >= units) return P;
   return 0;
 }
-template <bool BF16, int D>
-int pieces_for(const AttnParams& p, int num_sms, int dev) {
-  return spec_now() ? pieces_for<BF16, D, true>(p, num_sms, dev) : pieces_for<BF16, D, false>(p, num_sms, dev);
-}
 
-int device_major(int dev) {
-  static std::atomic<int> cache[64] = {};
-  std::atomic<int>& c = cache[dev & 63];
-  int v = c.load(std::memory_order_relaxed);
-  if (v == 0) {
+int device_major() {
+  static int cache[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& c = cache[dev & 63];
+  if (c == 0) {
+    int v = 0;
     if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
       (void)cudaGetLastError();
       v = -1;
     }
-    c.store(v, std::memory_order_relaxed);
+    c = v;
   }
-  return v;
+  return c;
 }
 
-template <bool BF16, int D, bool SPEC>
+template <bool BF16, int D>
 int launch(const AttnParams& p, int P) {
-  auto kern = kernel_of<BF16, D, SPEC>();
+  auto kern = cluster_decode_kernel<BF16, D>;
   int dev = 0;
   cudaGetDevice(&dev);
-  if (int e = prepare<BF16, D, SPEC>(dev)) return e;  // done by the plan of this call: a flag test
+  if (int e = prepare<BF16, D>(dev)) return e;
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(
       dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p);
   if (e != cudaSuccess) return static_cast<int>(e);
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  if (SPEC) g_spec_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
-}
-template <bool BF16, int D>
-int launch(const AttnParams& p, int P) {
-  return spec_now() ? launch<BF16, D, true>(p, P) : launch<BF16, D, false>(p, P);
 }
 
 }  // namespace
@@ -1049,13 +575,11 @@ int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (p.q_t != p.kv_t || !p.q_vec) return 0;
   if (p.mm != nullptr || p.xqa != nullptr) return 0;
   if (p.batch <= 0 || int64_t(p.batch) * p.hkv > 65535) return 0;
-  int dev = 0;
-  cudaGetDevice(&dev);  // once per call (device_major and pieces_for each queried it before)
-  if (device_major(dev) < 9) return 0;
+  if (device_major() < 9) return 0;
   const bool bf = p.kv_t == Elt::bf16;
   int P = 0;
-  if (p.head_dim == 64) P = bf ? pieces_for<true, 64>(p, num_sms, dev) : pieces_for<false, 64>(p, num_sms, dev);
-  else P = bf ? pieces_for<true, 128>(p, num_sms, dev) : pieces_for<false, 128>(p, num_sms, dev);
+  if (p.head_dim == 64) P = bf ? pieces_for<true, 64>(p, num_sms) : pieces_for<false, 64>(p, num_sms);
+  else P = bf ? pieces_for<true, 128>(p, num_sms) : pieces_for<false, 128>(p, num_sms);
   return (force || P >= std::min(kClusterMinAutoPieces, cmax_now())) ? P : 0;
 }
 
@@ -1070,9 +594,6 @@ SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
 void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }
 int small_cluster_max() { return cmax_now(); }
 int64_t cluster_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
-void set_small_speculate(bool on) { g_spec.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool small_speculate() { return spec_now(); }
-int64_t cluster_spec_launches() { return g_spec_launches.load(std::memory_order_relaxed); }
 
 double measure_empty_launch_us(int ctas, int cluster) {
   struct Ctx { int ctas, cluster; } ctx{ctas, std::max(cluster, 1)};
