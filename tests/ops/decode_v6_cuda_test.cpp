@@ -6,7 +6,6 @@
 // short and long query ranges.  Every setting against the CPU reference on random inputs,
 // outputs poisoned, permuted block tables with block 0 reserved, odd and empty lengths,
 // repeated calls on one workspace.  Batches > 32 so the small-call path never takes them.
-// NextUnitPrefetch: the same with the next-unit prefetch variant (opts bit 2).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,56 +101,6 @@ TEST_F(CudaDecodeV6, Fp8SinksWindowMultiTokenAndLongQueries) {
   l.dim = 256;
   cuda_impl::set_decode_splits(12);
   run_attn_case(l, 1791);
-}
-
-// Next-unit prefetch (opts bit 2, KVATTN_DECODE_PREFETCH=1; attn_kernel<..., PF = true>): each
-// CTA claims its next unit early and fetches its item, request, Q rows and first page ids into
-// shared memory during the current unit.  The same cases as above with the bit set, with both
-// split rules and forced counts (units of one tile, units with no tiles: empty and short
-// requests), f16 and fp8 pages, D 64 multi-token rows in the block-table form, sinks, soft cap,
-// window, and an f32 query (not 16-bit: the launcher falls back to the default kernel).
-TEST_F(CudaDecodeV6, NextUnitPrefetch) {
-  std::mt19937 rng(1801);
-  uint32_t seed = 1810;
-  for (int opts : {3, 2}) {
-    for (int splits : {0, 3, 40}) {
-      for (bool uniform : {true, false}) {
-        if (splits != 0 && uniform) continue;
-        AttnCase c = decode_case(rng, 34, uniform);
-        c.name = std::string("prefetch ") + (uniform ? "uniform" : "mixed") + " opts " + std::to_string(opts) +
-                 " splits " + std::to_string(splits);
-        cuda_impl::set_decode_options(opts);
-        cuda_impl::set_decode_splits(splits);
-        ASSERT_EQ(cuda_impl::decode_options(), opts);
-        run_attn_case(c, seed++);
-      }
-    }
-  }
-  cuda_impl::set_decode_options(3);
-  cuda_impl::set_decode_splits(0);
-  AttnCase h = decode_case(rng, 40, true);
-  h.name = "prefetch f16 cache, f16 query, 3 repeats";
-  h.q_dt = DType::f16; h.kv_dt = DType::f16; h.out_dt = DType::f16;
-  h.repeats = 3;
-  run_attn_case(h, seed++);
-  AttnCase c = decode_case(rng, 34, false);
-  c.name = "prefetch fp8 e4m3 sinks softcap window";
-  c.kv_dt = DType::fp8_e4m3; c.k_scale = 0.6; c.v_scale = 1.4;
-  c.sinks = true; c.soft_cap = 25.0; c.window_left = 700; c.base = LseBase::E;
-  run_attn_case(c, seed++);
-  AttnCase m = decode_case(rng, 34, false);
-  m.name = "prefetch multi-token rows, gqa 8, D 64, block-table form";
-  for (size_t i = 0; i < m.q_lens.size(); ++i) {
-    m.q_lens[i] = m.q_lens[i] == 0 ? 0 : 1 + static_cast<int64_t>(i % 2);
-    m.kv_lens[i] = std::max(m.kv_lens[i], m.q_lens[i]);
-  }
-  m.hq = 16; m.hkv = 2; m.dim = 64;
-  m.paged_form = false;
-  run_attn_case(m, seed++);
-  AttnCase f = decode_case(rng, 34, true);
-  f.name = "prefetch requested, f32 query (default kernel)";
-  f.q_dt = DType::f32; f.out_dt = DType::f32;
-  run_attn_case(f, seed++);
 }
 
 }  // namespace

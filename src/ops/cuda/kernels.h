@@ -172,8 +172,7 @@ int64_t cluster_decode_launches();  // launches of the cluster kernel so far
 // (1 = uniform-length calls split so units fill whole waves of CTAs, the default; 0 = the v6
 // split rule for every call; initial value from KVATTN_DECODE_SPLIT_RULE=waves|v6) and a
 // forced split count per request (0 = the plan kernel's rule; initial value from
-// KVATTN_DECODE_SPLITS).  Option bit 2: next-unit prefetch variant of the decode config (initial
-// value from KVATTN_DECODE_PREFETCH=1; default off, unmeasured).  KVATTN_DECODE_TIMELINE=N
+// KVATTN_DECODE_SPLITS).  KVATTN_DECODE_TIMELINE=N
 // prints a per-unit timing summary of the process's Nth v6-path call to stderr (debug; syncs that call).
 void set_decode_options(int opts);
 int decode_options();

@@ -29,7 +29,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -103,10 +102,6 @@ struct Plan {
 
 // v6-path options (Plan::opts)
 constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length calls by whole waves
-// attn_kernel<..., PF = true> (decode config, D <= 128, 16-bit contiguous query): a CTA claims its
-// next unit when a unit starts and fetches that unit's item, request, Q rows and first page ids
-// into shared memory while the current unit's first tile is in flight (KVATTN_DECODE_PREFETCH=1)
-constexpr int kOptPrefetch = 2;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end
@@ -496,51 +491,9 @@ struct SmallShared<true> {
   int32_t npieces;
 };
 
-// Next-unit prefetch of the v6 decode path (attn_kernel<..., PF = true>, Plan::opts kOptPrefetch):
-// the unit a CTA runs next, claimed from the work counter when the current unit starts, and what
-// the current v6 loop fetches from global memory at a unit's start (item, request, page base,
-// Q rows as raw 16-bit values, page ids of tiles 0..S-1), fetched during the current unit's
-// prologue (its first tile is in flight then).  Shared memory, not registers: nothing of it is
-// live across the tile loop (v7 kept its schedule in registers and spilled).
-// threadIdx.x read by a volatile asm: expressions of it cannot be hoisted out of the unit loop
-// (the prefetch's shared-memory addresses would otherwise stay live across the tile loop)
-__device__ __forceinline__ int tid_volatile() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-  return t;
-}
-// an int the compiler cannot treat as loop-invariant (divisions by it are not hoisted either)
-__device__ __forceinline__ int int_volatile(int v) {
-  int r;
-  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
-  return r;
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-template <int S, int OFF, int NT, int ROWS, int D>
-struct PfShared {
-  Item it;                   // of the claimed unit
-  ReqInfo ri;
-  Item cit;                  // of the running unit, reloaded for its epilogue (not kept in
-  ReqInfo cri;               // registers across the tile loop)
-  int64_t pb;
-  uint64_t* tl;              // Plan::tl (timeline), read where used
-  int32_t next;              // the claimed unit (>= total: none left)
-  int32_t pg[S][OFF][NT];    // raw int32 index words of the unit's tiles 0..S-1, per thread slot
-  uint16_t q[ROWS][D + 8];   // Q rows, raw 16-bit (pitch D + 8: conflict-free fragment reads)
-};
-
-template <typename KV, int D, int WM, int WN, bool SMALL = false, bool PF = false>
+template <typename KV, int D, int WM, int WN, bool SMALL = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
-  static_assert(!(SMALL && PF), "the next-unit prefetch is a v6-path (work counter) variant");
-  static_assert(!PF || WN > 1, "the next-unit prefetch is built for the decode config only");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  // the next-unit prefetch is an sm_90 variant (its sm_80 code spilled 4 B in bf16/f16 D 128);
-  // the host never launches it below compute capability 9
-  if constexpr (PF) return;
-#endif
   using C = Cfg<KV, D, WM, WN>;
   using TR = KVTraits<KV>;
   constexpr bool kBf16 = TR::kBf16;
@@ -566,9 +519,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 
   __shared__ int s_work;
   __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
-  // (one shared block: SmallShared<SMALL> as before unless PF, so PF = false declares the same)
-  using XShared = std::conditional_t<PF, PfShared<kStages, C::kOffPer, C::kThreads, C::kRows, D>, SmallShared<SMALL>>;
-  __shared__ XShared s_sm;
+  __shared__ SmallShared<SMALL> s_sm;
   if constexpr (SMALL) {
     // The plan of the whole call, computed by every CTA (no plan kernel): warp 0, one lane per
     // request (batch <= kSmallMaxBatch, checked by the host).  Same split rule as plan_kernel
@@ -638,138 +589,26 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   // timeline record of the current unit (thread 0; s_work holds the unit's work id until the
   // next unit starts, so the address is recomputed instead of kept in registers)
   uint64_t* const tl = SMALL ? nullptr : plan.tl;
-  // PF: the timeline pointer is read from shared memory where it is used (a register holding it
-  // across the tile loop was the one that spilled, 4 B, in the bf16 / f16 D 128 instantiations)
-  auto tl_ptr = [&]() -> uint64_t* {
-    if constexpr (PF) return s_sm.tl;
-    else return tl;
-  };
   auto tl_unit = [&]() -> uint64_t* {
-    if (tl_ptr() == nullptr || tid != 0 || s_work >= plan.tl_cap) return nullptr;
-    return tl_ptr() + kTlHeader + 2 * gridDim.x + int64_t(s_work) * kTlUnitWords;
+    if (tl == nullptr || tid != 0 || s_work >= plan.tl_cap) return nullptr;
+    return tl + kTlHeader + 2 * gridDim.x + int64_t(s_work) * kTlUnitWords;
   };
   if constexpr (!SMALL) {
     if (tid == 0 && tl != nullptr) tl[kTlHeader + 2 * blockIdx.x] = gtimer();
-  }
-  // PF: fetch unit `wn`'s item, request, page base (thread 0 stores them), its page ids of tiles
-  // 0..S-1 (each thread its own offset slots, as load_page below) and its Q rows (raw, 16-bit)
-  // into s_sm.  Every thread loads the item and request itself (same addresses: one L2 round
-  // trip each, no barrier in the chain).  Runs before the loop and once per unit between the
-  // prologue and the tile loop, never inside it.
-  [[maybe_unused]] auto pf_fetch = [&](int wn) {
-    if constexpr (PF) {
-      if (wn >= total) return;
-      const int tid = tid_volatile();
-      // divisors through int_volatile: ptxas hoists a division's reciprocal out of the unit loop
-      // otherwise, and that register, live across the tile loop, spilled (4 B in bf16 D 128)
-      const int hkv = int_volatile(p.hkv), grp = int_volatile(p.group);
-      const Item nit = plan.items[wn / hkv];
-      const int nhk = wn % hkv;
-      const ReqInfo nri = plan.req[nit.req];
-      const int64_t npb = plan.page_base[nit.req];
-      if (tid == 0) {
-        s_sm.it = nit;
-        s_sm.ri = nri;
-        s_sm.pb = npb;
-      }
-      const int rows_n = nri.q_len * grp;
-      const int row0n = nit.rtile * C::kRows;
-      const int last_n = min(rows_n, row0n + C::kRows) - 1;
-      const int qf_n = nri.kv_len - nri.q_len + row0n / grp;
-      const int ql_n = nri.kv_len - nri.q_len + last_n / grp;
-      int hi_n = nri.kv_len;
-      if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi_n = min(hi_n, ql_n + 1);
-      int lo_n = 0;
-      if (p.window_left >= 0) lo_n = max(0, qf_n - static_cast<int>(p.window_left));
-      const int ks_n = max(lo_n, nit.split * chunk0);
-      const int ke_n = min(hi_n, (nit.split + 1) * chunk0);
-      const int t0_n = (ks_n / kTile) * kTile;
-      const int nt_n = ke_n > ks_n ? (ke_n - t0_n + kTile - 1) / kTile : 0;
-      // page ids: the raw int32 index words, copied by cp.async (no registers held; the unit
-      // validates them at its start, as load_page does)
-#pragma unroll
-      for (int t = 0; t < kStages; ++t)
-#pragma unroll
-        for (int k = 0; k < C::kOffPer; ++k) {
-          const int idx = tid + k * C::kThreads;
-          const int which = idx / kTile, row = idx % kTile;
-          const int j = t0_n + t * kTile + row;
-          if (which <= 1 && t < nt_n && j >= ks_n && j < ke_n) {
-            const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / int_volatile(p.page_size));
-            const int32_t* src =
-                p.paged_form ? static_cast<const int32_t*>(p.kv_indices.ptr) + (npb + blk) * p.kv_indices.s0
-                             : static_cast<const int32_t*>(p.block_table.ptr) + int64_t(nit.req) * p.block_table.s0 +
-                                   int64_t(blk) * p.block_table.s1;
-            cp_async4(smem_u32(&s_sm.pg[t][k][tid]), src);
-          }
-        }
-      // Q rows, raw 16-bit, by cp.async (rows past the request zero-filled)
-      constexpr int kQPer = C::kRows * (D / 8) / C::kThreads;
-      static_assert(kQPer * C::kThreads == C::kRows * (D / 8), "Q chunks must divide evenly");
-#pragma unroll
-      for (int i = 0; i < kQPer; ++i) {
-        const int idx = tid + i * C::kThreads;
-        const int row = idx / (D / 8), c = idx % (D / 8);
-        const int rr = row0n + row;
-        const uint16_t* src = static_cast<const uint16_t*>(p.q);
-        if (rr < rows_n)
-          src += (nri.q_start + rr / grp) * p.q_st + int64_t(nhk * grp + rr % grp) * p.q_sh + c * 8;
-        cp_async16(smem_u32(&s_sm.q[row][c * 8]), src, rr < rows_n ? 16 : 0);
-      }
-      // (not committed here: they join the next commit group — the loop's first, or the one
-      // after it; every group is complete at the loop's end, cp_async_wait<0>)
-    }
-  };
-  if constexpr (PF) {
-    if (tid == 0) {
-      s_sm.tl = plan.tl;
-      s_sm.next = atomicAdd(plan.counter, 1);
-    }
-    __syncthreads();
-    pf_fetch(s_sm.next);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
   }
   for (;;) {
     Item it;
     int hk, chunk;
     ReqInfo ri;
-    [[maybe_unused]] int pf_claim = 0;  // PF: thread 0's claim of the unit after this one
-    if constexpr (PF) {
-      // this unit was claimed and fetched by the previous one (or before the loop): no global
-      // round trip before its tile 0 except the page ids of tile S (as before) and tile 0 itself
-      const int w = s_sm.next;
-      if (tid == 0) s_work = w;  // (timeline records only)
-      if (w >= total) {
-        if (tl_ptr() != nullptr && tid == 0) tl_ptr()[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
-        break;
-      }
-      if (tid == 0) pf_claim = atomicAdd(plan.counter, 1);  // waited for only in the fetch below
-      if (tl_ptr() != nullptr) {
-        if (uint64_t* r = tl_unit()) r[0] = gtimer();
-      }
-      // (a barrier here, although every s_sm write is already behind the previous unit's last
-      // barrier: without it ptxas scheduled the unit start differently and spilled 28 B in the
-      // bf16 D 128 instantiation)
-      __syncthreads();
-      it = s_sm.it;
-      hk = w % p.hkv;
-      ri = s_sm.ri;
-      if (tid == 0) {
-        s_sm.cit = it;
-        s_sm.cri = ri;
-      }
-      chunk = chunk0;
-    } else if constexpr (!SMALL) {
+    if constexpr (!SMALL) {
       if (tid == 0) s_work = atomicAdd(plan.counter, 1);
       __syncthreads();
       const int w = s_work;
       if (w >= total) {
-        if (tl_ptr() != nullptr && tid == 0) tl_ptr()[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
+        if (tl != nullptr && tid == 0) tl[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
         break;
       }
-      if (tl_ptr() != nullptr) {
+      if (tl != nullptr) {
         if (uint64_t* r = tl_unit()) r[0] = gtimer();
       }
       it = plan.items[w / p.hkv];
@@ -807,7 +646,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // page table of this request
     int64_t pbase;
     if constexpr (SMALL) pbase = s_sm.pbase[it.req];
-    else if constexpr (PF) pbase = s_sm.pb;
     else pbase = plan.page_base[it.req];
     auto page_of = [&](int blk) -> int64_t {
       if (p.paged_form) return load_idx(p.kv_indices, pbase + blk);
@@ -898,80 +736,57 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       s_rhead[tid] = hk * p.group + (rr < rows_r ? rr % p.group : 0);
     }
     __syncthreads();
+    // ---- Q: rows staged in smem as float (independent coalesced loads), then fragments ----
+    {
+      float* sQ = reinterpret_cast<float*>(smem);
+      constexpr int kQP = D + 4;
+      if (p.q_vec) {  // 16-bit query, 16-byte rows: one uint4 (8 dims) per step
+#pragma unroll 2
+        for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
+          const int row = idx / (D / 8), c = idx % (D / 8);
+          const int tok = s_rtok[row];
+          float x[8];
+          if (tok >= 0) {
+            const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + int64_t(tok) * p.q_st +
+                                                            int64_t(s_rhead[row]) * p.q_sh + c * 8);
+            const uint16_t* e = reinterpret_cast<const uint16_t*>(&v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = p.q_t == Elt::bf16 ? bf16_bits_to_f32(e[k]) : f16_bits_to_f32(e[k]);
+          } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) x[k] = 0.f;
+          }
+          float4* dst = reinterpret_cast<float4*>(sQ + row * kQP + c * 8);
+          dst[0] = make_float4(x[0], x[1], x[2], x[3]);
+          dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+        }
+      } else {
+#pragma unroll 4
+        for (int idx = tid; idx < C::kRows * D; idx += C::kThreads) {
+          const int row = idx / D, d = idx % D;
+          const int tok = s_rtok[row];
+          sQ[row * kQP + d] = tok >= 0 ? load_q(p, tok, s_rhead[row], d) : 0.f;
+        }
+      }
+      __syncthreads();
+    }
     uint32_t qf[kKSteps][4];
-    if constexpr (PF) {
-      // Q rows prefetched raw (16-bit) by pf_fetch: fragments straight from shared memory
-      // (s_sm.q is not aliased by the pipeline, so no barrier here; pf_fetch rewrites it only
-      // after the next barrier)
-      const int tv = tid_volatile();  // (address not hoisted out of the unit loop)
-      const int gv = (tv & 31) >> 2, t4v = tv & 3, wmv = (tv >> 5) / WN;
+    {
+      const float* sQ = reinterpret_cast<const float*>(smem);
+      constexpr int kQP = D + 4;
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int row = wmv * 16 + gv + 8 * (r & 1);
+          const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
           int d0;
-          if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4v + ((r >> 1) ? 2 : 0);
-          else d0 = 16 * s + 2 * t4v + ((r >> 1) ? 8 : 0);
-          const uint32_t x = *reinterpret_cast<const uint32_t*>(&s_sm.q[row][d0]);
-          const uint16_t lo = static_cast<uint16_t>(x & 0xffffu), hi = static_cast<uint16_t>(x >> 16);
-          const float x0 = p.q_t == Elt::bf16 ? bf16_bits_to_f32(lo) : f16_bits_to_f32(lo);
-          const float x1 = p.q_t == Elt::bf16 ? bf16_bits_to_f32(hi) : f16_bits_to_f32(hi);
-          qf[s][r] = pack2<kBf16>(x0, x1);
+          if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
+          else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
+          const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
+          qf[s][r] = pack2<kBf16>(x.x, x.y);
         }
       }
-    } else {
-      // ---- Q: rows staged in smem as float (independent coalesced loads), then fragments ----
-      {
-        float* sQ = reinterpret_cast<float*>(smem);
-        constexpr int kQP = D + 4;
-        if (p.q_vec) {  // 16-bit query, 16-byte rows: one uint4 (8 dims) per step
-#pragma unroll 2
-          for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
-            const int row = idx / (D / 8), c = idx % (D / 8);
-            const int tok = s_rtok[row];
-            float x[8];
-            if (tok >= 0) {
-              const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.q) + int64_t(tok) * p.q_st +
-                                                              int64_t(s_rhead[row]) * p.q_sh + c * 8);
-              const uint16_t* e = reinterpret_cast<const uint16_t*>(&v);
-#pragma unroll
-              for (int k = 0; k < 8; ++k) x[k] = p.q_t == Elt::bf16 ? bf16_bits_to_f32(e[k]) : f16_bits_to_f32(e[k]);
-            } else {
-#pragma unroll
-              for (int k = 0; k < 8; ++k) x[k] = 0.f;
-            }
-            float4* dst = reinterpret_cast<float4*>(sQ + row * kQP + c * 8);
-            dst[0] = make_float4(x[0], x[1], x[2], x[3]);
-            dst[1] = make_float4(x[4], x[5], x[6], x[7]);
-          }
-        } else {
-#pragma unroll 4
-          for (int idx = tid; idx < C::kRows * D; idx += C::kThreads) {
-            const int row = idx / D, d = idx % D;
-            const int tok = s_rtok[row];
-            sQ[row * kQP + d] = tok >= 0 ? load_q(p, tok, s_rhead[row], d) : 0.f;
-          }
-        }
-        __syncthreads();
-      }
-      {
-        const float* sQ = reinterpret_cast<const float*>(smem);
-        constexpr int kQP = D + 4;
-#pragma unroll
-        for (int s = 0; s < kKSteps; ++s) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
-            int d0;
-            if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
-            else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
-            const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
-            qf[s][r] = pack2<kBf16>(x.x, x.y);
-          }
-        }
-        __syncthreads();  // sQ aliases the pipeline buffers
-      }
+      __syncthreads();  // sQ aliases the pipeline buffers
     }
 
     float o[kNTilesO][4];
@@ -984,23 +799,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     for (int k = 0; k < kOffPer; ++k) pg_pref[k] = -1;
     if (n_tiles > 0) {
       // prologue: offsets of tiles 0..S-1, issue tiles 0..S-2
-      if constexpr (PF) {  // raw index words copied by pf_fetch; validated as load_page does
-        const int tv = tid_volatile();
-#pragma unroll
-        for (int t = 0; t < kStages; ++t)
-#pragma unroll
-          for (int k = 0; k < kOffPer; ++k) {
-            const int idx = tv + k * C::kThreads;
-            const int which = idx / kTile, row = idx % kTile;
-            const int j = tile0 + t * kTile + row;
-            int64_t pg = -1;
-            if (which <= 1 && t < n_tiles && j >= kstart && j < kend) {
-              pg = s_sm.pg[t][k][tv];
-              if (pg < 0 || pg >= p.num_pages) pg = -1;
-            }
-            pgs[t][k] = pg;
-          }
-      } else if constexpr (!SMALL) {
+      if constexpr (!SMALL) {
 #pragma unroll
         for (int t = 0; t < kStages; ++t)
 #pragma unroll
@@ -1019,36 +818,11 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         cp_async_commit();
       }
     }
-    if constexpr (PF) {
-      // Next unit: publish thread 0's claim, then fetch its metadata, page ids and Q rows while
-      // this unit's tile 0 is in flight (every warp waits for it at the loop's first barrier
-      // anyway).  Outside the tile loop; what it loads is dead before the loop (shared memory).
-      if (tid == 0) s_sm.next = pf_claim;
-      __syncthreads();  // all of this unit's reads of s_sm are before the prologue's barrier
-      pf_fetch(s_sm.next);
-      if (tl_ptr() != nullptr) {
-        // timeline call only: the unit's record (SM, CTA, tiles) and "first tile ready" are
-        // written here, outside the tile loop (the loop's first wait then finds tile 0 complete;
-        // n_tiles kept for a stamp after the epilogue was a register that spilled, 4 B)
-        if (uint64_t* r = tl_unit()) {
-          unsigned smid;
-          asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-          r[4] = uint64_t(smid) | (uint64_t(blockIdx.x) << 16) | (uint64_t(n_tiles) << 40);
-        }
-        if (n_tiles > 0) {
-          cp_async_wait<kStages - 2>();
-          __syncthreads();
-          if (uint64_t* r = tl_unit()) r[1] = gtimer();
-        }
-      }
-    }
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait<kStages - 2>();
       __syncthreads();
-      if constexpr (PF) {
-        // (PF: the first-tile stamp is taken before the loop)
-      } else if (!SMALL && tl != nullptr && tile == 0) {
+      if (!SMALL && tl != nullptr && tile == 0) {
         if (uint64_t* r = tl_unit()) r[1] = gtimer();
       }
       {
@@ -1197,16 +971,9 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         }
       }
     }
-    if constexpr (PF) cp_async_commit();  // the next unit's cp.asyncs when the loop did not run
     cp_async_wait<0>();
     __syncthreads();  // pipeline smem is free
-    if constexpr (PF) {
-      // the running unit's item and request again (s_sm.it / ri hold the next unit's by now):
-      // the fields only the epilogue reads need no register across the tile loop
-      it = s_sm.cit;
-      ri = s_sm.cri;
-    }
-    if (!SMALL && tl_ptr() != nullptr) {
+    if (!SMALL && tl != nullptr) {
       if (uint64_t* r = tl_unit()) r[2] = gtimer();
     }
 
@@ -1334,16 +1101,12 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       }
     }
     __syncthreads();  // smem reused by the next work unit
-    if (!SMALL && tl_ptr() != nullptr) {
+    if (!SMALL && tl != nullptr) {
       if (uint64_t* r = tl_unit()) {
-        if constexpr (PF) {
-          r[3] = gtimer();  // (r[4] written before the tile loop)
-        } else {
-          unsigned smid;
-          asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-          r[3] = gtimer();
-          r[4] = uint64_t(smid) | (uint64_t(blockIdx.x) << 16) | (uint64_t(n_tiles) << 40);
-        }
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        r[3] = gtimer();
+        r[4] = uint64_t(smid) | (uint64_t(blockIdx.x) << 16) | (uint64_t(n_tiles) << 40);
       }
     }
     if constexpr (SMALL) {
@@ -1494,17 +1257,13 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // ---- v6-path knobs (environment, read once; tests and benchmarks set them directly) ----------
 // Plan::opts of the v6 path: kOptWaveSplits unless KVATTN_DECODE_SPLIT_RULE=v6 (the v6 rule
 // for every call; `waves`, the default, is the measured-faster side).
-// kOptPrefetch (the next-unit prefetch variant of the decode config) when KVATTN_DECODE_PREFETCH=1
-// (default off: unmeasured).
 constexpr int kDefaultDecodeOpts = kOptWaveSplits;
-constexpr int kDecodeOptsMask = kOptWaveSplits | kOptPrefetch;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
   if (m >= 0) return m;
   m = kDefaultDecodeOpts;
   if (const char* e = std::getenv("KVATTN_DECODE_SPLIT_RULE")) m = std::strcmp(e, "v6") == 0 ? 0 : kOptWaveSplits;
-  if (const char* e = std::getenv("KVATTN_DECODE_PREFETCH"); e != nullptr && std::atoi(e) == 1) m |= kOptPrefetch;
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1622,46 +1381,6 @@ void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* 
 }
 std::atomic<int64_t> g_v6_calls{0};
 
-template <typename KV, int D, int WM, int WN, bool SMALL = false, bool PF = false>
-int occupancy() {
-  using C = Cfg<KV, D, WM, WN>;
-  static int cache[64] = {};  // per device
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& cached = cache[dev & 63];
-  if (cached > 0) return cached;
-  auto kern = attn_kernel<KV, D, WM, WN, SMALL, PF>;
-  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, C::kSmem) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 1;
-  }
-  cached = n > 0 ? n : 1;
-  return cached;
-}
-
-// Compute capability major of the current device (cached per device).
-int device_cc_major() {
-  static int cache[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& c = cache[dev & 63];
-  if (c == 0) {
-    int m = 0;
-    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    c = m;
-  }
-  return c;
-}
-// Which instantiations have the next-unit prefetch variant (kOptPrefetch): the decode config,
-// D <= 128 (device code for sm_90+ only; the host checks the device).
-template <typename KV, int D, int WN>
-constexpr bool kPfBuilt = WN > 1 && D <= 128;
-
 template <typename KV, int D, int WM, int WN>
 int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
   using C = Cfg<KV, D, WM, WN>;
@@ -1675,28 +1394,11 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
     plan.tl = timeline_buffer(s.grid);
     plan.tl_cap = plan.tl != nullptr ? kTlCap : 0;
   }
-  // next-unit prefetch (kOptPrefetch): only where it was built, for a 16-bit contiguous query
-  // (its Q rows are fetched raw), int32 page indices (copied raw), and when it keeps the
-  // default's CTAs per SM (the grid was sized by the default's occupancy)
-  bool pf = false;
-  if constexpr (kPfBuilt<KV, D, WN>) {
-    if ((plan.opts & kOptPrefetch) != 0 && p.q_vec && !(p.paged_form ? p.kv_indices.is64 : p.block_table.is64) &&
-        device_cc_major() >= 9 &&
-        occupancy<KV, D, WM, WN, false, true>() >= occupancy<KV, D, WM, WN>()) {
-      if (int e2 = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN, false, true>>(C::kSmem)) return e2;
-      pf = true;
-    }
-  }
   plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
                                                       s.max_splits > 1, decode_splits_now());
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
-  if constexpr (kPfBuilt<KV, D, WN>) {
-    if (pf) attn_kernel<KV, D, WM, WN, false, true><<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
-    else kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
-  } else {
-    kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
-  }
+  kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
   e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
   if (s.max_splits > 1) {
@@ -1782,6 +1484,25 @@ int run_small(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, 
   kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
   g_small_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
+}
+
+template <typename KV, int D, int WM, int WN, bool SMALL = false>
+int occupancy() {
+  using C = Cfg<KV, D, WM, WN>;
+  static int cache[64] = {};  // per device
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& cached = cache[dev & 63];
+  if (cached > 0) return cached;
+  auto kern = attn_kernel<KV, D, WM, WN, SMALL>;
+  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, C::kSmem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  cached = n > 0 ? n : 1;
+  return cached;
 }
 
 template <typename KV, int D>
@@ -1885,7 +1606,7 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
 
 // (the setters restart the timeline's call count, so each setting gets its own report)
 void set_decode_options(int opts) {
-  g_decode_opts.store(opts & kDecodeOptsMask, std::memory_order_relaxed);
+  g_decode_opts.store(opts & 1, std::memory_order_relaxed);
   g_v6_calls.store(0, std::memory_order_relaxed);
 }
 int decode_options() { return decode_opts_now(); }
