@@ -35,6 +35,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <cstdio>
+#include <string>
+#include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
 
@@ -113,9 +116,37 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
 }
 #endif
 
+// Timeline of one launch (KVATTN_SMALL_TIMELINE=N, debug): thread 0 of every CTA writes
+// %globaltimer at these points of its last row tile to tl[cta * kTlStamps + point]; the TL = true
+// instantiation is launched only for that call, so the default kernel carries no stamping code.
+enum TlPoint : int {
+  kTlEntry,       // kernel entry
+  kTlIssued,      // the first tiles' cp.async issued (index words and page ids have arrived)
+  kTlTile0,       // warp 0's first tile landed
+  kTlLoop,        // every warp's tile loop done (barrier)
+  kTlPartial,     // this CTA's partial combined in shared memory (before the cluster barrier)
+  kTlSync,        // after the cluster barrier
+  kTlStored,      // this CTA's slice of the outputs combined over DSMEM and stored
+  kTlExit,        // after the final cluster barrier
+  kTlStamps
+};
+template <bool TL>
+__device__ __forceinline__ void tl_stamp(uint64_t* tl, int point) {
+  if constexpr (TL) {
+    if (threadIdx.x == 0) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+      tl[(int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kTlStamps + point] = t;
+    }
+  } else {
+    (void)tl;
+    (void)point;
+  }
+}
+
 // One CTA = piece blockIdx.x (cluster rank) of unit blockIdx.y = request * hkv + KV head.
-template <bool BF16, int D>
-__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) {
+template <bool BF16, int D, bool TL = false>
+__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, uint64_t* tl) {
 #ifdef KVATTN_CLUSTER_KERNEL
   using C = SCfg<D>;
   constexpr int kKSteps = D / 16;
@@ -132,6 +163,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
   const uint32_t rank = cluster_rank();
   const int r = static_cast<int>(blockIdx.y) / p.hkv;
   const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
+  tl_stamp<TL>(tl, kTlEntry);
 
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
   const RequestBounds rb = load_request_bounds(p, r);
@@ -223,6 +255,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
       if (t < n_tiles) issue(t, pgs[t]);
       cp_async_commit();
     }
+    tl_stamp<TL>(tl, kTlIssued);
 
     float o[kNTilesO][4];
 #pragma unroll
@@ -232,6 +265,9 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait_mem<kStages - 1>();
       __syncwarp();  // every lane's chunks of this stage have landed
+      if constexpr (TL) {
+        if (tile == 0) tl_stamp<TL>(tl, kTlTile0);
+      }
       const int st = tile % kStages;
       const unsigned char* tK = wbuf + st * 2 * C::kSliceBytes;
       const unsigned char* tV = tK + C::kSliceBytes;
@@ -319,6 +355,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
     }
     cp_async_wait_mem<0>();
     __syncthreads();  // every warp is done with the pipeline: the partials alias it
+    tl_stamp<TL>(tl, kTlLoop);
 
     // ---- this CTA's partial: the four warps combined, unnormalised, base-2 max ----
     float* sO = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kPitch]; warp 0's slot ends as the CTA's
@@ -367,60 +404,72 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p) 
       *reinterpret_cast<float4*>(sO + row * C::kPitch + 4 * c) = acc;  // only this thread touches (row, c)
       if (c == 0) { s_cm[row] = M; s_cl[row] = L; }
     }
+    tl_stamp<TL>(tl, kTlPartial);
     cluster_sync();  // every CTA's partial is complete and visible to the cluster
+    tl_stamp<TL>(tl, kTlSync);
 
-    // ---- the unit's outputs: item (row, 4 dims) = tid * P + rank, the P partials over DSMEM ----
+    // ---- the unit's outputs over DSMEM: item (row, 4 dims) = rank + P * k goes to a group of
+    // PP lanes (P rounded up to a power of two); lane j of the group loads piece j's (m, l, O),
+    // so every remote load of a pass is in flight at once (one DSMEM round trip: one load per
+    // lane instead of 3P serial ones per thread, which cost ~6 us at P = 16), then the group
+    // combines by xor shuffles and its lane 0 writes the item.  The pass loop is uniform over
+    // the CTA so every lane of a warp reaches every shuffle.
+    int PP = 1;
+    while (PP < P) PP <<= 1;
+    const int groups = kThreads / PP;
+    const int jp = lane & (PP - 1);  // the piece this lane reads
+    const int n_items = nrows * kC4;
+    const int my_items = n_items > static_cast<int>(rank) ? (n_items - static_cast<int>(rank) + P - 1) / P : 0;
     const uint32_t a_cm = smem_u32(s_cm), a_cl = smem_u32(s_cl), a_o = smem_u32(sO);
-    for (int item = tid * P + static_cast<int>(rank); item < nrows * kC4; item += kThreads * P) {
+    for (int k0 = 0; k0 < my_items; k0 += groups) {
+      const int k = k0 + tid / PP;
+      const bool have = k < my_items;
+      const int item = static_cast<int>(rank) + P * (have ? k : 0);
       const int row = item / kC4, c = item - row * kC4;
-      float mj[kMaxPieces], lj[kMaxPieces];
-      float4 oj[kMaxPieces];
-#pragma unroll
-      for (int j = 0; j < kMaxPieces; ++j) {
-        if (j < P) {
-          mj[j] = ld_cluster_f32(map_rank(a_cm + row * 4, j));
-          lj[j] = ld_cluster_f32(map_rank(a_cl + row * 4, j));
-          oj[j] = ld_cluster_f4(map_rank(a_o + (row * C::kPitch + 4 * c) * 4, j));
-        }
+      float mj = -INFINITY, lj = 0.f;
+      float4 oj = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (have && jp < P) {
+        mj = ld_cluster_f32(map_rank(a_cm + row * 4, jp));
+        lj = ld_cluster_f32(map_rank(a_cl + row * 4, jp));
+        oj = ld_cluster_f4(map_rank(a_o + (row * C::kPitch + 4 * c) * 4, jp));
       }
+      float M = mj;
+      for (int off = PP >> 1; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off, PP));
       const int rr = row0 + row;
       const int64_t tok = q_start + rr / p.group;
       const int head = hk * p.group + rr % p.group;
-      float M = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kMaxPieces; ++j)
-        if (j < P) M = fmaxf(M, mj[j]);
       float s2 = -INFINITY;
       if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
       const float Mf = fmaxf(M, s2);
       const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
-      float denom = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int j = 0; j < kMaxPieces; ++j) {
-        if (j < P) {
-          const float f = exp2f(mj[j] - Mu);
-          denom += lj[j] * f;
-          acc.x += f * oj[j].x;
-          acc.y += f * oj[j].y;
-          acc.z += f * oj[j].z;
-          acc.w += f * oj[j].w;
+      const float f = exp2f(mj - Mu);  // 0 for lanes without a piece (mj = -inf)
+      float denom = lj * f;
+      float4 acc = make_float4(f * oj.x, f * oj.y, f * oj.z, f * oj.w);
+      for (int off = PP >> 1; off > 0; off >>= 1) {
+        denom += __shfl_xor_sync(0xffffffffu, denom, off, PP);
+        acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off, PP);
+        acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off, PP);
+        acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off, PP);
+        acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off, PP);
+      }
+      if (have && jp == 0) {
+        if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
+        const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
+        store_out4(p, tok, head, 4 * c, acc.x * sc, acc.y * sc, acc.z * sc, acc.w * sc);
+        if (c == 0 && p.lse != nullptr) {
+          const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
+          p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
         }
       }
-      if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
-      const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
-      const float a0 = acc.x * sc, a1 = acc.y * sc, a2 = acc.z * sc, a3 = acc.w * sc;
-      store_out4(p, tok, head, 4 * c, a0, a1, a2, a3);
-      if (c == 0 && p.lse != nullptr) {
-        const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
-        p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
-      }
     }
+    tl_stamp<TL>(tl, kTlStored);
     // no CTA may leave (or overwrite its partial in the next row tile) while another reads it
     cluster_sync();
+    tl_stamp<TL>(tl, kTlExit);
   }
 #else
   (void)p;  // sm_80 builds: never launched (cluster_decode_pieces returns 0 before sm_90)
+  (void)tl;
 #endif
 }
 
@@ -496,8 +545,11 @@ int prepare(int dev) {
   if (ki.ready[d]) return 0;
   auto kern = cluster_decode_kernel<BF16, D>;
   constexpr int smem = SCfg<D>::kSmem;
-  cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (e == cudaSuccess) e = cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  cudaError_t e = cudaSuccess;
+  for (auto k : {kern, cluster_decode_kernel<BF16, D, true>}) {
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
   if (e != cudaSuccess) return static_cast<int>(e);
   int n = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kThreads, smem);
@@ -551,6 +603,43 @@ int device_major() {
   return c;
 }
 
+// Runs one launch of the TL instantiation with a stamp buffer, waits for it and prints, per point
+// of TlPoint, the median and the largest time after the first CTA's entry over all CTAs (µs).
+int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams, uint64_t*), const AttnParams& p,
+                         int64_t call) {
+  const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
+  uint64_t* tl = nullptr;
+  cudaError_t e = cudaMalloc(&tl, sizeof(uint64_t) * ctas * kTlStamps);
+  if (e == cudaSuccess) e = cudaMemset(tl, 0, sizeof(uint64_t) * ctas * kTlStamps);
+  if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, kern, p, tl);
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  std::vector<uint64_t> h(static_cast<size_t>(ctas * kTlStamps));
+  if (e == cudaSuccess) e = cudaMemcpy(h.data(), tl, sizeof(uint64_t) * h.size(), cudaMemcpyDeviceToHost);
+  cudaFree(tl);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  uint64_t t0 = UINT64_MAX;
+  for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, h[static_cast<size_t>(c * kTlStamps + kTlEntry)]);
+  static const char* const kNames[kTlStamps] = {"entry", "tiles issued", "tile 0 landed", "loop done",
+                                                "partial", "cluster sync", "stored", "exit"};
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "[small timeline] call %lld: %lld CTAs in clusters of %u, us after the first entry "
+                "(median / max over CTAs):", static_cast<long long>(call), static_cast<long long>(ctas), cfg.gridDim.x);
+  std::string line = buf;
+  for (int k = 0; k < kTlStamps; ++k) {
+    std::vector<double> v;
+    for (int64_t c = 0; c < ctas; ++c) {
+      const uint64_t t = h[static_cast<size_t>(c * kTlStamps + k)];
+      if (t >= t0) v.push_back(double(t - t0) * 1e-3);
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::snprintf(buf, sizeof buf, " | %s %.2f / %.2f", kNames[k], v[v.size() / 2], v.back());
+    line += buf;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return 0;
+}
+
 template <bool BF16, int D>
 int launch(const AttnParams& p, int P) {
   auto kern = cluster_decode_kernel<BF16, D>;
@@ -560,9 +649,15 @@ int launch(const AttnParams& p, int P) {
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(
       dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p);
+  static const int64_t timeline_call = [] {
+    const char* e = std::getenv("KVATTN_SMALL_TIMELINE");
+    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0);
+  }();
+  const int64_t call = g_launches.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (timeline_call > 0 && call == timeline_call)
+    return launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true>, p, call);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, static_cast<uint64_t*>(nullptr));
   if (e != cudaSuccess) return static_cast<int>(e);
-  g_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
 }
 
