@@ -68,6 +68,46 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t x, uint32_t sel) {
   if constexpr (E4M3) h = ((h >> 1) & 0x3f803f80u) | (h & 0x80008000u);
   return h;
 }
+// fp8 fast variant (KVTraits::kFast, KVATTN_FP8_FAST=1): the four bytes of x -> lo = f16x2(byte 0,
+// byte 1), hi = f16x2(byte 2, byte 3), the same values as fp8x2_to_f16x2(x, 0x1404 / 0x3424).
+// e4m3 on sm_89+: one cvt per half straight from the register's 16-bit halves (ptxas reads the
+// high half in place: 2 instructions per word instead of byte_perm + cvt twice).
+template <bool E4M3>
+__device__ __forceinline__ void fp8x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+#ifdef KVATTN_HW_E4M3
+  if constexpr (E4M3) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+    return;
+  }
+#endif
+  lo = fp8x2_to_f16x2<E4M3>(x, 0x1404u);
+  hi = fp8x2_to_f16x2<E4M3>(x, 0x3424u);
+}
+// fp8 fast variant, V fragments: even = f16x2(byte 0, byte 2), odd = f16x2(byte 1, byte 3) (the
+// values of fp8x2_to_f16x2(x, 0x2404 / 0x3414)); e4m3 on sm_89+: one byte_perm to (0, 2, 1, 3),
+// then a cvt per half (3 instructions per word instead of 4).
+template <bool E4M3>
+__device__ __forceinline__ void fp8x4_to_f16x2x2_eo(uint32_t x, uint32_t& even, uint32_t& odd) {
+#ifdef KVATTN_HW_E4M3
+  if constexpr (E4M3) {
+    fp8x4_to_f16x2x2<true>(__byte_perm(x, 0u, 0x3120u), even, odd);
+    return;
+  }
+#endif
+  even = fp8x2_to_f16x2<E4M3>(x, 0x2404u);
+  odd = fp8x2_to_f16x2<E4M3>(x, 0x3414u);
+}
+// 2^x flushing subnormal inputs / results to 0: one MUFU.EX2 (exp2f is four instructions: the
+// range check and two scalings that keep subnormal results).  Used by the fp8 fast variant's
+// softmax, where every result is P (packed to f16, whose smallest subnormal is 2^-24) or a
+// rescale factor: a flushed 2^-126 changes nothing that is stored.
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Per-request plan written by the plan kernel.
@@ -102,6 +142,9 @@ struct Plan {
 
 // v6-path options (Plan::opts)
 constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length calls by whole waves
+// decode config with fp8 pages, D <= 128, sm_90+: the fp8 fast variant of attn_kernel (KV types
+// KVe4m3f / KVe5m2f below; KVATTN_FP8_FAST=1)
+constexpr int kOptFp8Fast = 4;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end
@@ -317,6 +360,20 @@ template <> struct KVTraits<KVbf16> { static constexpr int kBytes = 2; static co
 template <> struct KVTraits<KVf16> { static constexpr int kBytes = 2; static constexpr bool kFp8 = false, kBf16 = false, kE4m3 = false; };
 template <> struct KVTraits<KVe4m3> { static constexpr int kBytes = 1; static constexpr bool kFp8 = true, kBf16 = false, kE4m3 = true; };
 template <> struct KVTraits<KVe5m2> { static constexpr int kBytes = 1; static constexpr bool kFp8 = true, kBf16 = false, kE4m3 = false; };
+// fp8 fast variant of the decode config (D <= 128; KVATTN_FP8_FAST=1, Plan opts kOptFp8Fast):
+// same tiles and results as KVe4m3 / KVe5m2, fewer instructions per tile (conversions without
+// the extra byte_perm, MUFU-only exp2 in the softmax, the cp.async loop with constant shared
+// memory offsets, one page id per key row for K and V).  kFastKV says which types are fast.
+struct KVe4m3f {};
+struct KVe5m2f {};
+template <typename KV> struct FastOf { using type = KV; };
+template <> struct FastOf<KVe4m3> { using type = KVe4m3f; };
+template <> struct FastOf<KVe5m2> { using type = KVe5m2f; };
+template <> struct KVTraits<KVe4m3f> : KVTraits<KVe4m3> {};
+template <> struct KVTraits<KVe5m2f> : KVTraits<KVe5m2> {};
+template <typename KV> constexpr bool kFastKV = false;
+template <> constexpr bool kFastKV<KVe4m3f> = true;
+template <> constexpr bool kFastKV<KVe5m2f> = true;
 
 template <typename KV, int D, int WM, int WN>
 struct Cfg {
@@ -494,8 +551,15 @@ struct SmallShared<true> {
 template <typename KV, int D, int WM, int WN, bool SMALL = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // the fp8 fast variant is built for sm_90 (the host never launches it below compute capability 9)
+  if constexpr (kFastKV<KV>) return;
+#endif
   using C = Cfg<KV, D, WM, WN>;
   using TR = KVTraits<KV>;
+  constexpr bool kFast = kFastKV<KV>;
+  static_assert(!kFast || (WN > 1 && D <= 128 && !SMALL && C::kThreads == C::kTile),
+                "the fp8 fast variant is built for the decode config (one key row per thread)");
   constexpr bool kBf16 = TR::kBf16;
   constexpr int kTile = C::kTile, kNT = C::kNT, kCPR = C::kCPR, kStages = C::kStages;
   constexpr int kKSteps = D / 16;
@@ -660,11 +724,15 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
     const int my_chunk = tid % kCPR;
     const int my_row0 = tid / kCPR;
+    [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;  // fast variant: row not loaded
     // Offset slot k of this thread: index tid + k * kThreads over [K rows | V rows].
     constexpr int kOffPer = C::kOffPer;
+    // page ids per thread: the fast variant loads one per key row (thread = row) and derives both
+    // the K and the V offset from it; the others one per offset slot (K rows, then V rows)
+    constexpr int kPgPer = kFast ? 1 : kOffPer;
     auto load_page = [&](int tile, int k) -> int64_t {
       const int idx = tid + k * C::kThreads;
-      const int which = idx / kTile, row = idx % kTile;
+      const int which = kFast ? 0 : idx / kTile, row = kFast ? tid : idx % kTile;
       if (which > 1 || tile >= n_tiles) return -1;
       const int j = tile0 + tile * kTile + row;
       if (j < kstart || j >= kend) return -1;
@@ -673,6 +741,20 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
     };
     auto store_off = [&](int tile, int k, int64_t pg) {
+      if constexpr (kFast) {
+        // row tid: the addresses of its K and V rows side by side (one 16-byte store, one load
+        // per chunk pair in issue()); a row to zero-fill holds the cache base with bit 63 set
+        const int j = tile0 + tile * kTile + tid;
+        const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+        const int64_t ok = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh;
+        const int64_t ov = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+        const uint64_t kb = reinterpret_cast<uint64_t>(p.k), vb = reinterpret_cast<uint64_t>(p.v);
+        ulonglong2 w;
+        w.x = pg < 0 ? (kb | kZeroFill) : kb + static_cast<uint64_t>(ok);
+        w.y = pg < 0 ? (vb | kZeroFill) : vb + static_cast<uint64_t>(ov);
+        *reinterpret_cast<ulonglong2*>(sOff + ((tile % kStages) * kTile + tid) * 2) = w;
+        return;
+      }
       const int idx = tid + k * C::kThreads;
       const int which = idx / kTile, row = idx % kTile;
       if (which > 1) return;
@@ -684,6 +766,26 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     };
     auto issue = [&](int tile) {
       const int st = tile % kStages;
+      if constexpr (kFast) {
+        // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
+        // swizzle: constant shared-memory offsets from the first chunk's address; both offsets
+        // of a row in one 16-byte load
+        static_assert(C::kRowStepPerChunk % 8 == 0, "rows of a thread must share the swizzle");
+        const int off0 = swz<kCPR>(my_row0, my_chunk);
+        const uint32_t sk = smem_u32(sK + st * C::kStageBytes) + off0;
+        const uint32_t sv = smem_u32(sV + st * C::kStageBytes) + off0;
+        const ulonglong2* offs = reinterpret_cast<const ulonglong2*>(sOff) + st * kTile + my_row0;
+#pragma unroll
+        for (int i = 0; i < C::kChunksPerThread; ++i) {
+          const ulonglong2 o = offs[i * C::kRowStepPerChunk];
+          constexpr int kStep = C::kRowStepPerChunk * kCPR * 16;  // bytes between a thread's rows
+          // zero-fill rows: 0 bytes read from (cache base + chunk), inside the first row
+          const int nk = 16 - (static_cast<int>(o.x >> 59) & 16), nv = 16 - (static_cast<int>(o.y >> 59) & 16);
+          cp_async16(sk + i * kStep, reinterpret_cast<const void*>((o.x & ~kZeroFill) + my_chunk * 16), nk);
+          cp_async16(sv + i * kStep, reinterpret_cast<const void*>((o.y & ~kZeroFill) + my_chunk * 16), nv);
+        }
+        return;
+      }
       const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
       const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
       const int64_t* offk = sOff + (st * 2) * kTile;
@@ -803,14 +905,14 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 #pragma unroll
         for (int t = 0; t < kStages; ++t)
 #pragma unroll
-          for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(t, k);
+          for (int k = 0; k < kPgPer; ++k) pgs[t][k] = load_page(t, k);
       }
 #pragma unroll
       for (int t = 0; t < kStages; ++t)
 #pragma unroll
-        for (int k = 0; k < kOffPer; ++k) store_off(t, k, pgs[t][k]);
+        for (int k = 0; k < kPgPer; ++k) store_off(t, k, pgs[t][k]);
 #pragma unroll
-      for (int k = 0; k < kOffPer; ++k) pg_pref[k] = load_page(kStages, k);
+      for (int k = 0; k < kPgPer; ++k) pg_pref[k] = load_page(kStages, k);
       __syncthreads();
 #pragma unroll
       for (int t = 0; t < kStages - 1; ++t) {
@@ -830,7 +932,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         if (nt < n_tiles) issue(nt);
         cp_async_commit();
 #pragma unroll
-        for (int k = 0; k < kOffPer; ++k) {
+        for (int k = 0; k < kPgPer; ++k) {
           store_off(tile + kStages, k, pg_pref[k]);  // slot of `tile`, issued long ago
           pg_pref[k] = load_page(tile + kStages + 1, k);
         }
@@ -863,8 +965,13 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
               ldsm_x4(smem_u32(tK + swz<kCPR>(krow, ks + (lane >> 3))), r[0], r[1], r[2], r[3]);
 #pragma unroll
               for (int u = 0; u < 4; ++u) {
-                const uint32_t b0 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x1404u);
-                const uint32_t b1 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x3424u);
+                uint32_t b0, b1;
+                if constexpr (kFast) {
+                  fp8x4_to_f16x2x2<TR::kE4m3>(r[u], b0, b1);
+                } else {
+                  b0 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x1404u);
+                  b1 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x3424u);
+                }
                 mma16816<false>(s[j], qf[ks + u], b0, b1);
               }
             }
@@ -915,13 +1022,18 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_r[h], mx);
         const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-        alpha[h] = exp2f(m_r[h] - m_use);
+        alpha[h] = kFast ? ex2_ftz(m_r[h] - m_use) : exp2f(m_r[h] - m_use);
         m_r[h] = m_new;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < kNTilesS; ++j) {
-          s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
-          s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
+          if constexpr (kFast) {
+            s[j][2 * h] = ex2_ftz(s[j][2 * h] - m_use);
+            s[j][2 * h + 1] = ex2_ftz(s[j][2 * h + 1] - m_use);
+          } else {
+            s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
+            s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
+          }
           sum += s[j][2 * h] + s[j][2 * h + 1];
         }
         l_r[h] = l_r[h] * alpha[h] + sum;
@@ -959,6 +1071,18 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
             uint32_t r0, r1, r2, r3;
             ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, c + (lane >> 4))), r0, r1, r2, r3);
             // chunk c -> o tiles 2c (even dims), 2c+1 (odd dims); chunk c+1 -> 2c+2, 2c+3
+            if constexpr (kFast) {
+              uint32_t e0, o0, e1, o1, e2, o2, e3, o3;
+              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r0, e0, o0);
+              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r1, e1, o1);
+              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r2, e2, o2);
+              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r3, e3, o3);
+              mma16816<false>(o[2 * c], a, e0, e1);
+              mma16816<false>(o[2 * c + 1], a, o0, o1);
+              mma16816<false>(o[2 * c + 2], a, e2, e3);
+              mma16816<false>(o[2 * c + 3], a, o2, o3);
+              continue;
+            }
             mma16816<false>(o[2 * c], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x2404u),
                             fp8x2_to_f16x2<TR::kE4m3>(r1, 0x2404u));
             mma16816<false>(o[2 * c + 1], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x3414u),
@@ -1257,13 +1381,17 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // ---- v6-path knobs (environment, read once; tests and benchmarks set them directly) ----------
 // Plan::opts of the v6 path: kOptWaveSplits unless KVATTN_DECODE_SPLIT_RULE=v6 (the v6 rule
 // for every call; `waves`, the default, is the measured-faster side).
+// kOptFp8Fast (the fp8 fast variant of the decode config) when KVATTN_FP8_FAST=1 (default off:
+// unmeasured).
 constexpr int kDefaultDecodeOpts = kOptWaveSplits;
+constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
   if (m >= 0) return m;
   m = kDefaultDecodeOpts;
   if (const char* e = std::getenv("KVATTN_DECODE_SPLIT_RULE")) m = std::strcmp(e, "v6") == 0 ? 0 : kOptWaveSplits;
+  if (const char* e = std::getenv("KVATTN_FP8_FAST"); e != nullptr && std::atoi(e) == 1) m |= kOptFp8Fast;
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1505,6 +1633,24 @@ int occupancy() {
   return cached;
 }
 
+// Compute capability major of the current device (cached per device): the fp8 fast variant is
+// launched on sm_90+ only.
+int device_cc_major() {
+  static int cache[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& c = cache[dev & 63];
+  if (c == 0) {
+    int m = 0;
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    c = m;
+  }
+  return c;
+}
+std::atomic<int64_t> g_fp8_fast_launches{0};
 template <typename KV, int D>
 int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool query_occ, int* occ) {
   const float lf = KVTraits<KV>::kE4m3 ? 256.f : 1.f;
@@ -1514,6 +1660,18 @@ int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool q
   }
   if (s == nullptr || s->config == 0) {
     if (query_occ) { *occ = occupancy<KV, D, 1, 4>(); return 0; }
+    if constexpr (KVTraits<KV>::kFp8 && D <= 128) {
+      // fp8 fast variant (kOptFp8Fast): sm_90+, and only where it keeps the default's CTAs per SM
+      // (the grid was sized by the default's occupancy)
+      using KF = typename FastOf<KV>::type;
+      if ((decode_opts_now() & kOptFp8Fast) != 0 && device_cc_major() >= 9 &&
+          occupancy<KF, D, 1, 4>() >= occupancy<KV, D, 1, 4>())
+      {
+        const int e = run_kernel<KF, D, 1, 4>(p, *s, *plan, lf, lf);
+        if (e == 0) g_fp8_fast_launches.fetch_add(1, std::memory_order_relaxed);
+        return e;
+      }
+    }
     return run_kernel<KV, D, 1, 4>(p, *s, *plan, lf, lf);
   }
   if (query_occ) { *occ = occupancy<KV, D, 4, 1>(); return 0; }
@@ -1606,7 +1764,7 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
 
 // (the setters restart the timeline's call count, so each setting gets its own report)
 void set_decode_options(int opts) {
-  g_decode_opts.store(opts & 1, std::memory_order_relaxed);
+  g_decode_opts.store(opts & kDecodeOptsMask, std::memory_order_relaxed);
   g_v6_calls.store(0, std::memory_order_relaxed);
 }
 int decode_options() { return decode_opts_now(); }
@@ -1617,6 +1775,7 @@ void set_decode_splits(int n) {
 void set_small_decode_mode(SmallDecodeMode m) { g_small_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
 SmallDecodeMode small_decode_mode() { return static_cast<SmallDecodeMode>(small_mode_now()); }
 int64_t small_decode_launches() { return g_small_launches.load(std::memory_order_relaxed); }
+int64_t fp8_fast_launches() { return g_fp8_fast_launches.load(std::memory_order_relaxed); }
 
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* workspace) {
   if (p.batch == 0 || p.num_tokens == 0) return 0;
