@@ -74,14 +74,12 @@ void set_small_cluster_max(int pieces);
 int small_cluster_max() noexcept;
 // Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
 // set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
-// KVATTN_DECODE_SPLIT_RULE=waves|v6; 2 = D 128 decode on the 3-stage, 2-CTA/SM kernel variant,
-// KVATTN_DECODE_DEEP=1, default off) and a forced split count per request
+// KVATTN_DECODE_SPLIT_RULE=waves|v6) and a forced split count per request
 // (KVATTN_DECODE_SPLITS, 0 = the plan's rule).  No-ops without CUDA.
 void set_decode_options(int opts);
 int decode_options() noexcept;
 // bit 4 = fp8 fast variant of the decode config (KVATTN_FP8_FAST=1, default off); its launches:
 int64_t fp8_fast_launches() noexcept;
-int64_t decode_deep_launches() noexcept;  // attention launches of the bit-2 variant so far
 void set_decode_splits(int n);
 
 }  // namespace kvattn::ops::cuda_impl

@@ -53,7 +53,6 @@ int small_cluster_max() noexcept { return 16; }
 void set_decode_options(int) {}
 int decode_options() noexcept { return 0; }
 int64_t fp8_fast_launches() noexcept { return 0; }
-int64_t decode_deep_launches() noexcept { return 0; }
 void set_decode_splits(int) {}
 
 }  // namespace kvattn::ops::cuda_impl

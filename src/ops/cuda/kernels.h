@@ -143,7 +143,6 @@ struct AttnPlanShape {
   int small = 0;        // 1: small-call path (decode config, one launch: see SmallDecodeMode)
   int small_units = 0;  // its (request, row tile, KV head) unit bound
   int cluster = 0;      // small path on the cluster kernel (small_decode.cu): pieces per unit, else 0
-  int deep = 0;         // 1: decode config on the 3-stage, 2-CTA/SM instantiation (KVATTN_DECODE_DEEP)
 };
 // Fills the shape (host-side decisions) — returns 0 or an error code; `supported` false with
 // a reason when the head dim / dtype combination has no kernel.
@@ -173,8 +172,7 @@ int64_t cluster_decode_launches();  // launches of the cluster kernel so far
 // (1 = uniform-length calls split so units fill whole waves of CTAs, the default; 0 = the v6
 // split rule for every call; initial value from KVATTN_DECODE_SPLIT_RULE=waves|v6) and a
 // forced split count per request (0 = the plan kernel's rule; initial value from
-// KVATTN_DECODE_SPLITS).  Bit 2: D 128 decode calls run the 3-stage, 2-CTA/SM variant of
-// attn_kernel (initial value from KVATTN_DECODE_DEEP=1; default off).  KVATTN_DECODE_TIMELINE=N
+// KVATTN_DECODE_SPLITS).  KVATTN_DECODE_TIMELINE=N
 // prints a per-unit timing summary of the process's Nth v6-path call to stderr (debug; syncs that call).
 void set_decode_options(int opts);
 int decode_options();
@@ -182,7 +180,6 @@ int decode_options();
 // from KVATTN_FP8_FAST=1; default off, unmeasured); fp8_fast_launches() counts its launches.
 int64_t fp8_fast_launches();
 void set_decode_splits(int n);
-int64_t decode_deep_launches();  // launches of the bit-2 (deep) variant so far
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the

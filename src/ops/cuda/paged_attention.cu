@@ -145,10 +145,6 @@ constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length
 // decode config with fp8 pages, D <= 128, sm_90+: the fp8 fast variant of attn_kernel (KV types
 // KVe4m3f / KVe5m2f below; KVATTN_FP8_FAST=1)
 constexpr int kOptFp8Fast = 4;
-// host: decode config with D 128 runs attn_kernel<..., DEEP = true> (3 K/V stages at 2 CTAs / SM
-// instead of 2 stages at 3: two tiles in flight per CTA; KVATTN_DECODE_DEEP=1).  Read by
-// plan_paged_attention (grid, occupancy) and kept in AttnPlanShape::deep for the launch.
-constexpr int kOptDeep = 2;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end
@@ -379,10 +375,7 @@ template <typename KV> constexpr bool kFastKV = false;
 template <> constexpr bool kFastKV<KVe4m3f> = true;
 template <> constexpr bool kFastKV<KVe5m2f> = true;
 
-// DEEP (decode config only, KVATTN_DECODE_DEEP): 3 stages at 2 CTAs / SM, so each CTA has two
-// tiles in flight while it computes one (2 stages: one); same shared memory per SM (bf16 D 128:
-// 2 x 99 KB vs 3 x 67 KB).
-template <typename KV, int D, int WM, int WN, bool DEEP = false>
+template <typename KV, int D, int WM, int WN>
 struct Cfg {
   using T = KVTraits<KV>;
   static constexpr int kWarps = WM * WN;
@@ -396,9 +389,8 @@ struct Cfg {
   static constexpr int kCPR = kRowBytes / 16;  // 16-byte chunks per key row
   static constexpr int kStageBytes = kTile * kRowBytes;  // one of K or V
   // decode: 3 CTAs / SM (2 stages for 16-bit pages, 3 for fp8); prefill: 2 CTAs / SM, 3 stages
-  static constexpr int kStages = DEEP ? 3 : (WN > 1) ? ((kStageBytes * 2 * 3 <= 72 * 1024) ? 3 : 2) : 3;
-  static constexpr int kMinBlocks = DEEP ? 2 : (WN > 1) ? 3 : 2;
-  static_assert(!DEEP || WN > 1, "DEEP is a decode-config variant");
+  static constexpr int kStages = (WN > 1) ? ((kStageBytes * 2 * 3 <= 72 * 1024) ? 3 : 2) : 3;
+  static constexpr int kMinBlocks = (WN > 1) ? 3 : 2;
   static constexpr int kChunksPerThread = kTile * kCPR / kThreads;
   static constexpr int kRowStepPerChunk = kThreads / kCPR;  // key rows between a thread's chunks
   static constexpr int kEpiPitch = D + 4;
@@ -556,15 +548,14 @@ struct SmallShared<true> {
   int32_t npieces;
 };
 
-template <typename KV, int D, int WM, int WN, bool SMALL = false, bool DEEP = false>
-__global__ void __launch_bounds__(Cfg<KV, D, WM, WN, DEEP>::kThreads, Cfg<KV, D, WM, WN, DEEP>::kMinBlocks)
+template <typename KV, int D, int WM, int WN, bool SMALL = false>
+__global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // the fp8 fast variant is built for sm_90 (the host never launches it below compute capability 9)
   if constexpr (kFastKV<KV>) return;
 #endif
-  static_assert(!(SMALL && DEEP), "the small-call path has no DEEP variant");
-  using C = Cfg<KV, D, WM, WN, DEEP>;
+  using C = Cfg<KV, D, WM, WN>;
   using TR = KVTraits<KV>;
   constexpr bool kFast = kFastKV<KV>;
   static_assert(!kFast || (WN > 1 && D <= 128 && !SMALL && C::kThreads == C::kTile),
@@ -1389,11 +1380,11 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 
 // ---- v6-path knobs (environment, read once; tests and benchmarks set them directly) ----------
 // Plan::opts of the v6 path: kOptWaveSplits unless KVATTN_DECODE_SPLIT_RULE=v6 (the v6 rule
-// for every call; `waves`, the default, is the measured-faster side); | kOptDeep with
-// KVATTN_DECODE_DEEP=1 (default off); | kOptFp8Fast (the fp8 fast variant of the decode config)
-// with KVATTN_FP8_FAST=1 (default off).
+// for every call; `waves`, the default, is the measured-faster side).
+// kOptFp8Fast (the fp8 fast variant of the decode config) when KVATTN_FP8_FAST=1 (default off:
+// unmeasured).
 constexpr int kDefaultDecodeOpts = kOptWaveSplits;
-constexpr int kDecodeOptsMask = kOptWaveSplits | kOptDeep | kOptFp8Fast;
+constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
@@ -1401,7 +1392,6 @@ int decode_opts_now() {
   m = kDefaultDecodeOpts;
   if (const char* e = std::getenv("KVATTN_DECODE_SPLIT_RULE")) m = std::strcmp(e, "v6") == 0 ? 0 : kOptWaveSplits;
   if (const char* e = std::getenv("KVATTN_FP8_FAST"); e != nullptr && std::atoi(e) == 1) m |= kOptFp8Fast;
-  if (const char* e = std::getenv("KVATTN_DECODE_DEEP")) m |= std::atoi(e) == 1 ? kOptDeep : 0;
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1518,13 +1508,12 @@ void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* 
                100.0 * loop / (grid * span), 100.0 * (grid * ex_max - ex_sum) / (grid * span));
 }
 std::atomic<int64_t> g_v6_calls{0};
-std::atomic<int64_t> g_deep_launches{0};
 
-template <typename KV, int D, int WM, int WN, bool DEEP = false>
+template <typename KV, int D, int WM, int WN>
 int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
-  using C = Cfg<KV, D, WM, WN, DEEP>;
-  auto kern = attn_kernel<KV, D, WM, WN, false, DEEP>;
-  if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN, false, DEEP>>(C::kSmem)) return e;
+  using C = Cfg<KV, D, WM, WN>;
+  auto kern = attn_kernel<KV, D, WM, WN>;
+  if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN>>(C::kSmem)) return e;
   plan.opts = decode_opts_now();
   plan.tl = nullptr;
   plan.tl_cap = 0;
@@ -1540,7 +1529,6 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
   kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
   e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
-  if constexpr (DEEP) g_deep_launches.fetch_add(1, std::memory_order_relaxed);
   if (s.max_splits > 1) {
     const int64_t rows = p.num_tokens * p.hq;
     const int threads = 256;
@@ -1626,15 +1614,15 @@ int run_small(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, 
   return static_cast<int>(cudaGetLastError());
 }
 
-template <typename KV, int D, int WM, int WN, bool SMALL = false, bool DEEP = false>
+template <typename KV, int D, int WM, int WN, bool SMALL = false>
 int occupancy() {
-  using C = Cfg<KV, D, WM, WN, DEEP>;
+  using C = Cfg<KV, D, WM, WN>;
   static int cache[64] = {};  // per device
   int dev = 0;
   cudaGetDevice(&dev);
   int& cached = cache[dev & 63];
   if (cached > 0) return cached;
-  auto kern = attn_kernel<KV, D, WM, WN, SMALL, DEEP>;
+  auto kern = attn_kernel<KV, D, WM, WN, SMALL>;
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, C::kSmem) != cudaSuccess) {
@@ -1669,12 +1657,6 @@ int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool q
   if (s != nullptr && s->config == 0 && s->small) {
     if (query_occ) { *occ = occupancy<KV, D, 1, 4, true>(); return 0; }
     return run_small<KV, D, 1, 4>(p, *s, *plan, lf, lf);
-  }
-  if constexpr (D == 128) {  // KVATTN_DECODE_DEEP (kOptDeep): 3 stages at 2 CTAs / SM
-    if (s != nullptr && s->config == 0 && s->deep) {
-      if (query_occ) { *occ = occupancy<KV, D, 1, 4, false, true>(); return 0; }
-      return run_kernel<KV, D, 1, 4, true>(p, *s, *plan, lf, lf);
-    }
   }
   if (s == nullptr || s->config == 0) {
     if (query_occ) { *occ = occupancy<KV, D, 1, 4>(); return 0; }
@@ -1738,9 +1720,6 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
   s->config = rows_avg <= 16 ? 0 : 1;
   s->small = 0;
   s->cluster = 0;
-  // KVATTN_DECODE_DEEP: the grid, the plan kernel's waves and the launch all use the DEEP
-  // instantiation (D 128 decode config only; the small-call path below clears it)
-  s->deep = (s->config == 0 && p.head_dim == 128 && (decode_opts_now() & kOptDeep)) ? 1 : 0;
   int occ = 1;
   int e = dispatch(p, s, nullptr, true, &occ);
   if (e != 0) return e;
@@ -1762,7 +1741,6 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
     const int64_t units = rtiles * p.hkv;
     AttnPlanShape t = *s;
     t.small = 1;
-    t.deep = 0;
     int occ_s = 1;
     e = dispatch(p, &t, nullptr, true, &occ_s);
     if (e != 0) return e;
@@ -1771,7 +1749,6 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
     // >= 2 pieces per unit on average (automatic)
     if (units < grid_s && (mode == 2 || 2 * units <= grid_s)) {
       s->small = 1;
-      s->deep = 0;
       s->grid = static_cast<int>(grid_s);
       s->target_ctas = s->grid;
       s->max_splits = static_cast<int>(std::min<int64_t>(smax, kSmallMaxSplits));
@@ -1791,7 +1768,6 @@ void set_decode_options(int opts) {
   g_v6_calls.store(0, std::memory_order_relaxed);
 }
 int decode_options() { return decode_opts_now(); }
-int64_t decode_deep_launches() { return g_deep_launches.load(std::memory_order_relaxed); }
 void set_decode_splits(int n) {
   g_decode_splits.store(std::max(0, n), std::memory_order_relaxed);
   g_v6_calls.store(0, std::memory_order_relaxed);
