@@ -10,6 +10,9 @@
 #          then the cluster kernel's per-CTA stage timeline (KVATTN_SMALL_TIMELINE) on 3 shapes
 #          (SMALL_NCU=0 skips the ncu part); when .devbin/kvattn_base (an earlier build) is
 #          carried too, the small shapes alternate between the two binaries in the same call
+#          (SMALL_ENV_AB="VAR=VALUE": the small shapes also alternate without / with that setting)
+#   tests  in parallel: test_ops_cuda on TESTS_FILTER, memcheck on MEMCHECK_FILTER, racecheck on
+#          RACECHECK_FILTER (each skipped when empty; TESTS_ENV="VAR=VALUE ..." applies to all three)
 #   ab     PROBE_AB="VAR=VALUE#gtest-filter#bench args" — tests, memcheck and the bench with the knob
 #          set, and the same bench without it, alternated twice (for a helper's knob)
 # Every step has its own time limit; results go to OUT_DIR/probe.txt (and per-step logs).
@@ -76,6 +79,25 @@ for probe in ${PROBES:-decode small}; do
       # shellcheck disable=SC2086
       bench "small timeline $a" "KVATTN_SMALL_TIMELINE=5" $a
     done
+    if [ -n "${SMALL_ENV_AB:-}" ]; then
+      for a in '--batch 1 --kv-len 1024' '--batch 8 --kv-len 1024' '--batch 1 --kv-len 8192'; do
+        for envs in "" "$SMALL_ENV_AB" "" "$SMALL_ENV_AB"; do
+          echo "== small [$envs] $a" >> "$P"
+          # shellcheck disable=SC2086
+          env $envs timeout 60 "$K" bench-cuda $a 2>&1 | grep -E "^decode" | sed "s/^/[small ${envs:-default}] /" | tee -a "$P" > /dev/null
+        done
+      done
+    fi
+    ;;
+  tests)
+    pids=()
+    # shellcheck disable=SC2086
+    [ -n "${TESTS_FILTER:-}" ] && { step tests 170 env ${TESTS_ENV:-} "$T" --gtest_filter="$TESTS_FILTER" & pids+=($!); }
+    # shellcheck disable=SC2086
+    [ -n "${MEMCHECK_FILTER:-}" ] && { step memcheck 170 env ${TESTS_ENV:-} "$CS" --tool memcheck --print-limit 20 "$T" --gtest_filter="$MEMCHECK_FILTER" & pids+=($!); }
+    # shellcheck disable=SC2086
+    [ -n "${RACECHECK_FILTER:-}" ] && { step racecheck 170 env ${TESTS_ENV:-} "$CS" --tool racecheck --print-limit 20 "$T" --gtest_filter="$RACECHECK_FILTER" & pids+=($!); }
+    for pid in "${pids[@]}"; do wait "$pid"; done
     ;;
   ab)
     IFS='#' read -r envs filter bargs <<< "${PROBE_AB:?PROBE_AB=VAR=VALUE#filter#bench args}"

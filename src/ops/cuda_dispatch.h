@@ -78,7 +78,7 @@ int small_cluster_max() noexcept;
 // (KVATTN_DECODE_SPLITS, 0 = the plan's rule).  No-ops without CUDA.
 void set_decode_options(int opts);
 int decode_options() noexcept;
-// bit 4 = fp8 fast variant of the decode config (KVATTN_FP8_FAST=1, default off); its launches:
+// bit 4 = fp8 fast variant of the decode config (default on; KVATTN_FP8_FAST=0 off); its launches:
 int64_t fp8_fast_launches() noexcept;
 void set_decode_splits(int n);
 

@@ -1,4 +1,4 @@
-// The fp8 fast variant of attn_kernel's decode config (decode option bit 4, KVATTN_FP8_FAST=1;
+// The fp8 fast variant of attn_kernel's decode config (decode option bit 4, on by default; KVATTN_FP8_FAST=0 off;
 // attn_kernel<KVe4m3f | KVe5m2f, D 64 / 128, 1, 4>): the same tiles as the default
 // fp8 kernel with fewer instructions per tile (conversions, MUFU-only exp2, loader).  Every case
 // against the CPU reference on random inputs, outputs poisoned, permuted block tables with
@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <string>
 
@@ -140,7 +141,22 @@ TEST_F(CudaDecodeFp8Fast, LayoutsPageSizesQueryTypes) {
 }
 
 // Bit 4 off: the default fp8 kernel runs (the counter does not move).
-TEST_F(CudaDecodeFp8Fast, OffByDefault) {
+// The default options include the fast bit (unless KVATTN_FP8_FAST=0 is set for the process).
+TEST_F(CudaDecodeFp8Fast, OnByDefault) {
+  const char* e = std::getenv("KVATTN_FP8_FAST");
+  if (e != nullptr && std::atoi(e) == 0) GTEST_SKIP() << "KVATTN_FP8_FAST=0 set for this process";
+  EXPECT_NE(opts0_ & 4, 0);
+  std::mt19937 rng(2802);
+  cuda_impl::set_decode_options(opts0_);
+  AttnCase c = fp8_case(rng, DType::fp8_e5m2, 5, 1, 64, true);
+  c.name = "default options";
+  const int64_t n0 = cuda_impl::fp8_fast_launches();
+  run_attn_case(c, 2811);
+  EXPECT_GT(cuda_impl::fp8_fast_launches(), n0);
+}
+
+// Without the bit the previous fp8 kernel runs (and still matches the reference).
+TEST_F(CudaDecodeFp8Fast, BitOffRunsPreviousKernel) {
   std::mt19937 rng(2801);
   cuda_impl::set_decode_options(1);
   AttnCase c = fp8_case(rng, DType::fp8_e4m3, 8, 2, 128, false);

@@ -176,8 +176,8 @@ int64_t cluster_decode_launches();  // launches of the cluster kernel so far
 // prints a per-unit timing summary of the process's Nth v6-path call to stderr (debug; syncs that call).
 void set_decode_options(int opts);
 int decode_options();
-// Option bit 4: fp8 fast variant of the decode config (fp8 pages, D <= 128, sm_90+; initial value
-// from KVATTN_FP8_FAST=1; default off, unmeasured); fp8_fast_launches() counts its launches.
+// Option bit 4: fp8 fast variant of the decode config (fp8 pages, D <= 128, sm_90+; default on,
+// KVATTN_FP8_FAST=0 turns it off); fp8_fast_launches() counts its launches.
 int64_t fp8_fast_launches();
 void set_decode_splits(int n);
 
