@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -220,6 +221,8 @@ struct PfCfg {
   static constexpr int kStages = kStagesFit >= 3 ? 3 : 2;
   static constexpr int kOffBase = kQBytes + kStages * 2 * kStageBytes;
   static constexpr int kSmem = kOffBase + kStages * 2 * kTile * 8;
+  // V5 row tables after kSmem: Q and O element offsets (int64) and query position per CTA row
+  static constexpr int kV5Bytes = kRows * (8 + 8 + 4);
   static constexpr int kChunksPerThread = kTile * kCPR / kThreads;
   static constexpr int kRowStep = kThreads / kCPR;
   static_assert(kStagesFit >= 2, "shared memory");
@@ -235,7 +238,17 @@ struct PfCfg {
 //  * K/V loader with absolute source addresses in shared memory (bit 0 = zero-fill) and the
 //    ignore-src form of cp.async: no per-copy src-size or cache-base arithmetic;
 //  * masks specialised per case (causal-only tiles skip the per-element window test).
-template <bool BF16, int D, int MT, int NW, int KT, bool NX>
+// V5 (with NX; KVATTN_PREFILL_V5=1|2, default 0 = off): cheaper per-unit work and diagonal tiles —
+//  * the row table also holds each row's Q and O element offsets and query position (one
+//    division per row, by its own thread), so the warps' positions, the Q staging copies and the
+//    output row stores need no divisions or 64-bit multiplies per element / chunk;
+//  * Q staging with a fixed 16-byte chunk per thread (swizzle constant per thread);
+//  * a warp's first computed tile skips the O rescale (O is still zero);
+//  * mask: one compare of an immediate against a per-row limit per element;
+//  * epilogue: the output pack type chosen once per unit instead of per packed pair;
+//  * V5 == 2 only: a causal diagonal tile whose second half of keys is above every row of the
+//    warp runs a half-width tile body (S, softmax and P V over 32 of the 64 keys).
+template <bool BF16, int D, int MT, int NW, int KT, bool NX, int V5 = 0>
 __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
   using C = PfCfg<D, MT, NW, KT>;
@@ -249,6 +262,10 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
   int64_t* sOff = reinterpret_cast<int64_t*>(smem + C::kOffBase);  // [stage][K|V][kTile]
   __shared__ int s_work[2];
   __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
+  // V5 row tables (dynamic shared memory after kSmem; the launch adds kV5Bytes)
+  int64_t* s_qoff = reinterpret_cast<int64_t*>(smem + C::kSmem);
+  int64_t* s_ooff = s_qoff + C::kRows;
+  int* s_rpos = reinterpret_cast<int*>(s_ooff + C::kRows);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -288,26 +305,64 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 
     // this warp's rows: positions (for masks) and the warp's position range (for skips)
     int qp[MT][2];
+    int w_first, w_last;
+    if constexpr (!V5) {
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int rr = min(row0 + wrow0 + 16 * m + g + 8 * h, rows_r - 1);
-        qp[m][h] = ctx + rr / p.group;
-      }
+        for (int h = 0; h < 2; ++h) {
+          const int rr = min(row0 + wrow0 + 16 * m + g + 8 * h, rows_r - 1);
+          qp[m][h] = ctx + rr / p.group;
+        }
+      w_first = ctx + (row0 + wrow0) / p.group;
+      w_last = ctx + (min(rows_r, row0 + wrow0 + 16 * MT) - 1) / p.group;
+    }
     const bool warp_valid = row0 + wrow0 < rows_r;
-    const int w_first = ctx + (row0 + wrow0) / p.group;
-    const int w_last = ctx + (min(rows_r, row0 + wrow0 + 16 * MT) - 1) / p.group;
 
-    if (tid < C::kRows) {
+    if constexpr (V5) {
+      if (tid < C::kRows) {
+        const int rr = row0 + tid;
+        const bool v = rr < rows_r;
+        const int tk = min(rr, rows_r - 1) / p.group;  // rows past the end: the last row's position
+        const int tok = ri.q_start + tk;
+        const int head = hk * p.group + (v ? rr - tk * p.group : 0);
+        s_rtok[tid] = v ? tok : -1;
+        s_rhead[tid] = head;
+        s_rpos[tid] = ctx + tk;
+        s_qoff[tid] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
+        s_ooff[tid] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
+      }
+    } else if (tid < C::kRows) {
       const int rr = row0 + tid;
       const bool v = rr < rows_r;
       s_rtok[tid] = v ? ri.q_start + rr / p.group : -1;
       s_rhead[tid] = hk * p.group + (v ? rr % p.group : 0);
     }
     __syncthreads();
+    if constexpr (V5) {
+      // same values as the !V5 branch above, from the row table (rows past the end are clamped
+      // to the last row there too; w_first of a warp without valid rows is never used)
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) qp[m][h] = s_rpos[wrow0 + 16 * m + g + 8 * h];
+      w_first = s_rpos[wrow0];
+      w_last = s_rpos[wrow0 + 16 * MT - 1];
+    }
     // ---- Q -> shared (swizzled, MMA element type) ----
-    if (q_fast) {
+    if (V5 && q_fast) {
+      // thread = fixed 16-byte chunk my_chunk of rows my_row0 + i * kRowStep; kRowStep is a
+      // multiple of 8, so the swizzle (row & 7) is the same for all of a thread's rows
+      static_assert(C::kRowStep % 8 == 0 && (C::kRows * kCPR) % C::kThreads == 0, "Q mapping");
+      constexpr int kQIters = C::kRows * kCPR / C::kThreads;
+      const uint32_t dq = smem_u32(sQ + swz<kCPR>(my_row0, my_chunk));
+      const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + my_chunk * 8;
+#pragma unroll
+      for (int i = 0; i < kQIters; ++i) {
+        const int64_t off = s_qoff[my_row0 + i * C::kRowStep];
+        cpa16z(dq + i * C::kRowStep * kCPR * 16, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+      }
+    } else if (q_fast) {
       for (int idx = tid; idx < C::kRows * kCPR; idx += C::kThreads) {
         const int row = idx / kCPR, c = idx % kCPR;
         const int tok = s_rtok[row];
@@ -410,6 +465,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
     float m_r[MT][2], l_r[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; ++m) m_r[m][0] = m_r[m][1] = -INFINITY, l_r[m][0] = l_r[m][1] = 0.f;
+    bool fresh = true;  // V5: no tile computed yet by this warp in this unit
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait<kS - 2>();
@@ -430,166 +486,376 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       const unsigned char* tK = sKV + st * 2 * C::kStageBytes;
       const unsigned char* tV = tK + C::kStageBytes;
 
-      // ---- S = Q K^T ----
-      // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
-      // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
-      float s[MT][kNTs][4];
-#pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int j = 0; j < kNTs; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
-      {
-        constexpr int kKB = C::kFragDB ? 2 : 1;
-        uint32_t kf[kKB][kNTs / 2][4];
-        uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
-        auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
-#pragma unroll
-          for (int jj = 0; jj < kNTs / 2; ++jj)
-            ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
-        };
-        auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
+      if constexpr (V5 == 2) {
+        // The tile body for kNJ live 8-key n-tiles: kNTs, or kNTs / 2 on a causal diagonal tile
+        // whose second half is above every row of the warp (w_last < kt0 + kTile / 2: those
+        // keys are masked for all its rows, so their S, softmax and P V work is skipped).  A
+        // copy of the body below (the lambda form compiles differently, so the other
+        // instantiations keep the plain text).
+        auto tile_body = [&](auto nj_tag) {
+          constexpr int kNJ = decltype(nj_tag)::value;
+          // ---- S = Q K^T ----
+          // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
+          // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
+          float s[MT][kNJ][4];
 #pragma unroll
           for (int m = 0; m < MT; ++m)
-            ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
-        };
-        if constexpr (C::kFragDB) {
-          load_k(0, kf[0]);
-          if constexpr (!C::kQRegs) load_q(0, qa[0]);
-        }
 #pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          const int cur = C::kFragDB ? (ks & 1) : 0;
+            for (int j = 0; j < kNJ; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+          {
+            constexpr int kKB = C::kFragDB ? 2 : 1;
+            uint32_t kf[kKB][kNJ / 2][4];
+            uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
+            auto load_k = [&](int ks, uint32_t (&b)[kNJ / 2][4]) {
+#pragma unroll
+              for (int jj = 0; jj < kNJ / 2; ++jj)
+                ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
+            };
+            auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
+#pragma unroll
+              for (int m = 0; m < MT; ++m)
+                ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
+            };
+            if constexpr (C::kFragDB) {
+              load_k(0, kf[0]);
+              if constexpr (!C::kQRegs) load_q(0, qa[0]);
+            }
+#pragma unroll
+            for (int ks = 0; ks < kKSteps; ++ks) {
+              const int cur = C::kFragDB ? (ks & 1) : 0;
+              if constexpr (C::kFragDB) {
+                if (ks + 1 < kKSteps) {
+                  load_k(ks + 1, kf[(ks + 1) & 1]);
+                  if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
+                }
+              } else {
+                load_k(ks, kf[0]);
+                if constexpr (!C::kQRegs) load_q(ks, qa[0]);
+              }
+#pragma unroll
+              for (int jj = 0; jj < kNJ / 2; ++jj)
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                  const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
+                  mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
+                  mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
+                }
+            }
+          }
+          // ---- soft cap, mask (each a uniform branch around the whole tile) ----
+          if (softcap) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int j = 0; j < kNJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
+          }
+          const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
+                                 (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
+          if (V5 && need_mask && p.window_left < 0) {
+            // as below, with the per-element key folded into an immediate: key >= lim  <=>
+            // 8j + (e & 1) >= lim - kt0 - 2 t4 (one ISETP with an immediate + one select per element)
+            int dl[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) dl[m][h] = (p.causal ? qp[m][h] + 1 : ri.kv_len) - kt0 - 2 * t4;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int j = 0; j < kNJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                  if (8 * j + (e & 1) >= dl[m][e >> 1]) s[m][j][e] = -INFINITY;
+          } else if (need_mask && NX && p.window_left < 0) {
+            // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
+            const int kv_lim = ri.kv_len;
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int j = 0; j < kNJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+                  const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
+                  if (key >= lim) s[m][j][e] = -INFINITY;
+                }
+          } else if (need_mask) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int j = 0; j < kNJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+                  const int q = qp[m][e >> 1];
+                  bool vis = key < ri.kv_len;
+                  if (p.causal && key > q) vis = false;
+                  if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
+                  if (!vis) s[m][j][e] = -INFINITY;
+                }
+          }
+          // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
+          bool moved = false;
+          float alpha[MT][2];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float mx = -INFINITY;
+#pragma unroll
+              for (int j = 0; j < kNJ; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
+              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+              float m_new = fmaxf(m_r[m][h], mx * c_exp);
+              // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
+              // (-inf + kLazy = -inf: a row's first visible tile always moves it)
+              if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
+              const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+              alpha[m][h] = ex2(m_r[m][h] - m_use);
+              moved |= m_new != m_r[m][h];
+              m_r[m][h] = m_new;
+              float sum = 0.f;
+#pragma unroll
+              for (int j = 0; j < kNJ; ++j) {
+                const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
+                const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
+                s[m][j][2 * h] = a0;
+                s[m][j][2 * h + 1] = a1;
+                sum += a0 + a1;
+              }
+              l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
+            }
+          // V5: on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
+          if ((!V5 || !fresh) && __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+              for (int n = 0; n < kNTo; ++n) {
+                o[m][n][0] *= alpha[m][0];
+                o[m][n][1] *= alpha[m][0];
+                o[m][n][2] *= alpha[m][1];
+                o[m][n][3] *= alpha[m][1];
+              }
+          }
+          if constexpr (V5) fresh = false;
+          // ---- O += P V ----
+          // P stays in registers (the S accumulator layout is the A layout); V fragments by
+          // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
+          {
+            constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
+            constexpr int kNV = (kNJ / 2) * kNP;       // ldmatrix.x4.trans per tile
+            uint32_t vf[3][4];
+            auto load_v = [&](int idx, uint32_t (&b)[4]) {
+              const int kk = idx / kNP, np = idx % kNP;
+              ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+            };
+            load_v(0, vf[0]);
+            if (kNV > 1) load_v(1, vf[1]);
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int idx = 0; idx < kNV; ++idx) {
+              if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
+              const int kk = idx / kNP, n = 2 * (idx % kNP);
+              if (n == 0) {
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                  a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
+                  a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
+                  a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+                  a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+                }
+              }
+#pragma unroll
+              for (int m = 0; m < MT; ++m) {
+                mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
+                mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
+              }
+            }
+          }
+        };
+        if (p.causal && w_last - kt0 < kTile / 2) tile_body(std::integral_constant<int, kNTs / 2>{});
+        else tile_body(std::integral_constant<int, kNTs>{});
+      } else {
+        // ---- S = Q K^T ----
+        // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
+        // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
+        float s[MT][kNTs][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+        {
+          constexpr int kKB = C::kFragDB ? 2 : 1;
+          uint32_t kf[kKB][kNTs / 2][4];
+          uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
+          auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
+#pragma unroll
+            for (int jj = 0; jj < kNTs / 2; ++jj)
+              ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
+          };
+          auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+              ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
+          };
           if constexpr (C::kFragDB) {
-            if (ks + 1 < kKSteps) {
-              load_k(ks + 1, kf[(ks + 1) & 1]);
-              if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
-            }
-          } else {
-            load_k(ks, kf[0]);
-            if constexpr (!C::kQRegs) load_q(ks, qa[0]);
+            load_k(0, kf[0]);
+            if constexpr (!C::kQRegs) load_q(0, qa[0]);
           }
 #pragma unroll
-          for (int jj = 0; jj < kNTs / 2; ++jj)
+          for (int ks = 0; ks < kKSteps; ++ks) {
+            const int cur = C::kFragDB ? (ks & 1) : 0;
+            if constexpr (C::kFragDB) {
+              if (ks + 1 < kKSteps) {
+                load_k(ks + 1, kf[(ks + 1) & 1]);
+                if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
+              }
+            } else {
+              load_k(ks, kf[0]);
+              if constexpr (!C::kQRegs) load_q(ks, qa[0]);
+            }
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-              const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
-              mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
-              mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
+            for (int jj = 0; jj < kNTs / 2; ++jj)
+#pragma unroll
+              for (int m = 0; m < MT; ++m) {
+                const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
+                mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
+                mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
+              }
+          }
+        }
+        // ---- soft cap, mask (each a uniform branch around the whole tile) ----
+        if (softcap) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
+        }
+        const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
+                               (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
+        if (V5 && need_mask && p.window_left < 0) {
+          // as below, with the per-element key folded into an immediate: key >= lim  <=>
+          // 8j + (e & 1) >= lim - kt0 - 2 t4 (one ISETP with an immediate + one select per element)
+          int dl[MT][2];
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) dl[m][h] = (p.causal ? qp[m][h] + 1 : ri.kv_len) - kt0 - 2 * t4;
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                if (8 * j + (e & 1) >= dl[m][e >> 1]) s[m][j][e] = -INFINITY;
+        } else if (need_mask && NX && p.window_left < 0) {
+          // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
+          const int kv_lim = ri.kv_len;
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+                const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
+                if (key >= lim) s[m][j][e] = -INFINITY;
+              }
+        } else if (need_mask) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+                const int q = qp[m][e >> 1];
+                bool vis = key < ri.kv_len;
+                if (p.causal && key > q) vis = false;
+                if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
+                if (!vis) s[m][j][e] = -INFINITY;
+              }
+        }
+        // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
+        bool moved = false;
+        float alpha[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < kNTs; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float m_new = fmaxf(m_r[m][h], mx * c_exp);
+            // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
+            // (-inf + kLazy = -inf: a row's first visible tile always moves it)
+            if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
+            const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+            alpha[m][h] = ex2(m_r[m][h] - m_use);
+            moved |= m_new != m_r[m][h];
+            m_r[m][h] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < kNTs; ++j) {
+              const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
+              const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
+              s[m][j][2 * h] = a0;
+              s[m][j][2 * h + 1] = a1;
+              sum += a0 + a1;
+            }
+            l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
+          }
+        // V5: on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
+        if ((!V5 || !fresh) && __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+          for (int m = 0; m < MT; ++m)
+#pragma unroll
+            for (int n = 0; n < kNTo; ++n) {
+              o[m][n][0] *= alpha[m][0];
+              o[m][n][1] *= alpha[m][0];
+              o[m][n][2] *= alpha[m][1];
+              o[m][n][3] *= alpha[m][1];
             }
         }
-      }
-      // ---- soft cap, mask (each a uniform branch around the whole tile) ----
-      if (softcap) {
+        if constexpr (V5) fresh = false;
+        // ---- O += P V ----
+        // P stays in registers (the S accumulator layout is the A layout); V fragments by
+        // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
+        {
+          constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
+          constexpr int kNV = (kTile / 16) * kNP;    // ldmatrix.x4.trans per tile
+          uint32_t vf[3][4];
+          auto load_v = [&](int idx, uint32_t (&b)[4]) {
+            const int kk = idx / kNP, np = idx % kNP;
+            ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+          };
+          load_v(0, vf[0]);
+          if (kNV > 1) load_v(1, vf[1]);
+          uint32_t a[MT][4];
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+          for (int idx = 0; idx < kNV; ++idx) {
+            if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
+            const int kk = idx / kNP, n = 2 * (idx % kNP);
+            if (n == 0) {
 #pragma unroll
-          for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
-      }
-      const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
-                             (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
-      if (need_mask && NX && p.window_left < 0) {
-        // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
-        const int kv_lim = ri.kv_len;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-              const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
-              if (key >= lim) s[m][j][e] = -INFINITY;
+              for (int m = 0; m < MT; ++m) {
+                a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
+                a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
+                a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+                a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+              }
             }
-      } else if (need_mask) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-              const int q = qp[m][e >> 1];
-              bool vis = key < ri.kv_len;
-              if (p.causal && key > q) vis = false;
-              if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
-              if (!vis) s[m][j][e] = -INFINITY;
-            }
-      }
-      // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
-      bool moved = false;
-      float alpha[MT][2];
-#pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < kNTs; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          float m_new = fmaxf(m_r[m][h], mx * c_exp);
-          // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
-          // (-inf + kLazy = -inf: a row's first visible tile always moves it)
-          if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
-          const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-          alpha[m][h] = ex2(m_r[m][h] - m_use);
-          moved |= m_new != m_r[m][h];
-          m_r[m][h] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < kNTs; ++j) {
-            const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
-            const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
-            s[m][j][2 * h] = a0;
-            s[m][j][2 * h + 1] = a1;
-            sum += a0 + a1;
-          }
-          l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
-        }
-      if (__any_sync(0xffffffffu, moved)) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int n = 0; n < kNTo; ++n) {
-            o[m][n][0] *= alpha[m][0];
-            o[m][n][1] *= alpha[m][0];
-            o[m][n][2] *= alpha[m][1];
-            o[m][n][3] *= alpha[m][1];
-          }
-      }
-      // ---- O += P V ----
-      // P stays in registers (the S accumulator layout is the A layout); V fragments by
-      // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
-      {
-        constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
-        constexpr int kNV = (kTile / 16) * kNP;    // ldmatrix.x4.trans per tile
-        uint32_t vf[3][4];
-        auto load_v = [&](int idx, uint32_t (&b)[4]) {
-          const int kk = idx / kNP, np = idx % kNP;
-          ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
-        };
-        load_v(0, vf[0]);
-        if (kNV > 1) load_v(1, vf[1]);
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int idx = 0; idx < kNV; ++idx) {
-          if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
-          const int kk = idx / kNP, n = 2 * (idx % kNP);
-          if (n == 0) {
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-              a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
-              a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
-              a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-              a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+              mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
+              mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
             }
-          }
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
-            mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
           }
         }
       }
@@ -628,17 +894,47 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       }
     if (p.o_vec) {
       const bool obf = p.out_t == Elt::bf16;
+      if constexpr (V5) {
+        // the output type chosen once per unit, not per packed pair (no runtime select per pair)
+        auto stage = [&](auto bf_tag) {
+          constexpr bool kBf = decltype(bf_tag)::value;
 #pragma unroll
-      for (int m = 0; m < MT; ++m)
+          for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int lr = wrow0 + 16 * m + g + 8 * h;
+            for (int h = 0; h < 2; ++h) {
+              const int lr = wrow0 + 16 * m + g + 8 * h;
 #pragma unroll
-          for (int n = 0; n < kNTo; ++n)
-            *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(lr, n) + 4 * t4) =
-                pk2_rt(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h], obf);
-        }
+              for (int n = 0; n < kNTo; ++n)
+                *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(lr, n) + 4 * t4) =
+                    pack2<kBf>(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h]);
+            }
+        };
+        if (obf) stage(std::true_type{});
+        else stage(std::false_type{});
+      } else {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int lr = wrow0 + 16 * m + g + 8 * h;
+#pragma unroll
+            for (int n = 0; n < kNTo; ++n)
+              *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(lr, n) + 4 * t4) =
+                  pk2_rt(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h], obf);
+          }
+      }
       __syncwarp();
+      if constexpr (V5) {
+        // lane = fixed chunk (kCPR >= 8 divides 32 or is a multiple of it)
+        uint16_t* ob = static_cast<uint16_t*>(p.out);
+#pragma unroll
+        for (int idx = lane; idx < 16 * MT * kCPR; idx += 32) {
+          const int lr = wrow0 + idx / kCPR, c = idx % kCPR;
+          const int64_t off = s_ooff[lr];
+          if (off < 0) continue;
+          *reinterpret_cast<uint4*>(ob + off + c * 8) = *reinterpret_cast<const uint4*>(sQ + swz<kCPR>(lr, c));
+        }
+      } else
       for (int idx = lane; idx < 16 * MT * kCPR; idx += 32) {
         const int lr = wrow0 + idx / kCPR, c = idx % kCPR;
         const int tok = s_rtok[lr];
@@ -671,6 +967,7 @@ std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environm
 std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
 std::atomic<int> g_v4{-1};  // 1 = v4 kernel (lazy rescale, slim loader, specialised masks); -1 = unread
+std::atomic<int> g_v5{-1};  // 0 off, 1 v5 per-unit changes, 2 = 1 + half-width diagonal tiles; -1 = unread
 
 // v4 (the default since session 4: causal 8 x 2048 257 -> 285 TFLOP/s, 1 x 8192 300 -> 325 in
 // one run) = lazy O rescale + absolute-address K/V loader + masks specialised per case;
@@ -682,6 +979,19 @@ bool v4_now() {
   if (const char* e = std::getenv("KVATTN_PREFILL_V4")) v = std::strcmp(e, "0") != 0;
   g_v4.store(v, std::memory_order_relaxed);
   return v != 0;
+}
+
+// v5 = v4 + per-unit row-offset tables (Q staging, output stores, positions without divisions),
+// no O rescale on a warp's first tile, one-compare masks (KVATTN_PREFILL_V5=1); =2 adds
+// half-width causal diagonal tiles.  Off by default (unmeasured); used only with v4 on.  Read
+// once; set_prefill_v5 overrides.
+int v5_now() {
+  int v = g_v5.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  v = 0;
+  if (const char* e = std::getenv("KVATTN_PREFILL_V5")) v = !std::strcmp(e, "1") ? 1 : !std::strcmp(e, "2") ? 2 : 0;
+  g_v5.store(v, std::memory_order_relaxed);
+  return v;
 }
 
 int mode_now() {
@@ -729,20 +1039,21 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, bool NX, int D, int MT, int NW, int KT = kKeyTile>
+template <bool BF16, bool NX, int V5, int D, int MT, int NW, int KT = kKeyTile>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
-  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, NX>;
+  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, NX, V5>;
+  constexpr int kSmem = C::kSmem + (V5 ? C::kV5Bytes : 0);
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
   cudaGetDevice(&dev);
   int& occ = occ_cache[dev & 63];
   if (occ == 0) {
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) return static_cast<int>(e);
     int n = 0;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, C::kSmem);
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, kSmem);
     if (e != cudaSuccess) return static_cast<int>(e);
     occ = n > 0 ? n : 1;
   }
@@ -752,20 +1063,20 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   // never more CTAs than units
   const int64_t units = max_items * p.hkv;
   const int grid = static_cast<int>(std::min<int64_t>(int64_t(num_sms) * occ, std::max<int64_t>(units, 1)));
-  kern<<<grid, C::kThreads, C::kSmem>>>(p, plan);
+  kern<<<grid, C::kThreads, kSmem>>>(p, plan);
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16, bool NX>
+template <bool BF16, bool NX, int V5 = 0>
 int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, NX, 64, 1, 8>(p, num_sms, plan);
+    case 64: return pf_run<BF16, NX, V5, 64, 1, 8>(p, num_sms, plan);
     case 128:
-      if (variant == 1) return pf_run<BF16, NX, 128, 2, 4>(p, num_sms, plan);
-      if (variant == 2) return pf_run<BF16, NX, 128, 1, 4>(p, num_sms, plan);
-      if (variant == 3) return pf_run<BF16, NX, 128, 2, 4, 32>(p, num_sms, plan);
-      return pf_run<BF16, NX, 128, 1, 8>(p, num_sms, plan);  // A
-    case 256: return pf_run<BF16, NX, 256, 1, 8>(p, num_sms, plan);
+      if (variant == 1) return pf_run<BF16, NX, V5, 128, 2, 4>(p, num_sms, plan);
+      if (variant == 2) return pf_run<BF16, NX, V5, 128, 1, 4>(p, num_sms, plan);
+      if (variant == 3) return pf_run<BF16, NX, V5, 128, 2, 4, 32>(p, num_sms, plan);
+      return pf_run<BF16, NX, V5, 128, 1, 8>(p, num_sms, plan);  // A
+    case 256: return pf_run<BF16, NX, V5, 256, 1, 8>(p, num_sms, plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -777,6 +1088,8 @@ PrefillMode prefill_mode() { return static_cast<PrefillMode>(mode_now()); }
 void set_prefill_variant(int v) { g_variant.store(v, std::memory_order_relaxed); }
 void set_prefill_v4(bool on) { g_v4.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool prefill_v4() { return v4_now(); }
+void set_prefill_v5(int mode) { g_v5.store(mode >= 0 && mode <= 2 ? mode : 0, std::memory_order_relaxed); }
+int prefill_v5() { return v5_now(); }
 int prefill_variant() { return variant_now(); }
 int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
@@ -798,7 +1111,8 @@ bool prefill_supported(const AttnParams& p) {
                                           : variant_now() == 3 ? PfCfg<128, 2, 4, 32>::kSmem
                                                                : PfCfg<128, 1, 8>::kSmem)
                                        : PfCfg<256, 1, 8>::kSmem;
-  if (need + 2048 > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
+  // V5's row tables: kRows * 20 bytes (128 rows: 2560) more dynamic shared memory
+  if (need + 2048 + (v4_now() && v5_now() != 0 ? 2560 : 0) > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return false;  // fp8 pages: attn_kernel
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.xqa != nullptr || p.mm != nullptr) return false;  // XQA draft masks, PrefixLM: attn_kernel
@@ -834,6 +1148,11 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
+  const int v5 = v4_now() ? v5_now() : 0;
+  if (v5 == 1)
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, 1>(p, num_sms, plan, v) : pf_dispatch<false, true, 1>(p, num_sms, plan, v);
+  if (v5 == 2)
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, 2>(p, num_sms, plan, v) : pf_dispatch<false, true, 2>(p, num_sms, plan, v);
   if (v4_now())
     return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v) : pf_dispatch<false, true>(p, num_sms, plan, v);
   return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v) : pf_dispatch<false, false>(p, num_sms, plan, v);
