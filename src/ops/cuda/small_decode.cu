@@ -164,11 +164,6 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
   const int r = static_cast<int>(blockIdx.y) / p.hkv;
   const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
   tl_stamp<TL>(tl, kTlEntry);
-  // Programmatic dependent launch (KVATTN_SMALL_PDL=1): no memory access before the previous
-  // kernel of the stream is complete; then let the next launch begin (it waits the same way).
-  // Both are no-ops when the launch did not ask for it.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
   const RequestBounds rb = load_request_bounds(p, r);
@@ -525,36 +520,21 @@ KernInfo<BF16, D>& kern_info() {
 
 // Attributes and the occupancy figures of one instantiation on device `dev` (once).
 // Launch configuration (legacy stream) of `grid` in clusters of P CTAs along x; `at` holds the
-// attributes the configuration points to (cluster size; with `pdl`, programmatic stream
-// serialization: the launch may start while the previous kernel of the stream finishes, the
-// kernel's griddepcontrol.wait holding every memory access until that kernel is done), so it
-// must outlive the launch or query.
-cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute (&at)[2], bool pdl = false) {
+// cluster attribute the configuration points to, so it must outlive the launch or query.
+cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute& at) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = nullptr;
-  at[0] = {};
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = static_cast<unsigned>(P);
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  at[1] = {};
-  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = pdl ? 2 : 1;
+  at = {};
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = static_cast<unsigned>(P);
+  at.val.clusterDim.y = 1;
+  at.val.clusterDim.z = 1;
+  cfg.attrs = &at;
+  cfg.numAttrs = 1;
   return cfg;
-}
-
-// KVATTN_SMALL_PDL=1: launch the cluster kernel with programmatic dependent launch (off by default).
-bool pdl_now() {
-  static const bool on = [] {
-    const char* e = std::getenv("KVATTN_SMALL_PDL");
-    return e != nullptr && std::atoi(e) == 1;
-  }();
-  return on;
 }
 
 template <bool BF16, int D>
@@ -576,7 +556,7 @@ int prepare(int dev) {
   if (e != cudaSuccess) return static_cast<int>(e);
   ki.per_sm[d] = n;
   for (int P = 1; P <= kMaxPieces; ++P) {
-    cudaLaunchAttribute at[2];
+    cudaLaunchAttribute at;
     const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), 1, 1), P, smem, at);
     int c = 0;
     if (cudaOccupancyMaxActiveClusters(&c, kern, &cfg) != cudaSuccess) {
@@ -666,9 +646,9 @@ int launch(const AttnParams& p, int P) {
   int dev = 0;
   cudaGetDevice(&dev);
   if (int e = prepare<BF16, D>(dev)) return e;
-  cudaLaunchAttribute at[2];
+  cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(
-      dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at, pdl_now());
+      dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
   static const int64_t timeline_call = [] {
     const char* e = std::getenv("KVATTN_SMALL_TIMELINE");
     return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0);
@@ -725,7 +705,7 @@ double measure_empty_launch_us(int ctas, int cluster) {
           empty_kernel<<<x->ctas, kThreads>>>();
           return;
         }
-        cudaLaunchAttribute at[2];
+        cudaLaunchAttribute at;
         const cudaLaunchConfig_t cfg = cluster_config(
             dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster, 0, at);
         (void)cudaLaunchKernelEx(&cfg, empty_kernel);
