@@ -57,9 +57,9 @@ int prefill_kernel_mode() noexcept;
 // The prefill kernel's v4 form (default; kernels.h set_prefill_v4) or the previous one (false).
 void set_prefill_kernel_v4(bool on);
 bool prefill_kernel_v4() noexcept;
-// The prefill kernel's v5 additions: 0 off (default), 1, 2 (kernels.h set_prefill_v5).
-void set_prefill_kernel_v5(int mode);
-int prefill_kernel_v5() noexcept;
+// The prefill kernel's v5 additions (off by default; kernels.h set_prefill_v5).
+void set_prefill_kernel_v5(bool on);
+bool prefill_kernel_v5() noexcept;
 int64_t prefill_kernel_launches() noexcept;
 // Routing of decode calls to attn_kernel's small-call path (one launch: per-CTA plan,
 // attention, merge by the last piece; see kernels.h SmallDecodeMode): 0 automatic (default, or

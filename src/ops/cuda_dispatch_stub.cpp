@@ -42,8 +42,8 @@ void set_prefill_kernel_mode(int) {}
 int prefill_kernel_mode() noexcept { return 0; }
 void set_prefill_kernel_v4(bool) {}
 bool prefill_kernel_v4() noexcept { return true; }
-void set_prefill_kernel_v5(int) {}
-int prefill_kernel_v5() noexcept { return 0; }
+void set_prefill_kernel_v5(bool) {}
+bool prefill_kernel_v5() noexcept { return false; }
 int64_t prefill_kernel_launches() noexcept { return 0; }
 void set_small_decode_mode(int) {}
 int small_decode_mode() noexcept { return 0; }

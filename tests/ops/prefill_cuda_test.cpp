@@ -84,97 +84,94 @@ TEST_F(CudaPrefill, PreviousKernelWithoutV4) {
 }
 
 // The v5 additions (KVATTN_PREFILL_V5=1: row-offset tables, first-tile rescale skip,
-// one-compare masks; =2: also half-width causal diagonal tiles; off by default), both modes, across what the kernel supports: causal / non-causal,
+// one-compare masks; off by default) across what the kernel supports: causal / non-causal,
 // GQA 1/4/8, chunked prefill, odd lengths, every layout and page form (permuted pages, page 0
 // NaN-filled, poisoned outputs: run_attn_case), D 64/128/256, f16/bf16, f32 query/out (scalar
 // paths), window, soft cap, sinks, LSE in both bases, several units per CTA.  All other groups
 // run with v5 when the process has KVATTN_PREFILL_V5=1 (D 128 configs A/C/D: with
 // KVATTN_PREFILL_VARIANT=a|c|d in the same process).
 TEST_F(CudaPrefill, V5Kernel) {
-  const int saved = cuda_impl::prefill_kernel_v5();
+  const bool saved = cuda_impl::prefill_kernel_v5();
   const bool saved4 = cuda_impl::prefill_kernel_v4();
   cuda_impl::set_prefill_kernel_v4(true);
-  for (int mode : {1, 2}) {
-    cuda_impl::set_prefill_kernel_v5(mode);
-    ASSERT_EQ(cuda_impl::prefill_kernel_v5(), mode);
-    const std::string v5 = "v5=" + std::to_string(mode);
-    uint32_t seed = 7700;
-    for (int64_t group : {1, 4, 8}) {
-      for (bool causal : {true, false}) {
-        Case c;
-        c.name = v5 + " gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
-        c.hkv = 2;
-        c.hq = 2 * group;
-        c.q_lens = {1, 15, 17, 250, 0, 130};
-        c.kv_lens = {1, 40, 17, 600, 5, 130};
-        c.causal = causal;
-        EXPECT_EQ(run_case(c, seed++), 1);
-      }
-    }
-    for (int layout = 0; layout < kNumLayouts; ++layout) {
+  cuda_impl::set_prefill_kernel_v5(true);
+  const std::string v5 = "v5";
+  uint32_t seed = 7700;
+  for (int64_t group : {1, 4, 8}) {
+    for (bool causal : {true, false}) {
       Case c;
-      c.name = std::string(v5 + " layout ") + layout_name(layout);
-      c.layout = layout;
-      c.paged_form = layout % 2 == 1;
-      c.page = layout % 3 == 0 ? 16 : (layout % 3 == 1 ? 8 : 32);
-      c.q_lens = {130, 17, 64};
-      c.kv_lens = {200, 17, 64};
+      c.name = v5 + " gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
+      c.hkv = 2;
+      c.hq = 2 * group;
+      c.q_lens = {1, 15, 17, 250, 0, 130};
+      c.kv_lens = {1, 40, 17, 600, 5, 130};
+      c.causal = causal;
       EXPECT_EQ(run_case(c, seed++), 1);
     }
-    for (int64_t dim : {64, 128, 256}) {
-      for (DType kv : {DType::bf16, DType::f16}) {
-        Case c;
-        c.name = v5 + " dim " + std::to_string(dim) + " kv " + dtype_name(kv);
-        c.dim = dim;
-        c.kv_dt = c.q_dt = c.out_dt = kv;
-        c.q_lens = {150, 33, 1};
-        c.kv_lens = {170, 33, 9};
-        EXPECT_EQ(run_case(c, seed++), 1);
-        c.name += " f32 query/out, block table";
-        c.q_dt = DType::f32;
-        c.out_dt = DType::f32;
-        c.paged_form = false;
-        EXPECT_EQ(run_case(c, seed++), 1);
-      }
-    }
-    for (int variant = 0; variant < 6; ++variant) {
+  }
+  for (int layout = 0; layout < kNumLayouts; ++layout) {
+    Case c;
+    c.name = std::string(v5 + " layout ") + layout_name(layout);
+    c.layout = layout;
+    c.paged_form = layout % 2 == 1;
+    c.page = layout % 3 == 0 ? 16 : (layout % 3 == 1 ? 8 : 32);
+    c.q_lens = {130, 17, 64};
+    c.kv_lens = {200, 17, 64};
+    EXPECT_EQ(run_case(c, seed++), 1);
+  }
+  for (int64_t dim : {64, 128, 256}) {
+    for (DType kv : {DType::bf16, DType::f16}) {
       Case c;
-      c.hq = 16; c.hkv = 4;
-      c.q_lens = {200, 31, 129};
-      c.kv_lens = {260, 31, 500};
-      c.window_left = (variant % 3 == 0) ? 47 : (variant % 3 == 1 ? 0 : 130);
-      if (variant == 3) c.window_left = -1;  // soft cap + sinks without a window
-      c.soft_cap = variant % 2 ? 15.0 : 0.0;
-      c.sinks = variant >= 2;
-      c.causal = variant != 4;
-      c.base = variant % 2 ? LseBase::E : LseBase::Two;
-      c.k_scale = 0.8; c.v_scale = 1.25;
-      c.dim = variant == 5 ? 256 : (variant == 2 ? 64 : 128);
-      c.name = v5 + " window " + std::to_string(c.window_left) + " cap " + std::to_string(c.soft_cap) +
-               (c.sinks ? " sinks" : "") + (c.causal ? " causal" : " non-causal");
+      c.name = v5 + " dim " + std::to_string(dim) + " kv " + dtype_name(kv);
+      c.dim = dim;
+      c.kv_dt = c.q_dt = c.out_dt = kv;
+      c.q_lens = {150, 33, 1};
+      c.kv_lens = {170, 33, 9};
+      EXPECT_EQ(run_case(c, seed++), 1);
+      c.name += " f32 query/out, block table";
+      c.q_dt = DType::f32;
+      c.out_dt = DType::f32;
+      c.paged_form = false;
       EXPECT_EQ(run_case(c, seed++), 1);
     }
-    {
-      Case c;
-      c.name = v5 + " causal 2049 + 1000, dim 64, LSE base e";
-      c.hq = 4; c.hkv = 1; c.dim = 64;
-      c.q_lens = {2049, 1000};
-      c.kv_lens = {2049, 1003};
-      c.base = LseBase::E;
-      EXPECT_EQ(run_case(c, seed++), 1);
+  }
+  for (int variant = 0; variant < 6; ++variant) {
+    Case c;
+    c.hq = 16; c.hkv = 4;
+    c.q_lens = {200, 31, 129};
+    c.kv_lens = {260, 31, 500};
+    c.window_left = (variant % 3 == 0) ? 47 : (variant % 3 == 1 ? 0 : 130);
+    if (variant == 3) c.window_left = -1;  // soft cap + sinks without a window
+    c.soft_cap = variant % 2 ? 15.0 : 0.0;
+    c.sinks = variant >= 2;
+    c.causal = variant != 4;
+    c.base = variant % 2 ? LseBase::E : LseBase::Two;
+    c.k_scale = 0.8; c.v_scale = 1.25;
+    c.dim = variant == 5 ? 256 : (variant == 2 ? 64 : 128);
+    c.name = v5 + " window " + std::to_string(c.window_left) + " cap " + std::to_string(c.soft_cap) +
+             (c.sinks ? " sinks" : "") + (c.causal ? " causal" : " non-causal");
+    EXPECT_EQ(run_case(c, seed++), 1);
+  }
+  {
+    Case c;
+    c.name = v5 + " causal 2049 + 1000, dim 64, LSE base e";
+    c.hq = 4; c.hkv = 1; c.dim = 64;
+    c.q_lens = {2049, 1000};
+    c.kv_lens = {2049, 1003};
+    c.base = LseBase::E;
+    EXPECT_EQ(run_case(c, seed++), 1);
+  }
+  {
+    std::mt19937 rng(4747);
+    Case c;  // many 1-2 tile units per CTA: row tables reused across units
+    c.name = v5 + " dim 128 group 8, 300 short requests with context";
+    c.hq = 8; c.hkv = 1;
+    for (int r = 0; r < 300; ++r) {
+      const int64_t ql = 1 + static_cast<int64_t>(rng() % 16);
+      c.q_lens.push_back(ql);
+      c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % 70));
     }
-    {
-      std::mt19937 rng(4747);
-      Case c;  // many 1-2 tile units per CTA: row tables reused across units
-      c.name = v5 + " dim 128 group 8, 300 short requests with context";
-      c.hq = 8; c.hkv = 1;
-      for (int r = 0; r < 300; ++r) {
-        const int64_t ql = 1 + static_cast<int64_t>(rng() % 16);
-        c.q_lens.push_back(ql);
-        c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % 70));
-      }
-      EXPECT_EQ(run_case(c, seed++), 1);
-    }
+    EXPECT_EQ(run_case(c, seed++), 1);
   }
   cuda_impl::set_prefill_kernel_v5(saved);
   cuda_impl::set_prefill_kernel_v4(saved4);

@@ -203,11 +203,10 @@ int prefill_variant();
 // default) or the previous one (false); initial value from KVATTN_PREFILL_V4=1|0.
 void set_prefill_v4(bool on);
 bool prefill_v4();
-// v5 additions on top of v4 (used only with v4 on): 0 off (default), 1 row-offset tables,
-// first-tile rescale skip, one-compare masks, 2 = 1 + half-width causal diagonal tiles; initial
-// value from KVATTN_PREFILL_V5=0|1|2.
-void set_prefill_v5(int mode);
-int prefill_v5();
+// v5 additions on top of v4 (row-offset tables, first-tile rescale skip, one-compare masks; off
+// by default, used only with v4 on); initial value from KVATTN_PREFILL_V5=1.
+void set_prefill_v5(bool on);
+bool prefill_v5();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
 bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)

@@ -238,17 +238,15 @@ struct PfCfg {
 //  * K/V loader with absolute source addresses in shared memory (bit 0 = zero-fill) and the
 //    ignore-src form of cp.async: no per-copy src-size or cache-base arithmetic;
 //  * masks specialised per case (causal-only tiles skip the per-element window test).
-// V5 (with NX; KVATTN_PREFILL_V5=1|2, default 0 = off): cheaper per-unit work and diagonal tiles —
+// V5 (with NX; KVATTN_PREFILL_V5=1, default off): cheaper per-unit work and diagonal tiles —
 //  * the row table also holds each row's Q and O element offsets and query position (one
 //    division per row, by its own thread), so the warps' positions, the Q staging copies and the
 //    output row stores need no divisions or 64-bit multiplies per element / chunk;
 //  * Q staging with a fixed 16-byte chunk per thread (swizzle constant per thread);
 //  * a warp's first computed tile skips the O rescale (O is still zero);
 //  * mask: one compare of an immediate against a per-row limit per element;
-//  * epilogue: the output pack type chosen once per unit instead of per packed pair;
-//  * V5 == 2 only: a causal diagonal tile whose second half of keys is above every row of the
-//    warp runs a half-width tile body (S, softmax and P V over 32 of the 64 keys).
-template <bool BF16, int D, int MT, int NW, int KT, bool NX, int V5 = 0>
+//  * epilogue: the output pack type chosen once per unit instead of per packed pair.
+template <bool BF16, int D, int MT, int NW, int KT, bool NX, bool V5 = false>
 __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
   using C = PfCfg<D, MT, NW, KT>;
@@ -486,376 +484,183 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       const unsigned char* tK = sKV + st * 2 * C::kStageBytes;
       const unsigned char* tV = tK + C::kStageBytes;
 
-      if constexpr (V5 == 2) {
-        // The tile body for kNJ live 8-key n-tiles: kNTs, or kNTs / 2 on a causal diagonal tile
-        // whose second half is above every row of the warp (w_last < kt0 + kTile / 2: those
-        // keys are masked for all its rows, so their S, softmax and P V work is skipped).  A
-        // copy of the body below (the lambda form compiles differently, so the other
-        // instantiations keep the plain text).
-        auto tile_body = [&](auto nj_tag) {
-          constexpr int kNJ = decltype(nj_tag)::value;
-          // ---- S = Q K^T ----
-          // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
-          // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
-          float s[MT][kNJ][4];
+      // ---- S = Q K^T ----
+      // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
+      // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
+      float s[MT][kNTs][4];
 #pragma unroll
-          for (int m = 0; m < MT; ++m)
+      for (int m = 0; m < MT; ++m)
 #pragma unroll
-            for (int j = 0; j < kNJ; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
-          {
-            constexpr int kKB = C::kFragDB ? 2 : 1;
-            uint32_t kf[kKB][kNJ / 2][4];
-            uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
-            auto load_k = [&](int ks, uint32_t (&b)[kNJ / 2][4]) {
+        for (int j = 0; j < kNTs; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+      {
+        constexpr int kKB = C::kFragDB ? 2 : 1;
+        uint32_t kf[kKB][kNTs / 2][4];
+        uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
+        auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
 #pragma unroll
-              for (int jj = 0; jj < kNJ / 2; ++jj)
-                ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
-            };
-            auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
-#pragma unroll
-              for (int m = 0; m < MT; ++m)
-                ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
-            };
-            if constexpr (C::kFragDB) {
-              load_k(0, kf[0]);
-              if constexpr (!C::kQRegs) load_q(0, qa[0]);
-            }
-#pragma unroll
-            for (int ks = 0; ks < kKSteps; ++ks) {
-              const int cur = C::kFragDB ? (ks & 1) : 0;
-              if constexpr (C::kFragDB) {
-                if (ks + 1 < kKSteps) {
-                  load_k(ks + 1, kf[(ks + 1) & 1]);
-                  if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
-                }
-              } else {
-                load_k(ks, kf[0]);
-                if constexpr (!C::kQRegs) load_q(ks, qa[0]);
-              }
-#pragma unroll
-              for (int jj = 0; jj < kNJ / 2; ++jj)
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                  const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
-                  mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
-                  mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
-                }
-            }
-          }
-          // ---- soft cap, mask (each a uniform branch around the whole tile) ----
-          if (softcap) {
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int j = 0; j < kNJ; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
-          }
-          const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
-                                 (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
-          if (V5 && need_mask && p.window_left < 0) {
-            // as below, with the per-element key folded into an immediate: key >= lim  <=>
-            // 8j + (e & 1) >= lim - kt0 - 2 t4 (one ISETP with an immediate + one select per element)
-            int dl[MT][2];
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) dl[m][h] = (p.causal ? qp[m][h] + 1 : ri.kv_len) - kt0 - 2 * t4;
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int j = 0; j < kNJ; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                  if (8 * j + (e & 1) >= dl[m][e >> 1]) s[m][j][e] = -INFINITY;
-          } else if (need_mask && NX && p.window_left < 0) {
-            // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
-            const int kv_lim = ri.kv_len;
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int j = 0; j < kNJ; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-                  const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
-                  if (key >= lim) s[m][j][e] = -INFINITY;
-                }
-          } else if (need_mask) {
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int j = 0; j < kNJ; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-                  const int q = qp[m][e >> 1];
-                  bool vis = key < ri.kv_len;
-                  if (p.causal && key > q) vis = false;
-                  if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
-                  if (!vis) s[m][j][e] = -INFINITY;
-                }
-          }
-          // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
-          bool moved = false;
-          float alpha[MT][2];
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float mx = -INFINITY;
-#pragma unroll
-              for (int j = 0; j < kNJ; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
-              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-              mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-              float m_new = fmaxf(m_r[m][h], mx * c_exp);
-              // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
-              // (-inf + kLazy = -inf: a row's first visible tile always moves it)
-              if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
-              const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-              alpha[m][h] = ex2(m_r[m][h] - m_use);
-              moved |= m_new != m_r[m][h];
-              m_r[m][h] = m_new;
-              float sum = 0.f;
-#pragma unroll
-              for (int j = 0; j < kNJ; ++j) {
-                const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
-                const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
-                s[m][j][2 * h] = a0;
-                s[m][j][2 * h + 1] = a1;
-                sum += a0 + a1;
-              }
-              l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
-            }
-          // V5: on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
-          if ((!V5 || !fresh) && __any_sync(0xffffffffu, moved)) {
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-              for (int n = 0; n < kNTo; ++n) {
-                o[m][n][0] *= alpha[m][0];
-                o[m][n][1] *= alpha[m][0];
-                o[m][n][2] *= alpha[m][1];
-                o[m][n][3] *= alpha[m][1];
-              }
-          }
-          if constexpr (V5) fresh = false;
-          // ---- O += P V ----
-          // P stays in registers (the S accumulator layout is the A layout); V fragments by
-          // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
-          {
-            constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
-            constexpr int kNV = (kNJ / 2) * kNP;       // ldmatrix.x4.trans per tile
-            uint32_t vf[3][4];
-            auto load_v = [&](int idx, uint32_t (&b)[4]) {
-              const int kk = idx / kNP, np = idx % kNP;
-              ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
-            };
-            load_v(0, vf[0]);
-            if (kNV > 1) load_v(1, vf[1]);
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int idx = 0; idx < kNV; ++idx) {
-              if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
-              const int kk = idx / kNP, n = 2 * (idx % kNP);
-              if (n == 0) {
-#pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                  a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
-                  a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
-                  a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-                  a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-                }
-              }
-#pragma unroll
-              for (int m = 0; m < MT; ++m) {
-                mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
-                mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
-              }
-            }
-          }
+          for (int jj = 0; jj < kNTs / 2; ++jj)
+            ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
         };
-        if (p.causal && w_last - kt0 < kTile / 2) tile_body(std::integral_constant<int, kNTs / 2>{});
-        else tile_body(std::integral_constant<int, kNTs>{});
-      } else {
-        // ---- S = Q K^T ----
-        // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
-        // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
-        float s[MT][kNTs][4];
+        auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+          for (int m = 0; m < MT; ++m)
+            ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
+        };
+        if constexpr (C::kFragDB) {
+          load_k(0, kf[0]);
+          if constexpr (!C::kQRegs) load_q(0, qa[0]);
+        }
 #pragma unroll
-          for (int j = 0; j < kNTs; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
-        {
-          constexpr int kKB = C::kFragDB ? 2 : 1;
-          uint32_t kf[kKB][kNTs / 2][4];
-          uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
-          auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
-#pragma unroll
-            for (int jj = 0; jj < kNTs / 2; ++jj)
-              ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
-          };
-          auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-              ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
-          };
+        for (int ks = 0; ks < kKSteps; ++ks) {
+          const int cur = C::kFragDB ? (ks & 1) : 0;
           if constexpr (C::kFragDB) {
-            load_k(0, kf[0]);
-            if constexpr (!C::kQRegs) load_q(0, qa[0]);
+            if (ks + 1 < kKSteps) {
+              load_k(ks + 1, kf[(ks + 1) & 1]);
+              if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
+            }
+          } else {
+            load_k(ks, kf[0]);
+            if constexpr (!C::kQRegs) load_q(ks, qa[0]);
           }
 #pragma unroll
-          for (int ks = 0; ks < kKSteps; ++ks) {
-            const int cur = C::kFragDB ? (ks & 1) : 0;
-            if constexpr (C::kFragDB) {
-              if (ks + 1 < kKSteps) {
-                load_k(ks + 1, kf[(ks + 1) & 1]);
-                if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
-              }
-            } else {
-              load_k(ks, kf[0]);
-              if constexpr (!C::kQRegs) load_q(ks, qa[0]);
-            }
-#pragma unroll
-            for (int jj = 0; jj < kNTs / 2; ++jj)
-#pragma unroll
-              for (int m = 0; m < MT; ++m) {
-                const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
-                mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
-                mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
-              }
-          }
-        }
-        // ---- soft cap, mask (each a uniform branch around the whole tile) ----
-        if (softcap) {
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
-        }
-        const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
-                               (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
-        if (V5 && need_mask && p.window_left < 0) {
-          // as below, with the per-element key folded into an immediate: key >= lim  <=>
-          // 8j + (e & 1) >= lim - kt0 - 2 t4 (one ISETP with an immediate + one select per element)
-          int dl[MT][2];
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) dl[m][h] = (p.causal ? qp[m][h] + 1 : ri.kv_len) - kt0 - 2 * t4;
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                if (8 * j + (e & 1) >= dl[m][e >> 1]) s[m][j][e] = -INFINITY;
-        } else if (need_mask && NX && p.window_left < 0) {
-          // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
-          const int kv_lim = ri.kv_len;
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-                const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
-                if (key >= lim) s[m][j][e] = -INFINITY;
-              }
-        } else if (need_mask) {
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-                const int q = qp[m][e >> 1];
-                bool vis = key < ri.kv_len;
-                if (p.causal && key > q) vis = false;
-                if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
-                if (!vis) s[m][j][e] = -INFINITY;
-              }
-        }
-        // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
-        bool moved = false;
-        float alpha[MT][2];
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < kNTs; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float m_new = fmaxf(m_r[m][h], mx * c_exp);
-            // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
-            // (-inf + kLazy = -inf: a row's first visible tile always moves it)
-            if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
-            const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-            alpha[m][h] = ex2(m_r[m][h] - m_use);
-            moved |= m_new != m_r[m][h];
-            m_r[m][h] = m_new;
-            float sum = 0.f;
-#pragma unroll
-            for (int j = 0; j < kNTs; ++j) {
-              const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
-              const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
-              s[m][j][2 * h] = a0;
-              s[m][j][2 * h + 1] = a1;
-              sum += a0 + a1;
-            }
-            l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
-          }
-        // V5: on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
-        if ((!V5 || !fresh) && __any_sync(0xffffffffu, moved)) {
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int n = 0; n < kNTo; ++n) {
-              o[m][n][0] *= alpha[m][0];
-              o[m][n][1] *= alpha[m][0];
-              o[m][n][2] *= alpha[m][1];
-              o[m][n][3] *= alpha[m][1];
-            }
-        }
-        if constexpr (V5) fresh = false;
-        // ---- O += P V ----
-        // P stays in registers (the S accumulator layout is the A layout); V fragments by
-        // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
-        {
-          constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
-          constexpr int kNV = (kTile / 16) * kNP;    // ldmatrix.x4.trans per tile
-          uint32_t vf[3][4];
-          auto load_v = [&](int idx, uint32_t (&b)[4]) {
-            const int kk = idx / kNP, np = idx % kNP;
-            ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
-          };
-          load_v(0, vf[0]);
-          if (kNV > 1) load_v(1, vf[1]);
-          uint32_t a[MT][4];
-#pragma unroll
-          for (int idx = 0; idx < kNV; ++idx) {
-            if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
-            const int kk = idx / kNP, n = 2 * (idx % kNP);
-            if (n == 0) {
-#pragma unroll
-              for (int m = 0; m < MT; ++m) {
-                a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
-                a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
-                a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-                a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-              }
-            }
+          for (int jj = 0; jj < kNTs / 2; ++jj)
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-              mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
-              mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
+              const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
+              mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
+              mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
             }
+        }
+      }
+      // ---- soft cap, mask (each a uniform branch around the whole tile) ----
+      if (softcap) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
+      }
+      const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
+                             (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
+      if (V5 && need_mask && p.window_left < 0) {
+        // as below, with the per-element key folded into an immediate: key >= lim  <=>
+        // 8j + (e & 1) >= lim - kt0 - 2 t4 (one ISETP with an immediate + one select per element)
+        int dl[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) dl[m][h] = (p.causal ? qp[m][h] + 1 : ri.kv_len) - kt0 - 2 * t4;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (8 * j + (e & 1) >= dl[m][e >> 1]) s[m][j][e] = -INFINITY;
+      } else if (need_mask && NX && p.window_left < 0) {
+        // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
+        const int kv_lim = ri.kv_len;
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+              const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
+              if (key >= lim) s[m][j][e] = -INFINITY;
+            }
+      } else if (need_mask) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+              const int q = qp[m][e >> 1];
+              bool vis = key < ri.kv_len;
+              if (p.causal && key > q) vis = false;
+              if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) vis = false;
+              if (!vis) s[m][j][e] = -INFINITY;
+            }
+      }
+      // ---- online softmax (rows g, g+8 of each m-tile; state per thread, l summed at the end) ----
+      bool moved = false;
+      float alpha[MT][2];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j) mx = fmaxf(mx, fmaxf(s[m][j][2 * h], s[m][j][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          float m_new = fmaxf(m_r[m][h], mx * c_exp);
+          // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
+          // (-inf + kLazy = -inf: a row's first visible tile always moves it)
+          if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
+          const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+          alpha[m][h] = ex2(m_r[m][h] - m_use);
+          moved |= m_new != m_r[m][h];
+          m_r[m][h] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < kNTs; ++j) {
+            const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
+            const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
+            s[m][j][2 * h] = a0;
+            s[m][j][2 * h + 1] = a1;
+            sum += a0 + a1;
+          }
+          l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
+        }
+      // V5: on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
+      if ((!V5 || !fresh) && __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int n = 0; n < kNTo; ++n) {
+            o[m][n][0] *= alpha[m][0];
+            o[m][n][1] *= alpha[m][0];
+            o[m][n][2] *= alpha[m][1];
+            o[m][n][3] *= alpha[m][1];
+          }
+      }
+      if constexpr (V5) fresh = false;
+      // ---- O += P V ----
+      // P stays in registers (the S accumulator layout is the A layout); V fragments by
+      // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
+      {
+        constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
+        constexpr int kNV = (kTile / 16) * kNP;    // ldmatrix.x4.trans per tile
+        uint32_t vf[3][4];
+        auto load_v = [&](int idx, uint32_t (&b)[4]) {
+          const int kk = idx / kNP, np = idx % kNP;
+          ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+        };
+        load_v(0, vf[0]);
+        if (kNV > 1) load_v(1, vf[1]);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int idx = 0; idx < kNV; ++idx) {
+          if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
+          const int kk = idx / kNP, n = 2 * (idx % kNP);
+          if (n == 0) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
+              a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
+              a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+              a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+            }
+          }
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
+            mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
           }
         }
       }
@@ -967,7 +772,7 @@ std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environm
 std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
 std::atomic<int> g_v4{-1};  // 1 = v4 kernel (lazy rescale, slim loader, specialised masks); -1 = unread
-std::atomic<int> g_v5{-1};  // 0 off, 1 v5 per-unit changes, 2 = 1 + half-width diagonal tiles; -1 = unread
+std::atomic<int> g_v5{-1};  // 1 = v5 additions on top of v4 (row-offset tables, ...); -1 = unread
 
 // v4 (the default since session 4: causal 8 x 2048 257 -> 285 TFLOP/s, 1 x 8192 300 -> 325 in
 // one run) = lazy O rescale + absolute-address K/V loader + masks specialised per case;
@@ -982,16 +787,15 @@ bool v4_now() {
 }
 
 // v5 = v4 + per-unit row-offset tables (Q staging, output stores, positions without divisions),
-// no O rescale on a warp's first tile, one-compare masks (KVATTN_PREFILL_V5=1); =2 adds
-// half-width causal diagonal tiles.  Off by default (unmeasured); used only with v4 on.  Read
-// once; set_prefill_v5 overrides.
-int v5_now() {
+// no O rescale on a warp's first tile, one-compare masks.  Off by default (unmeasured):
+// KVATTN_PREFILL_V5=1 (and v4 on) selects it.  Read once; set_prefill_v5 overrides.
+bool v5_now() {
   int v = g_v5.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
+  if (v >= 0) return v != 0;
   v = 0;
-  if (const char* e = std::getenv("KVATTN_PREFILL_V5")) v = !std::strcmp(e, "1") ? 1 : !std::strcmp(e, "2") ? 2 : 0;
+  if (const char* e = std::getenv("KVATTN_PREFILL_V5")) v = std::strcmp(e, "1") == 0;
   g_v5.store(v, std::memory_order_relaxed);
-  return v;
+  return v != 0;
 }
 
 int mode_now() {
@@ -1039,7 +843,7 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, bool NX, int V5, int D, int MT, int NW, int KT = kKeyTile>
+template <bool BF16, bool NX, bool V5, int D, int MT, int NW, int KT = kKeyTile>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
@@ -1067,7 +871,7 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16, bool NX, int V5 = 0>
+template <bool BF16, bool NX, bool V5 = false>
 int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
   switch (p.head_dim) {
     case 64: return pf_run<BF16, NX, V5, 64, 1, 8>(p, num_sms, plan);
@@ -1088,8 +892,8 @@ PrefillMode prefill_mode() { return static_cast<PrefillMode>(mode_now()); }
 void set_prefill_variant(int v) { g_variant.store(v, std::memory_order_relaxed); }
 void set_prefill_v4(bool on) { g_v4.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool prefill_v4() { return v4_now(); }
-void set_prefill_v5(int mode) { g_v5.store(mode >= 0 && mode <= 2 ? mode : 0, std::memory_order_relaxed); }
-int prefill_v5() { return v5_now(); }
+void set_prefill_v5(bool on) { g_v5.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool prefill_v5() { return v5_now(); }
 int prefill_variant() { return variant_now(); }
 int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
@@ -1112,7 +916,7 @@ bool prefill_supported(const AttnParams& p) {
                                                                : PfCfg<128, 1, 8>::kSmem)
                                        : PfCfg<256, 1, 8>::kSmem;
   // V5's row tables: kRows * 20 bytes (128 rows: 2560) more dynamic shared memory
-  if (need + 2048 + (v4_now() && v5_now() != 0 ? 2560 : 0) > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
+  if (need + 2048 + (v4_now() && v5_now() ? 2560 : 0) > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return false;  // fp8 pages: attn_kernel
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.xqa != nullptr || p.mm != nullptr) return false;  // XQA draft masks, PrefixLM: attn_kernel
@@ -1148,11 +952,8 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
-  const int v5 = v4_now() ? v5_now() : 0;
-  if (v5 == 1)
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, 1>(p, num_sms, plan, v) : pf_dispatch<false, true, 1>(p, num_sms, plan, v);
-  if (v5 == 2)
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, 2>(p, num_sms, plan, v) : pf_dispatch<false, true, 2>(p, num_sms, plan, v);
+  if (v4_now() && v5_now())
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true>(p, num_sms, plan, v) : pf_dispatch<false, true, true>(p, num_sms, plan, v);
   if (v4_now())
     return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v) : pf_dispatch<false, true>(p, num_sms, plan, v);
   return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v) : pf_dispatch<false, false>(p, num_sms, plan, v);
