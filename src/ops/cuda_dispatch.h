@@ -57,7 +57,7 @@ int prefill_kernel_mode() noexcept;
 // The prefill kernel's v4 form (default; kernels.h set_prefill_v4) or the previous one (false).
 void set_prefill_kernel_v4(bool on);
 bool prefill_kernel_v4() noexcept;
-// The prefill kernel's v5 additions (off by default; kernels.h set_prefill_v5).
+// The prefill kernel's v5 additions (on by default; kernels.h set_prefill_v5).
 void set_prefill_kernel_v5(bool on);
 bool prefill_kernel_v5() noexcept;
 int64_t prefill_kernel_launches() noexcept;

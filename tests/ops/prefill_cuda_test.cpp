@@ -83,13 +83,37 @@ TEST_F(CudaPrefill, PreviousKernelWithoutV4) {
   cuda_impl::set_prefill_kernel_v4(saved);
 }
 
-// The v5 additions (KVATTN_PREFILL_V5=1: row-offset tables, first-tile rescale skip,
-// one-compare masks; off by default) across what the kernel supports: causal / non-causal,
+// The v4 kernel without the v5 additions (KVATTN_PREFILL_V5=0), on a subset of the matrix.
+TEST_F(CudaPrefill, V4WithoutV5) {
+  const bool saved = cuda_impl::prefill_kernel_v5();
+  const bool saved4 = cuda_impl::prefill_kernel_v4();
+  cuda_impl::set_prefill_kernel_v4(true);
+  cuda_impl::set_prefill_kernel_v5(false);
+  uint32_t seed = 7350;
+  for (int64_t group : {1, 4, 8}) {
+    for (bool causal : {true, false}) {
+      Case c;
+      c.name = "v4 without v5, gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
+      c.hkv = 2;
+      c.hq = 2 * group;
+      c.q_lens = {1, 15, 250, 0, 130};
+      c.kv_lens = {1, 40, 600, 5, 130};
+      c.window_left = causal ? -1 : 100;
+      c.soft_cap = group == 8 ? 30.f : 0.f;
+      EXPECT_EQ(run_case(c, seed++), 1);
+    }
+  }
+  cuda_impl::set_prefill_kernel_v5(saved);
+  cuda_impl::set_prefill_kernel_v4(saved4);
+}
+
+// The v5 additions (row-offset tables, first-tile rescale skip, one-compare masks; on by
+// default since session 5, KVATTN_PREFILL_V5=0 turns them off) across what the kernel supports: causal / non-causal,
 // GQA 1/4/8, chunked prefill, odd lengths, every layout and page form (permuted pages, page 0
 // NaN-filled, poisoned outputs: run_attn_case), D 64/128/256, f16/bf16, f32 query/out (scalar
 // paths), window, soft cap, sinks, LSE in both bases, several units per CTA.  All other groups
-// run with v5 when the process has KVATTN_PREFILL_V5=1 (D 128 configs A/C/D: with
-// KVATTN_PREFILL_VARIANT=a|c|d in the same process).
+// run with v5 unless the process has KVATTN_PREFILL_V5=0 (D 128 configs A/C/D: with
+// KVATTN_PREFILL_VARIANT=a|c|d in the same process); V4WithoutV5 keeps the v4 kernel tested.
 TEST_F(CudaPrefill, V5Kernel) {
   const bool saved = cuda_impl::prefill_kernel_v5();
   const bool saved4 = cuda_impl::prefill_kernel_v4();

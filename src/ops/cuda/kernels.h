@@ -203,8 +203,8 @@ int prefill_variant();
 // default) or the previous one (false); initial value from KVATTN_PREFILL_V4=1|0.
 void set_prefill_v4(bool on);
 bool prefill_v4();
-// v5 additions on top of v4 (row-offset tables, first-tile rescale skip, one-compare masks; off
-// by default, used only with v4 on); initial value from KVATTN_PREFILL_V5=1.
+// v5 additions on top of v4 (row-offset tables, first-tile rescale skip, one-compare masks; on
+// by default, used only with v4 on); KVATTN_PREFILL_V5=0 turns them off.
 void set_prefill_v5(bool on);
 bool prefill_v5();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far

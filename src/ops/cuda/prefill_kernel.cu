@@ -238,7 +238,7 @@ struct PfCfg {
 //  * K/V loader with absolute source addresses in shared memory (bit 0 = zero-fill) and the
 //    ignore-src form of cp.async: no per-copy src-size or cache-base arithmetic;
 //  * masks specialised per case (causal-only tiles skip the per-element window test).
-// V5 (with NX; KVATTN_PREFILL_V5=1, default off): cheaper per-unit work and diagonal tiles —
+// V5 (with NX; the default, KVATTN_PREFILL_V5=0 off): cheaper per-unit work and diagonal tiles —
 //  * the row table also holds each row's Q and O element offsets and query position (one
 //    division per row, by its own thread), so the warps' positions, the Q staging copies and the
 //    output row stores need no divisions or 64-bit multiplies per element / chunk;
@@ -787,13 +787,13 @@ bool v4_now() {
 }
 
 // v5 = v4 + per-unit row-offset tables (Q staging, output stores, positions without divisions),
-// no O rescale on a warp's first tile, one-compare masks.  Off by default (unmeasured):
-// KVATTN_PREFILL_V5=1 (and v4 on) selects it.  Read once; set_prefill_v5 overrides.
+// no O rescale on a warp's first tile, one-compare masks.  On by default (with v4) since
+// session 5; KVATTN_PREFILL_V5=0 turns it off.  Read once; set_prefill_v5 overrides.
 bool v5_now() {
   int v = g_v5.load(std::memory_order_relaxed);
   if (v >= 0) return v != 0;
-  v = 0;
-  if (const char* e = std::getenv("KVATTN_PREFILL_V5")) v = std::strcmp(e, "1") == 0;
+  v = 1;  // on by default since session 5 (device call S5-6: causal 8 x 2048 +4.3-4.6 %)
+  if (const char* e = std::getenv("KVATTN_PREFILL_V5")) v = std::strcmp(e, "0") != 0;
   g_v5.store(v, std::memory_order_relaxed);
   return v != 0;
 }
