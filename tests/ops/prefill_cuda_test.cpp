@@ -8,6 +8,9 @@
 // stay on attn_kernel, as do decode-like calls in automatic mode.  Skips when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+#include <string>
+
 #include "kvattn/core/cuda_runtime_api.h"
 #include "cuda_attn_case.h"
 
@@ -62,54 +65,47 @@ TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {
   }
 }
 
-// The previous kernel (before v4's lazy rescale, absolute-address loader and specialised
-// masks) stays selectable (KVATTN_PREFILL_V4=0): the same cases as above on it, plus a window.
-TEST_F(CudaPrefill, PreviousKernelWithoutV4) {
-  const bool saved = cuda_impl::prefill_kernel_v4();
-  cuda_impl::set_prefill_kernel_v4(false);
-  uint32_t seed = 7050;
-  for (int64_t group : {1, 4}) {
+// A small matrix for the kernels kept selectable behind a knob: GQA groups, causal (no window)
+// and non-causal (window 100), odd lengths and an empty request; soft cap on group 8.
+void run_knob_subset(const std::string& label, std::initializer_list<int64_t> groups, uint32_t seed) {
+  for (int64_t group : groups) {
     for (bool causal : {true, false}) {
       Case c;
-      c.name = "previous kernel, gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
+      c.name = label + ", gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
       c.hkv = 2;
       c.hq = 2 * group;
       c.q_lens = {1, 15, 250, 0, 130};
       c.kv_lens = {1, 40, 600, 5, 130};
       c.window_left = causal ? -1 : 100;
+      if (group == 8) c.soft_cap = 30.f;
       EXPECT_EQ(run_case(c, seed++), 1);
     }
   }
+}
+
+// The previous kernel (before v4's lazy rescale, absolute-address loader and specialised
+// masks) stays selectable (KVATTN_PREFILL_V4=0).
+TEST_F(CudaPrefill, PreviousKernelWithoutV4) {
+  const bool saved = cuda_impl::prefill_kernel_v4();
+  cuda_impl::set_prefill_kernel_v4(false);
+  run_knob_subset("previous kernel", {1, 4}, 7050);
   cuda_impl::set_prefill_kernel_v4(saved);
 }
 
-// The v4 kernel without the v5 additions (KVATTN_PREFILL_V5=0), on a subset of the matrix.
+// The v4 kernel without the v5 additions (KVATTN_PREFILL_V5=0).
 TEST_F(CudaPrefill, V4WithoutV5) {
   const bool saved = cuda_impl::prefill_kernel_v5();
   const bool saved4 = cuda_impl::prefill_kernel_v4();
   cuda_impl::set_prefill_kernel_v4(true);
   cuda_impl::set_prefill_kernel_v5(false);
-  uint32_t seed = 7350;
-  for (int64_t group : {1, 4, 8}) {
-    for (bool causal : {true, false}) {
-      Case c;
-      c.name = "v4 without v5, gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
-      c.hkv = 2;
-      c.hq = 2 * group;
-      c.q_lens = {1, 15, 250, 0, 130};
-      c.kv_lens = {1, 40, 600, 5, 130};
-      c.window_left = causal ? -1 : 100;
-      c.soft_cap = group == 8 ? 30.f : 0.f;
-      EXPECT_EQ(run_case(c, seed++), 1);
-    }
-  }
+  run_knob_subset("v4 without v5", {1, 4, 8}, 7350);
   cuda_impl::set_prefill_kernel_v5(saved);
   cuda_impl::set_prefill_kernel_v4(saved4);
 }
 
 // The v5 additions (row-offset tables, first-tile rescale skip, one-compare masks; on by
-// default since session 5, KVATTN_PREFILL_V5=0 turns them off) across what the kernel supports: causal / non-causal,
-// GQA 1/4/8, chunked prefill, odd lengths, every layout and page form (permuted pages, page 0
+// default since session 5, KVATTN_PREFILL_V5=0 turns them off) across what the kernel
+// supports: causal / non-causal, GQA 1/4/8, chunked prefill, odd lengths, every layout and page form (permuted pages, page 0
 // NaN-filled, poisoned outputs: run_attn_case), D 64/128/256, f16/bf16, f32 query/out (scalar
 // paths), window, soft cap, sinks, LSE in both bases, several units per CTA.  All other groups
 // run with v5 unless the process has KVATTN_PREFILL_V5=0 (D 128 configs A/C/D: with

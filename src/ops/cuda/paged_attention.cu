@@ -1635,23 +1635,6 @@ int occupancy() {
   return cached;
 }
 
-// Compute capability major of the current device (cached per device): the fp8 fast variant is
-// launched on sm_90+ only.
-int device_cc_major() {
-  static int cache[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& c = cache[dev & 63];
-  if (c == 0) {
-    int m = 0;
-    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    c = m;
-  }
-  return c;
-}
 std::atomic<int64_t> g_fp8_fast_launches{0};
 template <typename KV, int D>
 int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool query_occ, int* occ) {

@@ -587,22 +587,6 @@ int pieces_for(const AttnParams& p, int num_sms) {
   return 0;
 }
 
-int device_major() {
-  static int cache[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& c = cache[dev & 63];
-  if (c == 0) {
-    int v = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      v = -1;
-    }
-    c = v;
-  }
-  return c;
-}
-
 // Runs one launch of the TL instantiation with a stamp buffer, waits for it and prints, per point
 // of TlPoint, the median and the largest time after the first CTA's entry over all CTAs (µs).
 int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams, uint64_t*), const AttnParams& p,
@@ -663,6 +647,25 @@ int launch(const AttnParams& p, int P) {
 
 }  // namespace
 
+int device_cc_major() {
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  std::atomic<int>& c = cache[dev & 63];
+  int v = c.load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;  // unknown: not cached, asked again next time
+    }
+    c.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (kernel_now() != 0) return 0;
   if (p.head_dim != 64 && p.head_dim != 128) return 0;
@@ -670,7 +673,7 @@ int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (p.q_t != p.kv_t || !p.q_vec) return 0;
   if (p.mm != nullptr || p.xqa != nullptr) return 0;
   if (p.batch <= 0 || int64_t(p.batch) * p.hkv > 65535) return 0;
-  if (device_major() < 9) return 0;
+  if (device_cc_major() < 9) return 0;
   const bool bf = p.kv_t == Elt::bf16;
   int P = 0;
   if (p.head_dim == 64) P = bf ? pieces_for<true, 64>(p, num_sms) : pieces_for<false, 64>(p, num_sms);

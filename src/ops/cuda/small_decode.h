@@ -18,5 +18,8 @@ constexpr int kClusterMinAutoPieces = 4;
 int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force);
 // One launch: grid (pieces, batch * hkv) in clusters of `pieces` CTAs; no workspace.
 int launch_cluster_decode(const AttnParams& p, int pieces);
+// Compute capability major of the current device, cached per device (0 when it cannot be read).
+// The sm_90-only kernels (this one, the fp8 fast decode variant) are chosen on the host by it.
+int device_cc_major();
 
 }  // namespace kvattn::ops::cuda_impl::k
