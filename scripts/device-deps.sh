@@ -12,3 +12,10 @@ if ls "$ROOT"/.devdeps/*.deb >/dev/null 2>&1; then
   echo "[deps] unpacked $(ls "$ROOT"/.devdeps/*.deb | wc -l) packages into $PREFIX"
 fi
 export PATH="/usr/local/cuda/bin:$PATH"
+# Prebuilt binaries may travel packed (three of them exceed the device tool's 64 MiB carry):
+# .devbin/bins.tar.xz is unpacked in place once, before anything uses .devbin/.
+if [ -f "$ROOT/.devbin/bins.tar.xz" ]; then
+  (cd "$ROOT/.devbin" && { tar -xJf bins.tar.xz ||
+     python3 -c "import lzma, tarfile; tarfile.open(fileobj=lzma.open('bins.tar.xz')).extractall('.')"; } &&
+   rm -f bins.tar.xz && echo "[deps] unpacked .devbin/bins.tar.xz")
+fi

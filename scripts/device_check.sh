@@ -10,7 +10,8 @@
 # brings back at most 8 files: the logs travel as one logs.tgz; summary.txt is printed.
 #
 #   scripts/device_check.sh [OUT_DIR]     (device tool: carry [".devdeps"], and ".devbin" with
-#                                          KVATTN_PREBUILT=1)
+#                                          KVATTN_PREBUILT=1; .devbin/bins.tar.xz, when present,
+#                                          is unpacked first by scripts/device-deps.sh)
 # Knobs: KVATTN_PREBUILT=1 (run kvattn, test_ops_cuda, test_attention_cuda from .devbin/, built on
 #        the dev machine with -DKVATTN_CUDA_ARCHS=90a; falls back to building when they do not run),
 #        KVATTN_MEMCHECK_FILTER, KVATTN_RACECHECK_FILTER, KVATTN_RACECHECK_PREFILL_FILTER (gtest
