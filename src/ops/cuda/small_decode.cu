@@ -32,10 +32,10 @@
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -637,11 +637,16 @@ int launch(const AttnParams& p, int P) {
     const char* e = std::getenv("KVATTN_SMALL_TIMELINE");
     return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0);
   }();
-  const int64_t call = g_launches.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (timeline_call > 0 && call == timeline_call)
-    return launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true>, p, call);
+  // the counter counts launches that were accepted (a failed launch is not counted)
+  const int64_t call = g_launches.load(std::memory_order_relaxed) + 1;
+  if (timeline_call > 0 && call == timeline_call) {
+    const int rc = launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true>, p, call);
+    if (rc == 0) g_launches.fetch_add(1, std::memory_order_relaxed);
+    return rc;
+  }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, static_cast<uint64_t*>(nullptr));
   if (e != cudaSuccess) return static_cast<int>(e);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
 }
 
