@@ -83,6 +83,7 @@ void set_decode_options(int opts);
 int decode_options() noexcept;
 // bit 4 = fp8 fast variant of the decode config (default on; KVATTN_FP8_FAST=0 off); its launches:
 int64_t fp8_fast_launches() noexcept;
+int64_t rem_split_plans() noexcept;  // decode plans with a non-dividing chunk (kernels.h)
 void set_decode_splits(int n);
 
 }  // namespace kvattn::ops::cuda_impl

@@ -55,6 +55,7 @@ int small_cluster_max() noexcept { return 16; }
 void set_decode_options(int) {}
 int decode_options() noexcept { return 0; }
 int64_t fp8_fast_launches() noexcept { return 0; }
+int64_t rem_split_plans() noexcept { return 0; }
 void set_decode_splits(int) {}
 
 }  // namespace kvattn::ops::cuda_impl

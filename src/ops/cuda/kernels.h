@@ -179,6 +179,10 @@ int decode_options();
 // Option bit 4: fp8 fast variant of the decode config (fp8 pages, D <= 128, sm_90+; default on,
 // KVATTN_FP8_FAST=0 turns it off); fp8_fast_launches() counts its launches.
 int64_t fp8_fast_launches();
+// Option bit 8 (default on; KVATTN_DECODE_REM_SPLITS=0 turns it off): uniform-length decode calls
+// may also take a chunk that does not divide the request, the short last units handed out after
+// all long ones; rem_split_plans() counts the plans (current device) that chose one (synchronises).
+int64_t rem_split_plans();
 void set_decode_splits(int n);
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------

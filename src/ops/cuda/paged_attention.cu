@@ -145,9 +145,17 @@ constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length
 // decode config with fp8 pages, D <= 128, sm_90+: the fp8 fast variant of attn_kernel (KV types
 // KVe4m3f / KVe5m2f below; KVATTN_FP8_FAST=1)
 constexpr int kOptFp8Fast = 4;
+// plan_kernel, uniform-length decode calls (with kOptWaveSplits): also try chunk sizes that do not
+// divide the request (units of ct, ..., ct, rem tiles) and hand out the short last units after all
+// the long ones, so they fill the last wave (default on since session 6: 64 x 4096 -2.2 %,
+// 128 x 4096 -2.3 %, 256 x 8192 -1.6 %, fp8 256 x 8192 -2.1 % in one process, device call S6-3;
+// KVATTN_DECODE_REM_SPLITS=0 turns it off)
+constexpr int kOptRemSplits = 8;
+// plans that chose such a chunk (items long units first), for tests: rem_split_plans()
+__device__ unsigned long long g_rem_split_plans;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
-constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end
+constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end, plan phase stamps (2)
 constexpr int kTlUnitWords = 5;
 __device__ __forceinline__ uint64_t gtimer() {
   uint64_t t;
@@ -159,6 +167,56 @@ __device__ __forceinline__ uint64_t gtimer() {
 constexpr int kSmallMaxBatch = 32;   // one lane of warp 0 per request in the per-CTA plan
 constexpr int kSmallMaxSplits = 32;  // pieces per unit (LSE slots per row in the merge)
 
+// Split-rule costs of a uniform-length call (plan_kernel): mt tiles per row tile, P = (row tile,
+// KV head) pairs, G CTAs, c0 = a unit's fixed cost in tile-times.  Integer type I: uint32_t when
+// every intermediate fits (plan_kernel checks; 32-bit divisions are several times cheaper and
+// the search runs on the plan kernel's critical path), else int64_t.
+// Whole waves of equal units, the request cut into n chunks of ceil(mt / n) tiles.
+template <typename I>
+__device__ __forceinline__ I wave_split_cost(I mt, I P, I G, I c0, I n) {
+  const I ct = (mt + n - 1) / n;
+  const I units = P * ((mt + ct - 1) / ct);
+  return ((units + G - 1) / G) * (ct + c0);
+}
+// Chunks of ct tiles that need not divide the request: per pair n - 1 long units of l = ct + c0
+// and one short unit of s = rem + c0, the items written long units first, so the counter hands
+// out every long unit, then the short ones into the gaps of the last waves.  Exact makespan of
+// that greedy schedule: k whole waves of long units, then m CTAs busy with the left-over long
+// units and f = G - m free.  The short units start at i * s on the free CTAs and at l + j * s on
+// the busy ones; with l = a * s + b, period a + q holds the free CTAs' start at (a + q) s, then
+// the busy CTAs' at (a + q) s + b, so the last short unit starts at the first of those times at
+// which the started count reaches the short units.  A dividing ct is the whole-wave cost.
+// (Checked against a list-schedule simulation: docs/cuda-notes.md "Session 6".)
+template <typename I>
+__device__ __forceinline__ I rem_split_cost(I mt, I P, I G, I c0, I ct) {
+  const I n = (mt + ct - 1) / ct;
+  const I rem = mt - (n - 1) * ct;
+  const I l = ct + c0, s = rem + c0;
+  const I n_long = rem == ct ? P * n : P * (n - 1);
+  const I n_short = rem == ct ? I(0) : P;
+  const I k = n_long / G, m = n_long - k * G, f = G - m;
+  if (n_short == 0) return k * l + (m > 0 ? l : I(0));
+  I T;  // start of the last short unit after the k whole waves
+  if (m == 0) {
+    T = ((n_short + G - 1) / G - 1) * s;
+  } else {
+    const I a = l / s, b = l - a * s;
+    if (n_short <= f * a) {
+      T = ((n_short + f - 1) / f - 1) * s;
+    } else {
+      const I left = n_short - f * a;
+      const I qa = left > f ? (left - f + G - 1) / G : I(0);
+      const I qb = (left + G - 1) / G - 1;
+      T = min((a + qa) * s, (a + qb) * s + b);
+    }
+  }
+  return k * l + max(m > 0 ? l : I(0), T + s);
+}
+
+constexpr int kWaveCands = 128;  // split counts the whole-wave rule tries (1..128)
+constexpr int kRemCands = 256;   // chunk sizes the remainder rule tries
+static_assert(kWaveCands <= kPlanThreads && kRemCands <= kPlanThreads, "one candidate per plan thread");
+
 template <int ROWS, int TILE>
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan plan, int max_splits,
                                                             int64_t max_items, int target_ctas,
@@ -167,6 +225,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   __shared__ int64_t s_red2[32];
   __shared__ int32_t s_max[32];
   __shared__ int64_t s_total;
+  __shared__ int64_t s_lpt;  // row tiles of the call when items go long units first, else -1
+  __shared__ int64_t s_wcost[kWaveCands];  // whole-wave rule: cost of n = i + 1 splits
+  __shared__ int64_t s_rcost[kRemCands];   // remainder rule: cost of chunk 1 + i * step tiles
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   if (plan.tl != nullptr && tid == 0) plan.tl[0] = gtimer();
@@ -176,6 +237,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     for (int64_t t = tid; t < p.num_tokens; t += blockDim.x) plan.tok_splits[t] = 0;
   int64_t work = 0, rt_sum = 0;
   int32_t kv_max = 0;
+  ReqInfo ri_mine = {0, 0, 0, 1};  // request tid (the items loop's first round reads it from here)
   for (int r = tid; r < p.batch; r += blockDim.x) {
     int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
     qs = min(max(qs, int64_t(0)), p.num_tokens);
@@ -183,8 +245,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     int64_t kv = 0, pb = 0;
     if (p.paged_form) {
       const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
+      const int64_t last_w = load_idx(p.last_page_len, r);  // in the same round trip as the others
       const int64_t np = max(e - b, int64_t(0));
-      const int64_t last = np > 0 ? load_idx(p.last_page_len, r) : 0;
+      const int64_t last = np > 0 ? last_w : 0;
       kv = max(np - 1, int64_t(0)) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size));
       pb = b;
     } else {
@@ -196,6 +259,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     ri.q_len = static_cast<int32_t>(qe - qs);
     ri.kv_len = static_cast<int32_t>(kv);
     ri.splits = 1;
+    if (r == tid) ri_mine = ri;
     plan.req[r] = ri;
     plan.page_base[r] = pb;
     const int64_t rows = int64_t(ri.q_len) * p.group;
@@ -212,11 +276,61 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   }
   if (lane == 0) { s_red[warp] = work; s_red2[warp] = rt_sum; s_max[warp] = kv_max; }
   __syncthreads();
+  if (plan.tl != nullptr && tid == 0) plan.tl[4] = gtimer();  // index words loaded, reduced
+  // every warp reduces the per-warp partials itself (lane w reads warp w's): W, R, M everywhere
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+  int64_t W = lane < nwarps ? s_red[lane] : 0, R = lane < nwarps ? s_red2[lane] : 0;
+  int32_t M = lane < nwarps ? s_max[lane] : 0;
+  for (int o = 16; o > 0; o >>= 1) {
+    W += __shfl_xor_sync(0xffffffffu, W, o);
+    R += __shfl_xor_sync(0xffffffffu, R, o);
+    M = max(M, __shfl_xor_sync(0xffffffffu, M, o));
+  }
+  const int64_t max_tiles = (M + TILE - 1) / TILE;
+  // Uniform lengths (every row tile has max_tiles tiles) in the decode config: the whole-wave
+  // rule and the remainder rule below choose by model costs, one candidate per thread, written
+  // to s_wcost / s_rcost (the search ran on warp 0 alone before: 2.3 us, 4.6 us with both rules).
+  // (decode config only: in the prefill config causal masking makes units of equal tile
+  // counts unequal in work, and the model was fitted on decode timelines)
+  const bool uniform_rule = ROWS == 16 && force_splits <= 0 && max_splits > 1 && max_tiles > 1 &&
+                            (plan.opts & kOptWaveSplits) && R > 0 && W == R * max_tiles;
+  const bool rem_rule = uniform_rule && (plan.opts & kOptRemSplits);
+  // c0 = a unit's fixed cost in tiles.  Measured (session 4 timeline): ~8 us per unit (6 us
+  // from the unit's start to its first tile, 1.5 us epilogue, 0.4 us between units) vs 2.7 us
+  // per 64-key bf16 tile and 4.3 us per 128-key fp8 tile -> c0 = 3 / 2.
+  constexpr int64_t c0 = TILE <= 64 ? 3 : 2;
+  const int64_t G = max(target_ctas, 1);
+  const int64_t per_split = R * p.hkv;
+  // 32-bit costs when every intermediate fits (bounded by P (mt + c0) (c0 + 2) + G (mt + c0))
+  const bool narrow = per_split * (max_tiles + c0) * (c0 + 2) + G * (max_tiles + c0) < (int64_t(1) << 31);
+  auto cost = [&](int64_t n) -> int64_t {
+    if (narrow) return wave_split_cost<uint32_t>(max_tiles, per_split, G, c0, n);
+    return wave_split_cost<int64_t>(max_tiles, per_split, G, c0, n);
+  };
+  auto rem_cost = [&](int64_t ct) -> int64_t {
+    if (narrow) return rem_split_cost<uint32_t>(max_tiles, per_split, G, c0, ct);
+    return rem_split_cost<int64_t>(max_tiles, per_split, G, c0, ct);
+  };
+  // ceil(a / b) of the split rules, 32-bit when `narrow` (a 64-bit division is a ~400-cycle
+  // subroutine; warp 0's chain of them below took 2.6 us of the plan kernel, timeline S6-3)
+  auto cdiv = [&](int64_t a, int64_t b) -> int64_t {
+    if (narrow) return int64_t((uint32_t(a) + uint32_t(b) - 1u) / uint32_t(b));
+    return (a + b - 1) / b;
+  };
+  constexpr int64_t kNoCost = int64_t(0x7fffffffffffffff);
+  const int64_t n_max = min(min(int64_t(max_splits), max_tiles), int64_t(kWaveCands));
+  const int64_t step = (max_tiles + kRemCands - 1) / kRemCands;  // every ct up to 256 tiles, a stride above
+  if (uniform_rule) {
+    if (tid < kWaveCands) s_wcost[tid] = tid < n_max ? cost(tid + 1) : kNoCost;
+    if (rem_rule && tid < kRemCands) {
+      const int64_t ct = 1 + tid * step;
+      // (more splits than partial-state slots: not a candidate)
+      s_rcost[tid] = ct <= max_tiles && ct * max_splits >= max_tiles ? rem_cost(ct) : kNoCost;
+    }
+  }
+  __syncthreads();  // candidate costs written; every warp has read s_red / s_red2 / s_max
   if (warp == 0) {
-    int64_t W = 0, R = 0;
-    int32_t M = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) { W += s_red[w]; R += s_red2[w]; M = max(M, s_max[w]); }
-    const int64_t max_tiles = (M + TILE - 1) / TILE;
+    bool lpt = false;
     int64_t chunk_tiles = max_tiles > 0 ? max_tiles : 1;  // default: no split
     if (force_splits > 0 && max_tiles > 1) {
       // measurement knob (KVATTN_DECODE_SPLITS): every request cut into this many chunks
@@ -226,60 +340,62 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
       // Units of about 1/8 of a CTA's fair share (at least 8 tiles) balance mixed lengths
       // under the dynamic scheduler; small batches split down to one tile per unit.
       // (v3 tried a waves x unit-length cost model: +2% at 64x4096, -7% on mixed lengths.)
-      const int64_t per_cta = (W * p.hkv + target_ctas - 1) / target_ctas;
+      const int64_t per_cta = cdiv(W * p.hkv, target_ctas);
       int64_t want = per_cta <= 8 ? per_cta : max(int64_t(8), (per_cta + 7) / 8);
-      want = max(want, (max_tiles + max_splits - 1) / max_splits);
+      want = max(want, cdiv(max_tiles, max_splits));
       want = max(want, int64_t(1));
-      int64_t nsplit = (max_tiles + want - 1) / want;
-      chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
-      // (decode config only: in the prefill config causal masking makes units of equal tile
-      // counts unequal in work, and the model was fitted on decode timelines)
-      if (ROWS == 16 && (plan.opts & kOptWaveSplits) && R > 0 && W == R * max_tiles) {
-        // Uniform lengths (every row tile has max_tiles tiles): all units are equally long and
-        // the work counter hands them out in waves of target_ctas, so the call takes about
-        // ceil(units / G) x (tiles per unit + c0), c0 = a unit's fixed cost in tiles.  Measured
-        // (session 4 timeline): ~8 us per unit (6 us from the unit's start to its first tile,
-        // 1.5 us epilogue, 0.4 us between units) vs 2.7 us per 64-key bf16 tile and 4.3 us per
-        // 128-key fp8 tile -> c0 = 3 / 2.  64 x 4096: 3 splits (3.9 waves of 22 tiles) instead
-        // of 6 (7.8 waves of 11) measured 6 % faster.  Mixed lengths keep the rule above
-        // (units of different lengths fill the tail; v4's wave model lost 7 % there).
-        constexpr int64_t c0 = TILE <= 64 ? 3 : 2;
-        const int64_t G = max(target_ctas, 1);
-        const int64_t per_split = R * p.hkv;
-        auto cost = [&](int64_t n) {
-          const int64_t ct = (max_tiles + n - 1) / n;
-          const int64_t units = per_split * ((max_tiles + ct - 1) / ct);
-          return ((units + G - 1) / G) * (ct + c0);
-        };
-        const int64_t n_max = min(min(int64_t(max_splits), max_tiles), int64_t(128));
-        int64_t best = int64_t(0x7fffffffffffffff), best_n = 1;
-        for (int64_t n = 1 + lane; n <= n_max; n += 32) {  // lane-parallel search
-          const int64_t c = cost(n);
-          if (c < best) { best = c; best_n = n; }
-        }
+      int64_t nsplit = cdiv(max_tiles, want);
+      chunk_tiles = cdiv(max_tiles, nsplit);
+      if (uniform_rule) {
+        // All units equally long: the work counter hands them out in waves of G = target_ctas,
+        // so the call takes about ceil(units / G) x (tiles per unit + c0) (wave_split_cost).
+        // 64 x 4096: 3 splits (3.9 waves of 22 tiles) instead of 6 (7.8 waves of 11) measured
+        // 6 % faster.  Mixed lengths keep the rule above (units of different lengths fill the
+        // tail; v4's wave model lost 7 % there).
+        int64_t best = kNoCost, best_n = 1;
+        for (int i = lane; i < kWaveCands; i += 32)
+          if (s_wcost[i] < best) { best = s_wcost[i]; best_n = i + 1; }
         for (int o = 16; o > 0; o >>= 1) {
           const int64_t ob = __shfl_xor_sync(0xffffffffu, best, o);
           const int64_t on = __shfl_xor_sync(0xffffffffu, best_n, o);
           if (ob < best || (ob == best && on < best_n)) { best = ob; best_n = on; }
         }
         // keep the rule above unless whole waves are >= 2 % cheaper by the model
-        if (best * 50 < cost(nsplit) * 49) {
+        const int64_t c_rule = nsplit <= n_max ? s_wcost[nsplit - 1] : cost(nsplit);
+        if (best != kNoCost && best * 50 < c_rule * 49) {
           nsplit = best_n;
-          chunk_tiles = (max_tiles + nsplit - 1) / nsplit;
+          chunk_tiles = cdiv(max_tiles, nsplit);
+        }
+        if (rem_rule) {
+          // chunks that need not divide the request (rem_split_cost above), taken when >= 2 %
+          // cheaper by that model than the chunk chosen so far; ties go to the longer chunk
+          int64_t rbest = kNoCost, rbest_ct = chunk_tiles;
+          for (int i = lane; i < kRemCands; i += 32)
+            if (s_rcost[i] < rbest) { rbest = s_rcost[i]; rbest_ct = 1 + i * step; }
+          for (int o = 16; o > 0; o >>= 1) {
+            const int64_t ob = __shfl_xor_sync(0xffffffffu, rbest, o);
+            const int64_t oc = __shfl_xor_sync(0xffffffffu, rbest_ct, o);
+            if (ob < rbest || (ob == rbest && oc > rbest_ct)) { rbest = ob; rbest_ct = oc; }
+          }
+          const int64_t c_now = step == 1 ? s_rcost[chunk_tiles - 1] : rem_cost(chunk_tiles);
+          if (rbest != kNoCost && (c_now == kNoCost || rbest * 50 < c_now * 49)) chunk_tiles = rbest_ct;
+          lpt = cdiv(max_tiles, chunk_tiles) * chunk_tiles != max_tiles;
         }
       }
     }
-    // every lane of warp 0 has read s_red[] above before lane 0 overwrites s_red[0]
-    // (compute-sanitizer racecheck reported the unsynchronised version)
-    __syncwarp();
+    // (every warp read s_red[] before the barrier above, so lane 0 may overwrite s_red[0])
     if (lane == 0) {
       plan.counter[0] = 0;
+      s_lpt = lpt ? R : -1;
+      if (lpt) atomicAdd(&g_rem_split_plans, 1ull);
       s_red[0] = chunk_tiles * TILE;
       plan.chunk[0] = static_cast<int32_t>(chunk_tiles * TILE);
     }
   }
   __syncthreads();
   const int64_t chunk = s_red[0];
+  const int64_t lpt_rtiles = s_lpt;
+  if (plan.tl != nullptr && tid == 0) plan.tl[5] = gtimer();  // chunk chosen
   __syncthreads();
   // items: exclusive scan over requests, in rounds of blockDim requests
   int64_t base = 0;
@@ -288,8 +404,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     int64_t n_items = 0, rt = 0, sp = 1;
     bool long_q = false;
     if (r < p.batch) {
-      ReqInfo ri = plan.req[r];
-      sp = ri.kv_len > 0 ? (ri.kv_len + chunk - 1) / chunk : 1;
+      ReqInfo ri = r0 == 0 ? ri_mine : plan.req[r];
+      // (32-bit division: kv_len < 2^31, chunk < 2^31)
+      sp = ri.kv_len > 0 ? (uint32_t(ri.kv_len) + uint32_t(chunk) - 1u) / uint32_t(chunk) : 1;
       rt = (int64_t(ri.q_len) * p.group + ROWS - 1) / ROWS;
       n_items = rt * sp;
       ri.splits = static_cast<int32_t>(sp);
@@ -318,23 +435,37 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     }
     if (lane == 31) s_red[warp] = x;
     __syncthreads();
-    if (tid == 0) {
-      int64_t acc = 0;
-      for (int w = 0; w < (int)(blockDim.x >> 5); ++w) { const int64_t t = s_red[w]; s_red2[w] = acc; acc += t; }
-      s_total = acc;
+    if (warp == 0) {  // exclusive scan of the warp totals, lane w for warp w
+      const int64_t v = lane < nwarps ? s_red[lane] : 0;
+      int64_t incl = v;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int64_t y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      if (lane < nwarps) s_red2[lane] = incl - v;
+      if (lane == 31) s_total = incl;
     }
     __syncthreads();
     const int64_t off = base + s_red2[warp] + x - n_items;
     if (r < p.batch) {
-      for (int64_t k = 0; k < n_items; ++k) {
-        const int64_t idx = off + k;
-        if (idx < max_items) {
-          Item it;
-          it.req = r;
-          it.rtile = static_cast<int32_t>(k / sp);
-          it.split = static_cast<int32_t>(k % sp);
-          it.pad = 0;
-          plan.items[idx] = it;
+      // long units first (lpt_rtiles >= 0): every request has sp splits then (uniform lengths),
+      // so the request's first row tile is off / sp; the short last splits follow all long ones
+      const int64_t rt_first = lpt_rtiles < 0 ? 0 : off < (int64_t(1) << 31) ? int64_t(uint32_t(off) / uint32_t(sp)) : off / sp;
+      for (int64_t rtile = 0; rtile < rt; ++rtile) {
+        for (int64_t split = 0; split < sp; ++split) {
+          int64_t idx = off + rtile * sp + split;
+          if (lpt_rtiles >= 0) {
+            const int64_t rt_index = rt_first + rtile;
+            idx = split < sp - 1 ? rt_index * (sp - 1) + split : lpt_rtiles * (sp - 1) + rt_index;
+          }
+          if (idx < max_items) {
+            Item it;
+            it.req = r;
+            it.rtile = static_cast<int32_t>(rtile);
+            it.split = static_cast<int32_t>(split);
+            it.pad = 0;
+            plan.items[idx] = it;
+          }
         }
       }
     }
@@ -1384,8 +1515,9 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // for every call; `waves`, the default, is the measured-faster side).
 // kOptFp8Fast (the fp8 fast variant of the decode config) unless KVATTN_FP8_FAST=0 (default on
 // since session 5: fp8 256 x 8192 1257 vs 1592 us in one process, device call S5-5).
-constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast;
-constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast;
+// kOptRemSplits (non-dividing chunks for uniform lengths) unless KVATTN_DECODE_REM_SPLITS=0.
+constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits;
+constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast | kOptRemSplits;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
@@ -1394,6 +1526,8 @@ int decode_opts_now() {
   if (const char* e = std::getenv("KVATTN_DECODE_SPLIT_RULE"))
     m = (m & ~kOptWaveSplits) | (std::strcmp(e, "v6") == 0 ? 0 : kOptWaveSplits);
   if (const char* e = std::getenv("KVATTN_FP8_FAST")) m = std::atoi(e) == 0 ? (m & ~kOptFp8Fast) : (m | kOptFp8Fast);
+  if (const char* e = std::getenv("KVATTN_DECODE_REM_SPLITS"))
+    m = std::atoi(e) == 0 ? (m & ~kOptRemSplits) : (m | kOptRemSplits);
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1500,6 +1634,9 @@ void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* 
                span, ent_min, ent_max, ex_min, ex_max, ex_sum / std::max(grid, 1), merged ? "" : "(none) ",
                merged ? us(h[2]) - ex_max : 0.0, merged ? us(h[3]) - us(h[2]) : 0.0,
                merged ? us(h[3]) : ex_max);
+  if (h[4] != 0 && h[5] != 0)
+    std::fprintf(stderr, "[timeline]   plan kernel: index words loaded and reduced %.1f us, chunk chosen %.1f us, items written %.1f us\n",
+                 us(h[4]), us(h[5]), us(h[1]));
   std::fprintf(stderr,
                "[timeline]   per unit: start->first tile %.2f us (p10 %.2f p50 %.2f p90 %.2f), tile loop %.2f us"
                " (%.1f tiles, %.3f us/tile), epilogue %.2f us, between units %.2f us | units/CTA %d..%d | CTA time"
@@ -1761,6 +1898,11 @@ void set_small_decode_mode(SmallDecodeMode m) { g_small_mode.store(static_cast<i
 SmallDecodeMode small_decode_mode() { return static_cast<SmallDecodeMode>(small_mode_now()); }
 int64_t small_decode_launches() { return g_small_launches.load(std::memory_order_relaxed); }
 int64_t fp8_fast_launches() { return g_fp8_fast_launches.load(std::memory_order_relaxed); }
+int64_t rem_split_plans() {
+  unsigned long long n = 0;
+  if (cudaMemcpyFromSymbol(&n, g_rem_split_plans, sizeof(n)) != cudaSuccess) return -1;
+  return static_cast<int64_t>(n);
+}
 
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* workspace) {
   if (p.batch == 0 || p.num_tokens == 0) return 0;
