@@ -73,9 +73,19 @@ template <int N, class F>
 __device__ __forceinline__ void static_for(F&& f) {
   static_for_seq(f, std::make_integer_sequence<int, N>{});
 }
+// a + x in the low 32 bits only (one IADD): V6 adds a chunk offset x < row bytes to a row
+// address aligned to the row bytes (a power of two <= 512), which never carries
+__device__ __forceinline__ const void* add_lo32(int64_t a, uint32_t x) {
+  uint32_t lo, hi;
+  asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(a));
+  int64_t r;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo + x), "r"(hi));
+  return reinterpret_cast<const void*>(r);
+}
 // V6 loader: K/V rows to zero-fill (past the range, invalid page ids) read this zeroed row
-// (static device memory, zero at module load, never written; >= one row of head_dim 256)
-__device__ __align__(16) unsigned char g_pf_zero_row[512];
+// (static device memory, zero at module load, never written; >= one row of head_dim 256, and
+// aligned to it like every row V6 reads)
+__device__ __align__(512) unsigned char g_pf_zero_row[512];
 __device__ __forceinline__ uint32_t pk2_rt(float lo, float hi, bool bf16) {
   return bf16 ? pack2<true>(lo, hi) : pack2<false>(lo, hi);
 }
@@ -449,8 +459,9 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
         static_for<C::kChunksPerThread>([&](auto ic) {
           constexpr int kR = decltype(ic)::value * C::kRowStep;
           const longlong2 a = *reinterpret_cast<const longlong2*>(pr + 2 * kR);
-          cpa16_at<kR * kCPR * 16>(d0, reinterpret_cast<const unsigned char*>(a.x) + my_chunk * 16);
-          cpa16_at<kR * kCPR * 16 + C::kStageBytes>(d0, reinterpret_cast<const unsigned char*>(a.y) + my_chunk * 16);
+          // rows aligned to their size (host check pf_rows_aligned): chunk offset in the low word
+          cpa16_at<kR * kCPR * 16>(d0, add_lo32(a.x, uint32_t(my_chunk) * 16u));
+          cpa16_at<kR * kCPR * 16 + C::kStageBytes>(d0, add_lo32(a.y, uint32_t(my_chunk) * 16u));
         });
         return;
       }
@@ -845,7 +856,8 @@ bool v5_now() {
 
 // v6 = v5 + the K/V loader with paired row addresses and a zero row (fewer instructions per
 // tile; session 6, unmeasured when written).  Off by default; KVATTN_PREFILL_V6=1 turns it on
-// (used only with v4 and v5 on).  Read once; set_prefill_v6 overrides.
+// (used only with v4 and v5 on, and for calls whose K/V rows are aligned to their size:
+// pf_rows_aligned).  Read once; set_prefill_v6 overrides.
 bool v6_now() {
   int v = g_v6.load(std::memory_order_relaxed);
   if (v >= 0) return v != 0;
@@ -853,6 +865,18 @@ bool v6_now() {
   if (const char* e = std::getenv("KVATTN_PREFILL_V6")) v = std::strcmp(e, "0") != 0 && *e != '\0';
   g_v6.store(v, std::memory_order_relaxed);
   return v != 0;
+}
+
+// V6 adds the chunk offset to the low 32 bits of a row address: every K/V row must start at a
+// multiple of its size (head_dim * 2 bytes, a power of two), i.e. both base pointers and all
+// byte strides (page, slot, head) are multiples of it (vLLM's layouts are; other views fall
+// back to the v5 loader).
+bool pf_rows_aligned(const AttnParams& p) {
+  const int64_t rb = int64_t(p.head_dim) * 2;
+  auto al = [rb](int64_t x) { return x % rb == 0; };
+  return al(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.k))) &&
+         al(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v))) && al(p.k_sb) && al(p.k_so) &&
+         al(p.k_sh) && al(p.v_sb) && al(p.v_so) && al(p.v_sh);
 }
 
 int mode_now() {
@@ -1011,7 +1035,7 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
-  if (v4_now() && v5_now() && v6_now())
+  if (v4_now() && v5_now() && v6_now() && pf_rows_aligned(p))
     return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true, true>(p, num_sms, plan, v)
                                : pf_dispatch<false, true, true, true>(p, num_sms, plan, v);
   if (v4_now() && v5_now())
