@@ -60,6 +60,9 @@ bool prefill_kernel_v4() noexcept;
 // The prefill kernel's v5 additions (on by default; kernels.h set_prefill_v5).
 void set_prefill_kernel_v5(bool on);
 bool prefill_kernel_v5() noexcept;
+// The prefill kernel's v6 K/V loader (off by default; kernels.h set_prefill_v6).
+void set_prefill_kernel_v6(bool on);
+bool prefill_kernel_v6() noexcept;
 int64_t prefill_kernel_launches() noexcept;
 // Routing of decode calls to attn_kernel's small-call path (one launch: per-CTA plan,
 // attention, merge by the last piece; see kernels.h SmallDecodeMode): 0 automatic (default, or

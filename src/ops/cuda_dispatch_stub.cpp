@@ -44,6 +44,8 @@ void set_prefill_kernel_v4(bool) {}
 bool prefill_kernel_v4() noexcept { return true; }
 void set_prefill_kernel_v5(bool) {}
 bool prefill_kernel_v5() noexcept { return false; }
+void set_prefill_kernel_v6(bool) {}
+bool prefill_kernel_v6() noexcept { return false; }
 int64_t prefill_kernel_launches() noexcept { return 0; }
 void set_small_decode_mode(int) {}
 int small_decode_mode() noexcept { return 0; }

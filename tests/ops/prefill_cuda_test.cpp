@@ -113,13 +113,8 @@ TEST_F(CudaPrefill, V4WithoutV5) {
 // units per CTA.  All other groups
 // run with v5 unless the process has KVATTN_PREFILL_V5=0 (D 128 configs A/C/D: with
 // KVATTN_PREFILL_VARIANT=a|c|d in the same process); V4WithoutV5 keeps the v4 kernel tested.
-TEST_F(CudaPrefill, V5Kernel) {
-  const bool saved = cuda_impl::prefill_kernel_v5();
-  const bool saved4 = cuda_impl::prefill_kernel_v4();
-  cuda_impl::set_prefill_kernel_v4(true);
-  cuda_impl::set_prefill_kernel_v5(true);
-  const std::string v5 = "v5";
-  uint32_t seed = 7700;
+// The matrix V5Kernel and V6Loader run (the case names start with `v5`, the label).
+void run_v5_matrix(const std::string& v5, uint32_t seed) {
   for (int64_t group : {1, 4, 8}) {
     for (bool causal : {true, false}) {
       Case c;
@@ -196,6 +191,51 @@ TEST_F(CudaPrefill, V5Kernel) {
     }
     EXPECT_EQ(run_case(c, seed++), 1);
   }
+}
+
+TEST_F(CudaPrefill, V5Kernel) {
+  const bool saved = cuda_impl::prefill_kernel_v5();
+  const bool saved4 = cuda_impl::prefill_kernel_v4();
+  const bool saved6 = cuda_impl::prefill_kernel_v6();
+  cuda_impl::set_prefill_kernel_v4(true);
+  cuda_impl::set_prefill_kernel_v5(true);
+  cuda_impl::set_prefill_kernel_v6(false);
+  run_v5_matrix("v5", 7700);
+  cuda_impl::set_prefill_kernel_v6(saved6);
+  cuda_impl::set_prefill_kernel_v5(saved);
+  cuda_impl::set_prefill_kernel_v4(saved4);
+}
+
+// The v6 K/V loader (KVATTN_PREFILL_V6=1, off by default): K and V row addresses paired in the
+// offset table, rows to zero-fill read a static zero row.  Same matrix as V5Kernel (every layout
+// and page form with page 0 NaN-filled and permuted block tables, poisoned outputs, D 64/128/256,
+// GQA 1/4/8, causal / non-causal, chunked prefill, window, soft cap, sinks, LSE, scalar paths,
+// many units per CTA) plus the knob subset (causal with and without a window).  Variants A/C/D
+// of D 128: the same test with KVATTN_PREFILL_VARIANT=a|c|d in the process.
+TEST_F(CudaPrefill, V6Loader) {
+  const bool saved = cuda_impl::prefill_kernel_v5();
+  const bool saved4 = cuda_impl::prefill_kernel_v4();
+  const bool saved6 = cuda_impl::prefill_kernel_v6();
+  cuda_impl::set_prefill_kernel_v4(true);
+  cuda_impl::set_prefill_kernel_v5(true);
+  cuda_impl::set_prefill_kernel_v6(true);
+  ASSERT_TRUE(cuda_impl::prefill_kernel_v6());
+  run_v5_matrix("v6", 7900);
+  run_knob_subset("v6", {1, 4, 8}, 8100);
+  {
+    Case c;  // key ranges ending inside a tile and inside a page: zero-row reads for K and V
+    c.name = "v6 causal, lengths around tile and page edges, page 16";
+    c.hq = 8; c.hkv = 2;
+    c.q_lens = {63, 64, 65, 127, 129, 1};
+    c.kv_lens = {63, 64, 65, 191, 200, 97};
+    EXPECT_EQ(run_case(c, 8200), 1);
+    c.name = "v6 non-causal, same lengths, page 32, block table";
+    c.causal = false;
+    c.page = 32;
+    c.paged_form = false;
+    EXPECT_EQ(run_case(c, 8201), 1);
+  }
+  cuda_impl::set_prefill_kernel_v6(saved6);
   cuda_impl::set_prefill_kernel_v5(saved);
   cuda_impl::set_prefill_kernel_v4(saved4);
 }

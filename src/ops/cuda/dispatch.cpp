@@ -359,6 +359,8 @@ void set_prefill_kernel_v4(bool on) { k::set_prefill_v4(on); }
 bool prefill_kernel_v4() noexcept { return k::prefill_v4(); }
 void set_prefill_kernel_v5(bool on) { k::set_prefill_v5(on); }
 bool prefill_kernel_v5() noexcept { return k::prefill_v5(); }
+void set_prefill_kernel_v6(bool on) { k::set_prefill_v6(on); }
+bool prefill_kernel_v6() noexcept { return k::prefill_v6(); }
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
 void set_small_decode_mode(int mode) { k::set_small_decode_mode(static_cast<k::SmallDecodeMode>(mode)); }
 int small_decode_mode() noexcept { return static_cast<int>(k::small_decode_mode()); }

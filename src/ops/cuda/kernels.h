@@ -211,6 +211,10 @@ bool prefill_v4();
 // by default, used only with v4 on); KVATTN_PREFILL_V5=0 turns them off.
 void set_prefill_v5(bool on);
 bool prefill_v5();
+// v6 K/V loader on top of v5 (K and V row addresses paired, a zero row instead of zero-fill
+// flags; off by default, used only with v4 and v5 on); KVATTN_PREFILL_V6=1 turns it on.
+void set_prefill_v6(bool on);
+bool prefill_v6();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
 bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)

@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -57,6 +58,34 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// 16-byte cp.async to shared address dst + kImm (V6 loader: the immediate folds into the
+// instruction, one destination register per thread and tile; no zero-fill operand)
+template <int kImm>
+__device__ __forceinline__ void cpa16_at(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0+%2], [%1], 16;\n" ::"r"(dst), "l"(src), "n"(kImm));
+}
+// f(integral_constant<int, 0>) ... f(integral_constant<int, N - 1>), unrolled at compile time
+template <class F, int... I>
+__device__ __forceinline__ void static_for_seq(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class F>
+__device__ __forceinline__ void static_for(F&& f) {
+  static_for_seq(f, std::make_integer_sequence<int, N>{});
+}
+// a + x in the low 32 bits only (one IADD): V6 adds a chunk offset x < row bytes to a row
+// address aligned to the row bytes (a power of two <= 512), which never carries
+__device__ __forceinline__ const void* add_lo32(int64_t a, uint32_t x) {
+  uint32_t lo, hi;
+  asm("mov.b64 {%0, %1}, %2;" : "=r"(lo), "=r"(hi) : "l"(a));
+  int64_t r;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo + x), "r"(hi));
+  return reinterpret_cast<const void*>(r);
+}
+// V6 loader: K/V rows to zero-fill (past the range, invalid page ids) read this zeroed row
+// (static device memory, zero at module load, never written; >= one row of head_dim 256, and
+// aligned to it like every row V6 reads)
+__device__ __align__(512) unsigned char g_pf_zero_row[512];
 __device__ __forceinline__ uint32_t pk2_rt(float lo, float hi, bool bf16) {
   return bf16 ? pack2<true>(lo, hi) : pack2<false>(lo, hi);
 }
@@ -246,7 +275,12 @@ struct PfCfg {
 //  * a warp's first computed tile skips the O rescale (O is still zero);
 //  * mask: one compare of an immediate against a per-row limit per element;
 //  * epilogue: the output pack type chosen once per unit instead of per packed pair.
-template <bool BF16, int D, int MT, int NW, int KT, bool NX, bool V5 = false>
+// V6 (with NX and V5; KVATTN_PREFILL_V6=1, default off): a K/V loader with fewer instructions
+// per tile — the offset table holds each key row's K and V addresses side by side (one 16-byte
+// shared load per row for both copies), rows to zero-fill point at g_pf_zero_row instead of
+// carrying a flag bit (no mask / subtract / predicate per copy), and the shared destinations
+// are one register + immediates per thread and tile.
+template <bool BF16, int D, int MT, int NW, int KT, bool NX, bool V5 = false, bool V6 = false>
 __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
   using C = PfCfg<D, MT, NW, KT>;
@@ -399,7 +433,13 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
       const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
                                      : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-      if constexpr (NX) {
+      if constexpr (V6) {
+        // [stage][row][K, V] absolute addresses; a row to zero-fill reads the zero row
+        static_assert(NX && V5, "V6 builds on v4 and v5");
+        const unsigned char* base = which == 0 ? kb : vb;
+        sOff[(((tile % kS) * kTile + row) << 1) + which] =
+            pg < 0 ? reinterpret_cast<int64_t>(g_pf_zero_row) : reinterpret_cast<int64_t>(base + off);
+      } else if constexpr (NX) {
         // absolute address; a row to zero-fill keeps the (readable, 16-byte aligned) base | 1
         const unsigned char* base = which == 0 ? kb : vb;
         sOff[((tile % kS) * 2 + which) * kTile + row] =
@@ -410,6 +450,21 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
     };
     auto issue = [&](int tile) {
       const int st = tile % kS;
+      if constexpr (V6) {
+        // rows my_row0 + i * kRowStep (kRowStep a multiple of 8: one swizzle per thread), K and
+        // V of a row from one 16-byte shared load; destinations = d0 + immediates
+        static_assert(C::kRowStep % 8 == 0 && kCPR * 16 <= int(sizeof(g_pf_zero_row)), "V6 loader mapping");
+        const uint32_t d0 = smem_u32(sKV + st * 2 * C::kStageBytes + swz<kCPR>(my_row0, my_chunk));
+        const int64_t* pr = sOff + ((st * kTile + my_row0) << 1);
+        static_for<C::kChunksPerThread>([&](auto ic) {
+          constexpr int kR = decltype(ic)::value * C::kRowStep;
+          const longlong2 a = *reinterpret_cast<const longlong2*>(pr + 2 * kR);
+          // rows aligned to their size (host check pf_rows_aligned): chunk offset in the low word
+          cpa16_at<kR * kCPR * 16>(d0, add_lo32(a.x, uint32_t(my_chunk) * 16u));
+          cpa16_at<kR * kCPR * 16 + C::kStageBytes>(d0, add_lo32(a.y, uint32_t(my_chunk) * 16u));
+        });
+        return;
+      }
       const uint32_t sk = smem_u32(sKV + st * 2 * C::kStageBytes);
       const uint32_t sv = sk + C::kStageBytes;
       const int64_t* offk = sOff + st * 2 * kTile;
@@ -773,6 +828,7 @@ std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 
 std::atomic<int64_t> g_launches{0};
 std::atomic<int> g_v4{-1};  // 1 = v4 kernel (lazy rescale, slim loader, specialised masks); -1 = unread
 std::atomic<int> g_v5{-1};  // 1 = v5 additions on top of v4 (row-offset tables, ...); -1 = unread
+std::atomic<int> g_v6{-1};  // 1 = v6 K/V loader on top of v5; -1 = unread
 
 // v4 (the default since session 4: causal 8 x 2048 257 -> 285 TFLOP/s, 1 x 8192 300 -> 325 in
 // one run) = lazy O rescale + absolute-address K/V loader + masks specialised per case;
@@ -796,6 +852,31 @@ bool v5_now() {
   if (const char* e = std::getenv("KVATTN_PREFILL_V5")) v = std::strcmp(e, "0") != 0;
   g_v5.store(v, std::memory_order_relaxed);
   return v != 0;
+}
+
+// v6 = v5 + the K/V loader with paired row addresses and a zero row (fewer instructions per
+// tile; session 6, unmeasured when written).  Off by default; KVATTN_PREFILL_V6=1 turns it on
+// (used only with v4 and v5 on, and for calls whose K/V rows are aligned to their size:
+// pf_rows_aligned).  Read once; set_prefill_v6 overrides.
+bool v6_now() {
+  int v = g_v6.load(std::memory_order_relaxed);
+  if (v >= 0) return v != 0;
+  v = 0;
+  if (const char* e = std::getenv("KVATTN_PREFILL_V6")) v = std::strcmp(e, "0") != 0 && *e != '\0';
+  g_v6.store(v, std::memory_order_relaxed);
+  return v != 0;
+}
+
+// V6 adds the chunk offset to the low 32 bits of a row address: every K/V row must start at a
+// multiple of its size (head_dim * 2 bytes, a power of two), i.e. both base pointers and all
+// byte strides (page, slot, head) are multiples of it (vLLM's layouts are; other views fall
+// back to the v5 loader).
+bool pf_rows_aligned(const AttnParams& p) {
+  const int64_t rb = int64_t(p.head_dim) * 2;
+  auto al = [rb](int64_t x) { return x % rb == 0; };
+  return al(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.k))) &&
+         al(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v))) && al(p.k_sb) && al(p.k_so) &&
+         al(p.k_sh) && al(p.v_sb) && al(p.v_so) && al(p.v_sh);
 }
 
 int mode_now() {
@@ -843,11 +924,11 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, bool NX, bool V5, int D, int MT, int NW, int KT = kKeyTile>
+template <bool BF16, bool NX, bool V5, bool V6, int D, int MT, int NW, int KT = kKeyTile>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
-  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, NX, V5>;
+  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, NX, V5, V6>;
   constexpr int kSmem = C::kSmem + (V5 ? C::kV5Bytes : 0);
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
@@ -871,16 +952,16 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16, bool NX, bool V5 = false>
+template <bool BF16, bool NX, bool V5 = false, bool V6 = false>
 int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, NX, V5, 64, 1, 8>(p, num_sms, plan);
+    case 64: return pf_run<BF16, NX, V5, V6, 64, 1, 8>(p, num_sms, plan);
     case 128:
-      if (variant == 1) return pf_run<BF16, NX, V5, 128, 2, 4>(p, num_sms, plan);
-      if (variant == 2) return pf_run<BF16, NX, V5, 128, 1, 4>(p, num_sms, plan);
-      if (variant == 3) return pf_run<BF16, NX, V5, 128, 2, 4, 32>(p, num_sms, plan);
-      return pf_run<BF16, NX, V5, 128, 1, 8>(p, num_sms, plan);  // A
-    case 256: return pf_run<BF16, NX, V5, 256, 1, 8>(p, num_sms, plan);
+      if (variant == 1) return pf_run<BF16, NX, V5, V6, 128, 2, 4>(p, num_sms, plan);
+      if (variant == 2) return pf_run<BF16, NX, V5, V6, 128, 1, 4>(p, num_sms, plan);
+      if (variant == 3) return pf_run<BF16, NX, V5, V6, 128, 2, 4, 32>(p, num_sms, plan);
+      return pf_run<BF16, NX, V5, V6, 128, 1, 8>(p, num_sms, plan);  // A
+    case 256: return pf_run<BF16, NX, V5, V6, 256, 1, 8>(p, num_sms, plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -894,6 +975,8 @@ void set_prefill_v4(bool on) { g_v4.store(on ? 1 : 0, std::memory_order_relaxed)
 bool prefill_v4() { return v4_now(); }
 void set_prefill_v5(bool on) { g_v5.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool prefill_v5() { return v5_now(); }
+void set_prefill_v6(bool on) { g_v6.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool prefill_v6() { return v6_now(); }
 int prefill_variant() { return variant_now(); }
 int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
@@ -952,6 +1035,9 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
+  if (v4_now() && v5_now() && v6_now() && pf_rows_aligned(p))
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true, true>(p, num_sms, plan, v)
+                               : pf_dispatch<false, true, true, true>(p, num_sms, plan, v);
   if (v4_now() && v5_now())
     return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true>(p, num_sms, plan, v) : pf_dispatch<false, true, true>(p, num_sms, plan, v);
   if (v4_now())
