@@ -262,7 +262,7 @@ __device__ __forceinline__ void v2_combine(const AttnParams& p, uint64_t* tl, in
 // barrier is the only barrier before the DSMEM reads, a reading lane combines the 4 warp partials
 // of its piece itself, and the exit barrier is split (arrive once the remote values are consumed,
 // wait at the end) so that its latency overlaps the group combine and the stores.
-template <bool BF16, int D, bool TL = false, bool V2 = false>
+template <bool BF16, int D, bool TL = false, int V = 0>
 __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, uint64_t* tl) {
 #ifdef KVATTN_CLUSTER_KERNEL
   using C = SCfg<D>;
@@ -281,6 +281,42 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
   const int r = static_cast<int>(blockIdx.y) / p.hkv;
   const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
   tl_stamp<TL>(tl, kTlEntry);
+
+  // ---- V >= 2: the first row tile's page-table entries from guessed addresses, loaded in the
+  // index words' round trip.  Guess: every request holds an equal share of the page list
+  // (kv_indptr form: p.max_blocks = entries of kv_indices, set by dispatch; base r * share) or a
+  // full block-table row, one query token (q_len 1: the key range is [0, kv_len)), no window.
+  // Verified once the index words are in (same base, same first key of this warp); lanes whose
+  // guessed entry was not loaded, and every lane on a miss, load the entry again.
+  [[maybe_unused]] int32_t spg[kStages + 1];
+  [[maybe_unused]] uint32_t spg_mask = 0;  // bit t: spg[t] loaded
+  [[maybe_unused]] int64_t g_base = 0;
+  [[maybe_unused]] int g_first = 0;
+  if constexpr (V >= 2) {
+    const int64_t n_ent = max(p.max_blocks, int64_t(0));
+    const int64_t share = p.paged_form ? n_ent / max(p.batch, 1) : n_ent;
+    g_base = p.paged_form ? int64_t(r) * share : 0;
+    const int g_kv = static_cast<int>(min(share * p.page_size, int64_t(1) << 30));
+    const int g_chunk = ((g_kv + P - 1) / P + kSlice - 1) & ~(kSlice - 1);
+    const int g_kstart = static_cast<int>(rank) * g_chunk;
+    const int g_kend = min(g_kv, g_kstart + g_chunk);
+    g_first = g_kstart + warp * kSlice;
+#pragma unroll
+    for (int t = 0; t <= kStages; ++t) {
+      spg[t] = -1;
+      const int j = g_first + t * kTile + lane;
+      if (lane < kSlice && j < g_kend && p.window_left < 0) {
+        const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+        if (g_base + blk < n_ent) {
+          const int64_t v = p.paged_form ? load_idx(p.kv_indices, g_base + blk) : load_idx2(p.block_table, r, blk);
+          if (v >= 0 && v <= INT32_MAX) {  // else: loaded again below (and range-checked there)
+            spg[t] = static_cast<int32_t>(v);
+            spg_mask |= 1u << t;
+          }
+        }
+      }
+    }
+  }
 
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
   const RequestBounds rb = load_request_bounds(p, r);
@@ -345,9 +381,25 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
 
     // ---- page ids of the first kStages + 1 tiles, then Q, while those loads are in flight ----
     int64_t pgs[kStages];
+    int64_t pg_pref;
+    if constexpr (V >= 2) {
+      // the guessed entries hold when this warp's first key and the page-list base are the guessed
+      // ones (first row tile only); the key range test is the real one
+      const bool hit = row0 == 0 && first == g_first && (!p.paged_form || pbase == g_base);
+      auto pick = [&](int t, int32_t sv) -> int64_t {
+        const int j = first + t * kTile + lane;
+        if (lane >= kSlice || t >= n_tiles || j >= kend) return -1;
+        if (hit && ((spg_mask >> t) & 1u)) return sv >= p.num_pages ? int64_t(-1) : int64_t(sv);
+        return load_page(t);
+      };
 #pragma unroll
-    for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
-    int64_t pg_pref = load_page(kStages);
+      for (int t = 0; t < kStages; ++t) pgs[t] = pick(t, spg[t]);
+      pg_pref = pick(kStages, spg[kStages]);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
+      pg_pref = load_page(kStages);
+    }
 
     int rvalid[2], rqpos[2];
     uint32_t qf[kKSteps][4];
@@ -471,7 +523,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
       pg_pref = load_page(nt + 1);
     }
     cp_async_wait_mem<0>();
-    if constexpr (V2) {
+    if constexpr (V >= 1) {
       // V2: a warp's partial goes into its own stages, so only its own lanes must be done
       __syncwarp();
       tl_stamp<TL>(tl, kTlLoop);  // warp 0's loop done (no CTA barrier)
@@ -633,16 +685,16 @@ __global__ void empty_kernel() {}
 std::atomic<int> g_kernel{-1};   // SmallKernel, -1 = not read from the environment yet
 std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
 std::atomic<int64_t> g_launches{0};
-std::atomic<int> g_v2{-1};       // V2 tail (KVATTN_SMALL_V2=1), -1 = not read yet
+std::atomic<int> g_v2{-1};       // KVATTN_SMALL_V2: 0 off, 1 V2 tail, 2 tail + first loads; -1 = not read yet
 std::atomic<int64_t> g_v2_launches{0};
 
-bool v2_now() {
+int v2_now() {
   int m = g_v2.load(std::memory_order_relaxed);
-  if (m >= 0) return m != 0;
+  if (m >= 0) return m;
   m = 0;
-  if (const char* e = std::getenv("KVATTN_SMALL_V2")) m = std::atoi(e) != 0 ? 1 : 0;
+  if (const char* e = std::getenv("KVATTN_SMALL_V2")) m = std::min(std::max(std::atoi(e), 0), 2);
   g_v2.store(m, std::memory_order_relaxed);
-  return m != 0;
+  return m;
 }
 
 int kernel_now() {
@@ -667,7 +719,7 @@ int cmax_now() {
   return m;
 }
 
-template <bool BF16, int D, bool V2>
+template <bool BF16, int D, int V>
 struct KernInfo {
   // per device: attributes set, CTAs per SM, clusters of each size that fit at once (-1 unknown)
   std::mutex mu;
@@ -676,9 +728,9 @@ struct KernInfo {
   int max_clusters[64][kMaxPieces + 1] = {};
 };
 
-template <bool BF16, int D, bool V2>
-KernInfo<BF16, D, V2>& kern_info() {
-  static KernInfo<BF16, D, V2> k;
+template <bool BF16, int D, int V>
+KernInfo<BF16, D, V>& kern_info() {
+  static KernInfo<BF16, D, V> k;
   return k;
 }
 
@@ -701,16 +753,16 @@ cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttri
   return cfg;
 }
 
-template <bool BF16, int D, bool V2>
+template <bool BF16, int D, int V>
 int prepare(int dev) {
-  auto& ki = kern_info<BF16, D, V2>();
+  auto& ki = kern_info<BF16, D, V>();
   std::lock_guard<std::mutex> lock(ki.mu);
   const int d = dev & 63;
   if (ki.ready[d]) return 0;
-  auto kern = cluster_decode_kernel<BF16, D, false, V2>;
+  auto kern = cluster_decode_kernel<BF16, D, false, V>;
   constexpr int smem = SCfg<D>::kSmem;
   cudaError_t e = cudaSuccess;
-  for (auto k : {kern, cluster_decode_kernel<BF16, D, true, V2>}) {
+  for (auto k : {kern, cluster_decode_kernel<BF16, D, true, V>}) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
@@ -733,15 +785,15 @@ int prepare(int dev) {
   return 0;
 }
 
-template <bool BF16, int D, bool V2>
+template <bool BF16, int D, int V>
 int pieces_for(const AttnParams& p, int num_sms) {
   int dev = 0;
   cudaGetDevice(&dev);
-  if (prepare<BF16, D, V2>(dev) != 0) {
+  if (prepare<BF16, D, V>(dev) != 0) {
     (void)cudaGetLastError();
     return 0;
   }
-  auto& ki = kern_info<BF16, D, V2>();
+  auto& ki = kern_info<BF16, D, V>();
   const int d = dev & 63;
   const int64_t units = int64_t(p.batch) * p.hkv;
   const int64_t slots = int64_t(num_sms) * std::max(ki.per_sm[d], 1);
@@ -798,16 +850,17 @@ int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams,
     std::snprintf(buf, sizeof buf, " | %s %.2f / %.2f", kNames[k], v[v.size() / 2], v.back());
     line += buf;
   }
-  std::fprintf(stderr, "%s%s\n", line.c_str(), v2_now() ? " [V2 tail]" : "");
+  static const char* const kVar[3] = {"", " [V2 tail]", " [V2 tail + first loads]"};
+  std::fprintf(stderr, "%s%s\n", line.c_str(), kVar[v2_now()]);
   return 0;
 }
 
-template <bool BF16, int D, bool V2>
+template <bool BF16, int D, int V>
 int launch(const AttnParams& p, int P) {
-  auto kern = cluster_decode_kernel<BF16, D, false, V2>;
+  auto kern = cluster_decode_kernel<BF16, D, false, V>;
   int dev = 0;
   cudaGetDevice(&dev);
-  if (int e = prepare<BF16, D, V2>(dev)) return e;
+  if (int e = prepare<BF16, D, V>(dev)) return e;
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(
       dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
@@ -818,17 +871,17 @@ int launch(const AttnParams& p, int P) {
   // the counter counts launches that were accepted (a failed launch is not counted)
   const int64_t call = g_launches.load(std::memory_order_relaxed) + 1;
   if (timeline_call > 0 && call == timeline_call) {
-    const int rc = launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true, V2>, p, call);
+    const int rc = launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true, V>, p, call);
     if (rc == 0) {
       g_launches.fetch_add(1, std::memory_order_relaxed);
-      if (V2) g_v2_launches.fetch_add(1, std::memory_order_relaxed);
+      if (V > 0) g_v2_launches.fetch_add(1, std::memory_order_relaxed);
     }
     return rc;
   }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, static_cast<uint64_t*>(nullptr));
   if (e != cudaSuccess) return static_cast<int>(e);
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  if (V2) g_v2_launches.fetch_add(1, std::memory_order_relaxed);
+  if (V > 0) g_v2_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -863,24 +916,33 @@ int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (device_cc_major() < 9) return 0;
   const bool bf = p.kv_t == Elt::bf16;
   int P = 0;
-  if (v2_now()) {
-    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, true>(p, num_sms) : pieces_for<false, 64, true>(p, num_sms);
-    else P = bf ? pieces_for<true, 128, true>(p, num_sms) : pieces_for<false, 128, true>(p, num_sms);
+  const int v = v2_now();
+  if (v == 2) {
+    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, 2>(p, num_sms) : pieces_for<false, 64, 2>(p, num_sms);
+    else P = bf ? pieces_for<true, 128, 2>(p, num_sms) : pieces_for<false, 128, 2>(p, num_sms);
+  } else if (v == 1) {
+    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, 1>(p, num_sms) : pieces_for<false, 64, 1>(p, num_sms);
+    else P = bf ? pieces_for<true, 128, 1>(p, num_sms) : pieces_for<false, 128, 1>(p, num_sms);
   } else {
-    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, false>(p, num_sms) : pieces_for<false, 64, false>(p, num_sms);
-    else P = bf ? pieces_for<true, 128, false>(p, num_sms) : pieces_for<false, 128, false>(p, num_sms);
+    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, 0>(p, num_sms) : pieces_for<false, 64, 0>(p, num_sms);
+    else P = bf ? pieces_for<true, 128, 0>(p, num_sms) : pieces_for<false, 128, 0>(p, num_sms);
   }
   return (force || P >= std::min(kClusterMinAutoPieces, cmax_now())) ? P : 0;
 }
 
 int launch_cluster_decode(const AttnParams& p, int pieces) {
   const bool bf = p.kv_t == Elt::bf16;
-  if (v2_now()) {
-    if (p.head_dim == 64) return bf ? launch<true, 64, true>(p, pieces) : launch<false, 64, true>(p, pieces);
-    return bf ? launch<true, 128, true>(p, pieces) : launch<false, 128, true>(p, pieces);
+  const int v = v2_now();
+  if (v == 2) {
+    if (p.head_dim == 64) return bf ? launch<true, 64, 2>(p, pieces) : launch<false, 64, 2>(p, pieces);
+    return bf ? launch<true, 128, 2>(p, pieces) : launch<false, 128, 2>(p, pieces);
   }
-  if (p.head_dim == 64) return bf ? launch<true, 64, false>(p, pieces) : launch<false, 64, false>(p, pieces);
-  return bf ? launch<true, 128, false>(p, pieces) : launch<false, 128, false>(p, pieces);
+  if (v == 1) {
+    if (p.head_dim == 64) return bf ? launch<true, 64, 1>(p, pieces) : launch<false, 64, 1>(p, pieces);
+    return bf ? launch<true, 128, 1>(p, pieces) : launch<false, 128, 1>(p, pieces);
+  }
+  if (p.head_dim == 64) return bf ? launch<true, 64, 0>(p, pieces) : launch<false, 64, 0>(p, pieces);
+  return bf ? launch<true, 128, 0>(p, pieces) : launch<false, 128, 0>(p, pieces);
 }
 
 void set_small_kernel(SmallKernel k) { g_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
@@ -888,8 +950,8 @@ SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
 void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }
 int small_cluster_max() { return cmax_now(); }
 int64_t cluster_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
-void set_small_v2(bool on) { g_v2.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool small_v2() { return v2_now(); }
+void set_small_v2(int level) { g_v2.store(std::min(std::max(level, 0), 2), std::memory_order_relaxed); }
+int small_v2() { return v2_now(); }
 int64_t cluster_decode_v2_launches() { return g_v2_launches.load(std::memory_order_relaxed); }
 
 double measure_empty_launch_us(int ctas, int cluster) {
