@@ -78,10 +78,6 @@ void set_small_decode_kernel(int kernel);
 int64_t small_cluster_launches() noexcept;
 void set_small_cluster_max(int pieces);
 int small_cluster_max() noexcept;
-// The cluster kernel's V2 tail (small_decode.h set_small_v2; KVATTN_SMALL_V2=1, default off) and
-// its launches (also counted in small_cluster_launches()).
-void set_small_v2(int level);  // 0 off, 1 tail, 2 tail + first loads (KVATTN_SMALL_V2=0|1|2)
-int64_t small_v2_launches() noexcept;
 // Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
 // set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
 // KVATTN_DECODE_SPLIT_RULE=waves|v6) and a forced split count per request

@@ -54,8 +54,6 @@ void set_small_decode_kernel(int) {}
 int64_t small_cluster_launches() noexcept { return 0; }
 void set_small_cluster_max(int) {}
 int small_cluster_max() noexcept { return 16; }
-void set_small_v2(int) {}
-int64_t small_v2_launches() noexcept { return 0; }
 void set_decode_options(int) {}
 int decode_options() noexcept { return 0; }
 int64_t fp8_fast_launches() noexcept { return 0; }

@@ -5,11 +5,7 @@
 // (shorter than one 16-key slice, not multiples of 16, fewer keys than pieces), batches 1 to 32,
 // every cache layout, both page-table forms, GQA 1/4/8, head dims 64/128, bf16 and f16, sinks,
 // soft cap, sliding window, LSE in both bases, multi-token rows (several 16-row tiles per unit),
-// cluster sizes 1 to 16; calls the kernel does not cover must stay on the v8 path.  Every case
-// also runs on the cluster kernel's V2 variants (KVATTN_SMALL_V2, cuda_impl::set_small_v2):
-// 1 = V2 tail (per-warp partials read over DSMEM, split exit barrier), 2 = the tail plus the first
-// page-table entries loaded from guessed addresses with the index words (verified; the cases
-// below hit and miss the guesses: mixed lengths, windows, multi-token rows, both table forms).
+// cluster sizes 1 to 16; calls the kernel does not cover must stay on the v8 path.
 // Skips on devices before sm_90 (no thread-block clusters: the v8 path runs there).
 #include <gtest/gtest.h>
 
@@ -30,37 +26,26 @@ class CudaClusterDecode : public ::testing::Test {
     cuda_impl::set_small_decode_mode(2);  // force: every decode call of <= 32 requests
     cuda_impl::set_small_decode_kernel(0);
     cuda_impl::set_small_cluster_max(16);
-    cuda_impl::set_small_v2(0);
   }
   void TearDown() override {
     if (!kvattn::cuda::available()) return;
     cuda_impl::set_small_decode_mode(0);
     cuda_impl::set_small_decode_kernel(0);
     cuda_impl::set_small_cluster_max(16);
-    cuda_impl::set_small_v2(0);
   }
-  // The case on the cluster kernel (expected to take it when `covered`), on the cluster kernel
-  // with KVATTN_SMALL_V2 = 1 and 2, then on the v8 kernel.
+  // The case on the cluster kernel (expected to take it when `covered`), then on the v8 kernel.
   static void both_kernels(const AttnCase& c, uint32_t seed, bool covered = true) {
-    for (int variant : {0, 2, 3, 1}) {  // 0 cluster, 2 cluster V2=1, 3 cluster V2=2, 1 v8
-      const int kernel = variant == 1 ? 1 : 0;
-      const int v2 = variant >= 2 ? variant - 1 : 0;
-      static const char* const kNames[] = {"cluster kernel", "v8 small kernel", "cluster kernel, V2=1 (tail)",
-                                           "cluster kernel, V2=2 (tail + first loads)"};
-      SCOPED_TRACE(kNames[variant]);
+    for (int kernel : {0, 1}) {
+      SCOPED_TRACE(kernel == 0 ? "cluster kernel" : "v8 small kernel");
       cuda_impl::set_small_decode_kernel(kernel);
-      cuda_impl::set_small_v2(v2);
       const int64_t small0 = cuda_impl::small_decode_launches();
       const int64_t cl0 = cuda_impl::small_cluster_launches();
-      const int64_t v20 = cuda_impl::small_v2_launches();
       run_attn_case(c, seed);
       EXPECT_EQ(cuda_impl::small_decode_launches() - small0, c.repeats) << "small path";
       EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, (kernel == 0 && covered) ? c.repeats : 0)
           << "cluster kernel routing";
-      EXPECT_EQ(cuda_impl::small_v2_launches() - v20, (v2 > 0 && covered) ? c.repeats : 0) << "V2 launches";
     }
     cuda_impl::set_small_decode_kernel(0);
-    cuda_impl::set_small_v2(0);
   }
 };
 
@@ -183,86 +168,18 @@ TEST_F(CudaClusterDecode, EveryClusterSize) {
 // 16 x 4096); both are small-path calls.
 TEST_F(CudaClusterDecode, AutomaticRoutingByPieces) {
   cuda_impl::set_small_decode_mode(0);
-  for (int v2 : {0, 1, 2}) {  // the V2 variants route exactly like the default kernel
-    cuda_impl::set_small_v2(v2);
-    for (int B : {1, 16}) {
-      AttnCase c;
-      c.name = "auto cluster routing batch " + std::to_string(B) + " V2=" + std::to_string(v2);
-      for (int r = 0; r < B; ++r) {
-        c.q_lens.push_back(1);
-        c.kv_lens.push_back(1 + 37 * r);
-      }
-      const int64_t small0 = cuda_impl::small_decode_launches();
-      const int64_t cl0 = cuda_impl::small_cluster_launches();
-      const int64_t v20 = cuda_impl::small_v2_launches();
-      run_attn_case(c, 2250 + static_cast<uint32_t>(B));
-      EXPECT_EQ(cuda_impl::small_decode_launches() - small0, 1) << "small path";
-      EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, B == 1 ? 1 : 0) << "cluster kernel";
-      EXPECT_EQ(cuda_impl::small_v2_launches() - v20, (v2 > 0 && B == 1) ? 1 : 0) << "V2 launches";
+  for (int B : {1, 16}) {
+    AttnCase c;
+    c.name = "auto cluster routing batch " + std::to_string(B);
+    for (int r = 0; r < B; ++r) {
+      c.q_lens.push_back(1);
+      c.kv_lens.push_back(1 + 37 * r);
     }
-  }
-  cuda_impl::set_small_v2(0);
-}
-
-// Shapes aimed at the V2 variants (run, like every case here, on all four kernels): the bench's
-// 1 x 1024 (32 / 8 heads, D 128) in both page-table forms and repeated on fresh poisoned
-// outputs, 1 x 8192 (block table) and 8 x 1024 (kv_indptr form: V2=2's guesses hold for every
-// request); several row tiles in one unit (group 8, 5 tokens = 40 rows = 3 tiles: a CTA refills
-// the stages that held its partial only after every CTA has read it) next to empty requests;
-// requests of 0 and 1 keys only; D 128 with group 8 (two combine passes per CTA).
-TEST_F(CudaClusterDecode, V2Shapes) {
-  uint32_t seed = 2400;
-  for (bool paged : {true, false}) {
-    AttnCase c;
-    c.name = std::string("bench 1x1024 ") + (paged ? "kv_indptr form" : "block table");
-    c.q_lens = {1};
-    c.kv_lens = {1024};
-    c.paged_form = paged;
-    c.repeats = 3;
-    both_kernels(c, seed++);
-  }
-  {
-    AttnCase c;
-    c.name = "1x8192 block table";
-    c.q_lens = {1};
-    c.kv_lens = {8192};
-    c.paged_form = false;
-    both_kernels(c, seed++);
-    c.name = "8x1024 kv_indptr form";  // V2=2 guesses base 64 r for every request
-    c.q_lens.assign(8, 1);
-    c.kv_lens.assign(8, 1024);
-    c.paged_form = true;
-    both_kernels(c, seed++);
-  }
-  {
-    AttnCase c;
-    c.name = "three row tiles, group 8";
-    c.hq = 16; c.hkv = 2;
-    c.q_lens = {5, 0, 0, 1};
-    c.kv_lens = {777, 0, 1, 1};
-    c.sinks = true;
-    c.repeats = 2;
-    both_kernels(c, seed++);
-    c.name = "three row tiles, group 8, window, lse e";
-    c.sinks = false;
-    c.window_left = 100;
-    c.base = LseBase::E;
-    c.layout = 1;
-    both_kernels(c, seed++);
-  }
-  {
-    AttnCase c;
-    c.name = "0 and 1 keys";
-    c.q_lens = {1, 1, 1};
-    c.kv_lens = {0, 1, 0};
-    both_kernels(c, seed++);
-    c.name = "group 8, D 128, two combine passes";
-    c.hq = 32; c.hkv = 4;
-    c.q_lens = {1, 1};
-    c.kv_lens = {999, 2};
-    c.paged_form = false;
-    c.soft_cap = 30.0;
-    both_kernels(c, seed++);
+    const int64_t small0 = cuda_impl::small_decode_launches();
+    const int64_t cl0 = cuda_impl::small_cluster_launches();
+    run_attn_case(c, 2250 + static_cast<uint32_t>(B));
+    EXPECT_EQ(cuda_impl::small_decode_launches() - small0, 1) << "small path";
+    EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, B == 1 ? 1 : 0) << "cluster kernel";
   }
 }
 

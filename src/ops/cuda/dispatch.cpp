@@ -15,7 +15,6 @@
 #include "ops/common.h"
 #include "ops/cuda/dcp_kernels.h"
 #include "ops/cuda/kernels.h"
-#include "ops/cuda/small_decode.h"
 #include "ops/cuda_dispatch.h"
 
 namespace kvattn::ops::cuda_impl {
@@ -193,9 +192,6 @@ void paged_attention(const PagedAttentionArgs& a) {
     p.kv_indptr = idx_of(a.paged_kv_indptr);
     p.kv_indices = idx_of(a.paged_kv_indices);
     p.last_page_len = idx_of(a.paged_kv_last_page_len);
-    // entries of the page list: read only by the cluster small kernel's KVATTN_SMALL_V2=2 guesses
-    // (bounds of its early page-table loads); every other reader of max_blocks is block-table only
-    p.max_blocks = a.paged_kv_indices.size(0);
   } else {
     p.block_table = idx_of(a.block_table);
     p.seq_lens = idx_of(a.seq_lens);
@@ -373,8 +369,6 @@ void set_small_decode_kernel(int kernel) { k::set_small_kernel(static_cast<k::Sm
 int64_t small_cluster_launches() noexcept { return k::cluster_decode_launches(); }
 void set_small_cluster_max(int pieces) { k::set_small_cluster_max(pieces); }
 int small_cluster_max() noexcept { return k::small_cluster_max(); }
-void set_small_v2(int level) { k::set_small_v2(level); }
-int64_t small_v2_launches() noexcept { return k::cluster_decode_v2_launches(); }
 void set_decode_options(int opts) { k::set_decode_options(opts); }
 int decode_options() noexcept { return k::decode_options(); }
 int64_t fp8_fast_launches() noexcept { return k::fp8_fast_launches(); }

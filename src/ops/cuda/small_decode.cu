@@ -19,10 +19,6 @@
 //     the mma fragments.
 // Chain per piece: launch -> index words -> (page ids || Q) -> K/V -> mma / softmax -> one
 // shared-memory pass -> cluster barrier -> DSMEM loads -> store -> cluster barrier (exit).
-// KVATTN_SMALL_V2=1 (session 6, default off) shortens the tail: each warp writes its partial
-// into its own stages (no CTA barrier, no CTA combine pass), the cluster barrier is the only
-// barrier before the DSMEM reads, a reading lane combines its piece's 4 warp partials itself,
-// and the exit barrier is split (arrive once the remote values are consumed, wait at the end).
 //
 // Covers: bf16 / f16 caches with a query of the same type in 16-byte rows, head dims 64 and 128,
 // any page size and layout (strides), both page-table forms, causal or not, multi-token rows
@@ -100,14 +96,6 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// The two halves of cluster_sync(), for the V2 tail (a thread arrives once its remote reads are
-// consumed and waits only where its shared memory is about to be reused or the CTA exits).
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 __device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
@@ -156,113 +144,8 @@ __device__ __forceinline__ void tl_stamp(uint64_t* tl, int point) {
   }
 }
 
-#ifdef KVATTN_CLUSTER_KERNEL
-// V2 tail, after the cluster barrier: the unit's outputs of this row tile over DSMEM.  Item
-// (row, 4 dims) = rank + P * k goes to a group of PP lanes (P rounded up to a power of two), lane
-// j of the group reads the 4 warp partials of piece j — warp w's (m, l) at s_wm / s_wl[w][row],
-// its O row in warp w's pipeline stages (smem + w * kWarpBytes, pitch kPitch) — all 12 remote
-// loads in flight at once, combines them itself, then the group combines by xor shuffles and its
-// lane 0 stores the item (and the row's LSE).  The thread arrives at the exit barrier once its
-// last pass has consumed its remote values and waits at the end, so no CTA leaves (or refills
-// its stages in the next row tile) while another reads them.  Pass loops are uniform over the CTA.
-template <int D, bool TL>
-__device__ __forceinline__ void v2_combine(const AttnParams& p, uint64_t* tl, int P, uint32_t rank, int nrows,
-                                           int row0, int q_start, int hk, int tid, const float* s_wm,
-                                           const float* s_wl, unsigned char* smem) {
-  using C = SCfg<D>;
-  constexpr int kC4 = D / 4;
-  static_assert(kRows * C::kPitch * 4 <= C::kWarpBytes, "a warp's partial must fit its stages");
-  int PP = 1;
-  while (PP < P) PP <<= 1;
-  const int groups = kThreads / PP;
-  const int jp = tid & (PP - 1);  // the piece this lane reads (PP <= 16 divides 32)
-  const int n_items = nrows * kC4;
-  const int my_items = n_items > static_cast<int>(rank) ? (n_items - static_cast<int>(rank) + P - 1) / P : 0;
-  const uint32_t a_wm = smem_u32(s_wm), a_wl = smem_u32(s_wl), a_o = smem_u32(smem);
-  bool arrived = false;
-  for (int k0 = 0; k0 < my_items; k0 += groups) {
-    const int k = k0 + tid / PP;
-    const bool have = k < my_items;
-    const int item = static_cast<int>(rank) + P * (have ? k : 0);
-    const int row = item / kC4, c = item - row * kC4;
-    float mw[kWarps], lw[kWarps];
-    float4 ow[kWarps];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      mw[w] = -INFINITY;
-      lw[w] = 0.f;
-      ow[w] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    if (have && jp < P) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        mw[w] = ld_cluster_f32(map_rank(a_wm + (w * kRows + row) * 4, jp));
-        lw[w] = ld_cluster_f32(map_rank(a_wl + (w * kRows + row) * 4, jp));
-        ow[w] = ld_cluster_f4(map_rank(a_o + w * C::kWarpBytes + (row * C::kPitch + 4 * c) * 4, jp));
-      }
-    }
-    // this lane's piece: its 4 warps combined (unnormalised, relative to the piece max mj)
-    float mj = mw[0];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) mj = fmaxf(mj, mw[w]);
-    const float mju = (mj == -INFINITY) ? 0.f : mj;
-    float lj = 0.f;
-    float4 oj = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float f = exp2f(mw[w] - mju);  // 0 for a warp without keys (m = -inf)
-      lj += lw[w] * f;
-      oj.x += f * ow[w].x;
-      oj.y += f * ow[w].y;
-      oj.z += f * ow[w].z;
-      oj.w += f * ow[w].w;
-    }
-    if (k0 + groups >= my_items) {  // last pass (uniform over the CTA): remote reads done
-      cluster_arrive();
-      arrived = true;
-    }
-    float M = mj;
-    for (int off = PP >> 1; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off, PP));
-    const int rr = row0 + row;
-    const int64_t tok = q_start + rr / p.group;
-    const int head = hk * p.group + rr % p.group;
-    float s2 = -INFINITY;
-    if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
-    const float Mf = fmaxf(M, s2);
-    const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
-    const float f = exp2f(mj - Mu);  // 0 for lanes without a piece (mj = -inf)
-    float denom = lj * f;
-    float4 acc = make_float4(f * oj.x, f * oj.y, f * oj.z, f * oj.w);
-    for (int off = PP >> 1; off > 0; off >>= 1) {
-      denom += __shfl_xor_sync(0xffffffffu, denom, off, PP);
-      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off, PP);
-      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off, PP);
-      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off, PP);
-      acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off, PP);
-    }
-    if (have && jp == 0) {
-      if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
-      const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
-      store_out4(p, tok, head, 4 * c, acc.x * sc, acc.y * sc, acc.z * sc, acc.w * sc);
-      if (c == 0 && p.lse != nullptr) {
-        const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
-        p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
-      }
-    }
-  }
-  if (!arrived) cluster_arrive();  // a CTA without items (more pieces than items)
-  tl_stamp<TL>(tl, kTlStored);
-  cluster_wait();  // no CTA leaves (or refills its stages) while another reads them
-}
-#endif
-
 // One CTA = piece blockIdx.x (cluster rank) of unit blockIdx.y = request * hkv + KV head.
-// V2 (KVATTN_SMALL_V2=1, session 6): the tail after the tile loop without CTA barriers — each
-// warp leaves its own (m, l, O) partial (valid rows only) in its own pipeline stages, the cluster
-// barrier is the only barrier before the DSMEM reads, a reading lane combines the 4 warp partials
-// of its piece itself, and the exit barrier is split (arrive once the remote values are consumed,
-// wait at the end) so that its latency overlaps the group combine and the stores.
-template <bool BF16, int D, bool TL = false, int V = 0>
+template <bool BF16, int D, bool TL = false>
 __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, uint64_t* tl) {
 #ifdef KVATTN_CLUSTER_KERNEL
   using C = SCfg<D>;
@@ -281,42 +164,6 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
   const int r = static_cast<int>(blockIdx.y) / p.hkv;
   const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
   tl_stamp<TL>(tl, kTlEntry);
-
-  // ---- V >= 2: the first row tile's page-table entries from guessed addresses, loaded in the
-  // index words' round trip.  Guess: every request holds an equal share of the page list
-  // (kv_indptr form: p.max_blocks = entries of kv_indices, set by dispatch; base r * share) or a
-  // full block-table row, one query token (q_len 1: the key range is [0, kv_len)), no window.
-  // Verified once the index words are in (same base, same first key of this warp); lanes whose
-  // guessed entry was not loaded, and every lane on a miss, load the entry again.
-  [[maybe_unused]] int32_t spg[kStages + 1];
-  [[maybe_unused]] uint32_t spg_mask = 0;  // bit t: spg[t] loaded
-  [[maybe_unused]] int64_t g_base = 0;
-  [[maybe_unused]] int g_first = 0;
-  if constexpr (V >= 2) {
-    const int64_t n_ent = max(p.max_blocks, int64_t(0));
-    const int64_t share = p.paged_form ? n_ent / max(p.batch, 1) : n_ent;
-    g_base = p.paged_form ? int64_t(r) * share : 0;
-    const int g_kv = static_cast<int>(min(share * p.page_size, int64_t(1) << 30));
-    const int g_chunk = ((g_kv + P - 1) / P + kSlice - 1) & ~(kSlice - 1);
-    const int g_kstart = static_cast<int>(rank) * g_chunk;
-    const int g_kend = min(g_kv, g_kstart + g_chunk);
-    g_first = g_kstart + warp * kSlice;
-#pragma unroll
-    for (int t = 0; t <= kStages; ++t) {
-      spg[t] = -1;
-      const int j = g_first + t * kTile + lane;
-      if (lane < kSlice && j < g_kend && p.window_left < 0) {
-        const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-        if (g_base + blk < n_ent) {
-          const int64_t v = p.paged_form ? load_idx(p.kv_indices, g_base + blk) : load_idx2(p.block_table, r, blk);
-          if (v >= 0 && v <= INT32_MAX) {  // else: loaded again below (and range-checked there)
-            spg[t] = static_cast<int32_t>(v);
-            spg_mask |= 1u << t;
-          }
-        }
-      }
-    }
-  }
 
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
   const RequestBounds rb = load_request_bounds(p, r);
@@ -381,25 +228,9 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
 
     // ---- page ids of the first kStages + 1 tiles, then Q, while those loads are in flight ----
     int64_t pgs[kStages];
-    int64_t pg_pref;
-    if constexpr (V >= 2) {
-      // the guessed entries hold when this warp's first key and the page-list base are the guessed
-      // ones (first row tile only); the key range test is the real one
-      const bool hit = row0 == 0 && first == g_first && (!p.paged_form || pbase == g_base);
-      auto pick = [&](int t, int32_t sv) -> int64_t {
-        const int j = first + t * kTile + lane;
-        if (lane >= kSlice || t >= n_tiles || j >= kend) return -1;
-        if (hit && ((spg_mask >> t) & 1u)) return sv >= p.num_pages ? int64_t(-1) : int64_t(sv);
-        return load_page(t);
-      };
 #pragma unroll
-      for (int t = 0; t < kStages; ++t) pgs[t] = pick(t, spg[t]);
-      pg_pref = pick(kStages, spg[kStages]);
-    } else {
-#pragma unroll
-      for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
-      pg_pref = load_page(kStages);
-    }
+    for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
+    int64_t pg_pref = load_page(kStages);
 
     int rvalid[2], rqpos[2];
     uint32_t qf[kKSteps][4];
@@ -523,42 +354,6 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
       pg_pref = load_page(nt + 1);
     }
     cp_async_wait_mem<0>();
-    if constexpr (V >= 1) {
-      // V2: a warp's partial goes into its own stages, so only its own lanes must be done
-      __syncwarp();
-      tl_stamp<TL>(tl, kTlLoop);  // warp 0's loop done (no CTA barrier)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float l = l_r[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        l_r[h] = l;
-      }
-      float* myO = reinterpret_cast<float*>(wbuf);  // [kRows][kPitch]
-      if (row0 + g < rows_r) {
-#pragma unroll
-        for (int n = 0; n < kNTilesO; ++n)
-          *reinterpret_cast<float2*>(myO + g * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][0], o[n][1]);
-      }
-      if (row0 + g + 8 < rows_r) {
-#pragma unroll
-        for (int n = 0; n < kNTilesO; ++n)
-          *reinterpret_cast<float2*>(myO + (g + 8) * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][2], o[n][3]);
-      }
-      if (t4 == 0) {
-        s_wm[warp][g] = m_r[0];
-        s_wm[warp][g + 8] = m_r[1];
-        s_wl[warp][g] = l_r[0];
-        s_wl[warp][g + 8] = l_r[1];
-      }
-      const int nrows = min(kRows, rows_r - row0);
-      tl_stamp<TL>(tl, kTlPartial);  // warp 0's partial written
-      cluster_sync();  // every warp's partial of every CTA is complete and visible to the cluster
-      tl_stamp<TL>(tl, kTlSync);
-      v2_combine<D, TL>(p, tl, P, rank, nrows, row0, q_start, hk, tid, &s_wm[0][0], &s_wl[0][0], smem);
-      tl_stamp<TL>(tl, kTlExit);
-      continue;
-    }
     __syncthreads();  // every warp is done with the pipeline: the partials alias it
     tl_stamp<TL>(tl, kTlLoop);
 
@@ -685,17 +480,6 @@ __global__ void empty_kernel() {}
 std::atomic<int> g_kernel{-1};   // SmallKernel, -1 = not read from the environment yet
 std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
 std::atomic<int64_t> g_launches{0};
-std::atomic<int> g_v2{-1};       // KVATTN_SMALL_V2: 0 off, 1 V2 tail, 2 tail + first loads; -1 = not read yet
-std::atomic<int64_t> g_v2_launches{0};
-
-int v2_now() {
-  int m = g_v2.load(std::memory_order_relaxed);
-  if (m >= 0) return m;
-  m = 0;
-  if (const char* e = std::getenv("KVATTN_SMALL_V2")) m = std::min(std::max(std::atoi(e), 0), 2);
-  g_v2.store(m, std::memory_order_relaxed);
-  return m;
-}
 
 int kernel_now() {
   int m = g_kernel.load(std::memory_order_relaxed);
@@ -719,7 +503,7 @@ int cmax_now() {
   return m;
 }
 
-template <bool BF16, int D, int V>
+template <bool BF16, int D>
 struct KernInfo {
   // per device: attributes set, CTAs per SM, clusters of each size that fit at once (-1 unknown)
   std::mutex mu;
@@ -728,9 +512,9 @@ struct KernInfo {
   int max_clusters[64][kMaxPieces + 1] = {};
 };
 
-template <bool BF16, int D, int V>
-KernInfo<BF16, D, V>& kern_info() {
-  static KernInfo<BF16, D, V> k;
+template <bool BF16, int D>
+KernInfo<BF16, D>& kern_info() {
+  static KernInfo<BF16, D> k;
   return k;
 }
 
@@ -753,16 +537,16 @@ cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttri
   return cfg;
 }
 
-template <bool BF16, int D, int V>
+template <bool BF16, int D>
 int prepare(int dev) {
-  auto& ki = kern_info<BF16, D, V>();
+  auto& ki = kern_info<BF16, D>();
   std::lock_guard<std::mutex> lock(ki.mu);
   const int d = dev & 63;
   if (ki.ready[d]) return 0;
-  auto kern = cluster_decode_kernel<BF16, D, false, V>;
+  auto kern = cluster_decode_kernel<BF16, D>;
   constexpr int smem = SCfg<D>::kSmem;
   cudaError_t e = cudaSuccess;
-  for (auto k : {kern, cluster_decode_kernel<BF16, D, true, V>}) {
+  for (auto k : {kern, cluster_decode_kernel<BF16, D, true>}) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
@@ -785,15 +569,15 @@ int prepare(int dev) {
   return 0;
 }
 
-template <bool BF16, int D, int V>
+template <bool BF16, int D>
 int pieces_for(const AttnParams& p, int num_sms) {
   int dev = 0;
   cudaGetDevice(&dev);
-  if (prepare<BF16, D, V>(dev) != 0) {
+  if (prepare<BF16, D>(dev) != 0) {
     (void)cudaGetLastError();
     return 0;
   }
-  auto& ki = kern_info<BF16, D, V>();
+  auto& ki = kern_info<BF16, D>();
   const int d = dev & 63;
   const int64_t units = int64_t(p.batch) * p.hkv;
   const int64_t slots = int64_t(num_sms) * std::max(ki.per_sm[d], 1);
@@ -837,30 +621,15 @@ int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams,
     line += buf;
   }
   std::fprintf(stderr, "%s\n", line.c_str());
-  // the same points measured from each CTA's own entry (takes the CTAs' start skew out)
-  line = "[small timeline]   per CTA, us after its own entry (median / max):";
-  for (int k = 1; k < kTlStamps; ++k) {
-    std::vector<double> v;
-    for (int64_t c = 0; c < ctas; ++c) {
-      const uint64_t e0 = h[static_cast<size_t>(c * kTlStamps + kTlEntry)], t = h[static_cast<size_t>(c * kTlStamps + k)];
-      if (e0 >= t0 && t >= e0) v.push_back(double(t - e0) * 1e-3);
-    }
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::snprintf(buf, sizeof buf, " | %s %.2f / %.2f", kNames[k], v[v.size() / 2], v.back());
-    line += buf;
-  }
-  static const char* const kVar[3] = {"", " [V2 tail]", " [V2 tail + first loads]"};
-  std::fprintf(stderr, "%s%s\n", line.c_str(), kVar[v2_now()]);
   return 0;
 }
 
-template <bool BF16, int D, int V>
+template <bool BF16, int D>
 int launch(const AttnParams& p, int P) {
-  auto kern = cluster_decode_kernel<BF16, D, false, V>;
+  auto kern = cluster_decode_kernel<BF16, D>;
   int dev = 0;
   cudaGetDevice(&dev);
-  if (int e = prepare<BF16, D, V>(dev)) return e;
+  if (int e = prepare<BF16, D>(dev)) return e;
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(
       dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
@@ -871,17 +640,13 @@ int launch(const AttnParams& p, int P) {
   // the counter counts launches that were accepted (a failed launch is not counted)
   const int64_t call = g_launches.load(std::memory_order_relaxed) + 1;
   if (timeline_call > 0 && call == timeline_call) {
-    const int rc = launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true, V>, p, call);
-    if (rc == 0) {
-      g_launches.fetch_add(1, std::memory_order_relaxed);
-      if (V > 0) g_v2_launches.fetch_add(1, std::memory_order_relaxed);
-    }
+    const int rc = launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true>, p, call);
+    if (rc == 0) g_launches.fetch_add(1, std::memory_order_relaxed);
     return rc;
   }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, static_cast<uint64_t*>(nullptr));
   if (e != cudaSuccess) return static_cast<int>(e);
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  if (V > 0) g_v2_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -916,33 +681,15 @@ int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (device_cc_major() < 9) return 0;
   const bool bf = p.kv_t == Elt::bf16;
   int P = 0;
-  const int v = v2_now();
-  if (v == 2) {
-    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, 2>(p, num_sms) : pieces_for<false, 64, 2>(p, num_sms);
-    else P = bf ? pieces_for<true, 128, 2>(p, num_sms) : pieces_for<false, 128, 2>(p, num_sms);
-  } else if (v == 1) {
-    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, 1>(p, num_sms) : pieces_for<false, 64, 1>(p, num_sms);
-    else P = bf ? pieces_for<true, 128, 1>(p, num_sms) : pieces_for<false, 128, 1>(p, num_sms);
-  } else {
-    if (p.head_dim == 64) P = bf ? pieces_for<true, 64, 0>(p, num_sms) : pieces_for<false, 64, 0>(p, num_sms);
-    else P = bf ? pieces_for<true, 128, 0>(p, num_sms) : pieces_for<false, 128, 0>(p, num_sms);
-  }
+  if (p.head_dim == 64) P = bf ? pieces_for<true, 64>(p, num_sms) : pieces_for<false, 64>(p, num_sms);
+  else P = bf ? pieces_for<true, 128>(p, num_sms) : pieces_for<false, 128>(p, num_sms);
   return (force || P >= std::min(kClusterMinAutoPieces, cmax_now())) ? P : 0;
 }
 
 int launch_cluster_decode(const AttnParams& p, int pieces) {
   const bool bf = p.kv_t == Elt::bf16;
-  const int v = v2_now();
-  if (v == 2) {
-    if (p.head_dim == 64) return bf ? launch<true, 64, 2>(p, pieces) : launch<false, 64, 2>(p, pieces);
-    return bf ? launch<true, 128, 2>(p, pieces) : launch<false, 128, 2>(p, pieces);
-  }
-  if (v == 1) {
-    if (p.head_dim == 64) return bf ? launch<true, 64, 1>(p, pieces) : launch<false, 64, 1>(p, pieces);
-    return bf ? launch<true, 128, 1>(p, pieces) : launch<false, 128, 1>(p, pieces);
-  }
-  if (p.head_dim == 64) return bf ? launch<true, 64, 0>(p, pieces) : launch<false, 64, 0>(p, pieces);
-  return bf ? launch<true, 128, 0>(p, pieces) : launch<false, 128, 0>(p, pieces);
+  if (p.head_dim == 64) return bf ? launch<true, 64>(p, pieces) : launch<false, 64>(p, pieces);
+  return bf ? launch<true, 128>(p, pieces) : launch<false, 128>(p, pieces);
 }
 
 void set_small_kernel(SmallKernel k) { g_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
@@ -950,9 +697,6 @@ SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
 void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }
 int small_cluster_max() { return cmax_now(); }
 int64_t cluster_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
-void set_small_v2(int level) { g_v2.store(std::min(std::max(level, 0), 2), std::memory_order_relaxed); }
-int small_v2() { return v2_now(); }
-int64_t cluster_decode_v2_launches() { return g_v2_launches.load(std::memory_order_relaxed); }
 
 double measure_empty_launch_us(int ctas, int cluster) {
   struct Ctx { int ctas, cluster; } ctx{ctas, std::max(cluster, 1)};

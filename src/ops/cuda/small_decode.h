@@ -18,14 +18,6 @@ constexpr int kClusterMinAutoPieces = 4;
 int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force);
 // One launch: grid (pieces, batch * hkv) in clusters of `pieces` CTAs; no workspace.
 int launch_cluster_decode(const AttnParams& p, int pieces);
-// V2 tail of the cluster kernel (session 6; KVATTN_SMALL_V2=1, default off): no CTA barrier
-// after the tile loop, each warp's partial read over DSMEM directly, the exit cluster barrier
-// split into arrive / wait (small_decode.cu, v2_combine).  Read once from the environment; the
-// setter (tests) overrides it.  cluster_decode_v2_launches() counts its launches (they also count
-// in cluster_decode_launches()).
-void set_small_v2(int level);  // 0 off, 1 V2 tail, 2 V2 tail + first loads without the index words
-int small_v2();
-int64_t cluster_decode_v2_launches();
 // Compute capability major of the current device, cached per device (0 when it cannot be read).
 // The sm_90-only kernels (this one, the fp8 fast decode variant) are chosen on the host by it.
 int device_cc_major();
