@@ -17,6 +17,8 @@
 //        prefill config (64 rows / CTA, 4 warps x 16 rows, each warp sees the whole tile)
 //   3. merge kernel (only when some request was split): combines the partial (O, LSE) of
 //      the splits, adds the sink term, writes out and LSE.
+// Decode option bit 16 (KVATTN_DECODE_STREAMK=1) replaces 1-2 for the decode config by a
+// stream-K schedule (plan_streamk_kernel, attn_kernel<..., SK>, merge_streamk_kernel).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/ptx.cuh"
 #include "ops/cuda/small_decode.h"
@@ -132,7 +134,7 @@ struct Plan {
   // KV head) unit; all 0 between launches (the last arrival puts its counter back), in a
   // buffer of their own so no other path's use of the workspace can dirty them
   // stream-K decode (kOptStreamK, never the small path): the same pointer holds its header
-  // [T, G, SkUnit* units, int32* unit of each CTA's first tile] (int64 words, sk_hdr() below),
+  // [C, G, SkUnit* units, int32* unit of each CTA's first position] (int64 words, sk_hdr() below),
   // written by plan_streamk_kernel.  Plan keeps its 112 bytes and layout: a larger kernel
   // parameter (and a union here) changed the default kernels' code.
   int32_t* small_ctr;
@@ -144,8 +146,9 @@ struct Plan {
   uint64_t* tl;          // timeline stamps (KVATTN_DECODE_TIMELINE), nullptr = off
   int32_t tl_cap;        // unit records available in tl
 };
-// One stream-K unit: tiles [start, start + len) of the flattened tile space; CTAs
-// first_cta .. first_cta + pieces - 1 hold its pieces (slot = CTA - first_cta).
+// One stream-K unit: its tiles sit at positions [start, start + len) of the flattened cost space
+// (streamk_schedule.h); CTAs first_cta .. first_cta + pieces - 1 hold its pieces (slot = CTA -
+// first_cta).
 struct SkUnit {
   int64_t start;
   int32_t len, first_cta, pieces, pad;
@@ -500,13 +503,13 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
 // Stream-K plan of the decode config (kOptStreamK; one CTA).  Units are (request, row tile, KV
 // head) as in plan_kernel (w = item * hkv + hk), unit w has L_w >= 1 key tiles (the range
 // attn_kernel derives from kv_len, the causal bound and the window; an empty unit counts 1 so it
-// still writes its zero output / -inf LSE).  The tiles of all units are flattened in unit order,
-// T in all; G CTAs take the contiguous ranges [floor(c T / G), floor((c + 1) T / G)), so tile t
-// belongs to CTA ((t + 1) G - 1) / T.  Every range has >= mt tiles, mt chosen so that a unit
-// has at most max_splits - 1 pieces (the partial slots of the workspace).  Written every call
-// (CUDA-graph safe): req / page_base / items / num_items as plan_kernel (items carry L in
-// `split`, the tile prefix over items in `pad`), sk_hdr(plan) (T, G, table addresses), units, cta (unit of each
-// range's first tile) and sk_map (pieces of the row's unit per (token, qo head), 0 = padding).
+// still writes its zero output / -inf LSE).  Units are laid out in unit order in a cost space,
+// `lead` positions (a piece start's cost) then their tiles, C positions in all; G CTAs take the
+// contiguous ranges [floor(c C / G), floor((c + 1) C / G)) — the arithmetic and its bounds are in
+// streamk_schedule.h.  Written every call (CUDA-graph safe): req / page_base / items / num_items
+// as plan_kernel (items carry L in `split`, the tile prefix over items in `pad`), sk_hdr(plan)
+// (C, G, table addresses), the unit table, each CTA's first unit and the map (pieces of the row's
+// unit per (token, qo head), 0 = padding).
 template <int ROWS, int TILE>
 __device__ __forceinline__ int sk_item_tiles(const AttnParams& p, const ReqInfo& ri, int rtile) {
   // the same arithmetic as attn_kernel's key range (split 0, one chunk)
@@ -540,7 +543,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_streamk_kernel(AttnParams p
   const int lane = tid & 31, warp = tid >> 5, nw = static_cast<int>(blockDim.x >> 5);
   const int64_t nmap = p.num_tokens * p.hq;
   for (int64_t i = tid; i < nmap; i += blockDim.x) skt.map[i] = 0;  // ordered by the barriers below
-  // pass 1: per request info; totals of row tiles, tiles, longest unit
+  // pass 1: per request info; totals of row tiles, tiles, longest unit; thread 0: C, G, lead
   int64_t nit = 0, nl = 0;
   int32_t lmax = 0;
   for (int r = tid; r < p.batch; r += blockDim.x) {
@@ -890,7 +893,7 @@ template <>
 struct SkShared<true> {
   const SkUnit* units;   // the plan's unit table
   int64_t t, end;        // next position of the CTA's range, range end (streamk_schedule.h)
-  int32_t u;             // unit holding tile t
+  int32_t u;             // unit holding position t
   int32_t tb, te;        // current piece: tiles [tb, te) of its unit
   int32_t slot, pieces;  // current piece's partial slot and its unit's piece count
 };
@@ -1010,7 +1013,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     if (tid == 0 && tl != nullptr) tl[kTlHeader + 2 * blockIdx.x] = gtimer();
   }
   if constexpr (SK) {
-    if (tid == 0) {  // the CTA's tile range and the unit of its first tile (read after the first barrier)
+    if (tid == 0) {  // the CTA's range and the unit of its first position (read after the first barrier)
       const int64_t C = sk_hdr(plan)[0], G = sk_hdr(plan)[1];
       const int64_t c = blockIdx.x;
       s_sk.t = c < G ? sk::range_begin(c, C, G) : 0;
@@ -1666,7 +1669,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 // holds dims 4l..4l+3 of each split (v6 walked the dims in 4 serial rounds after the LSEs:
 // ~10-13 us for 128 x 4096 in the session-4 timeline).
 constexpr int kMergeRegSplits = 8;
-// SK (stream-K decode): the piece count comes per (token, qo head) from plan.sk_map.
+// SK (stream-K decode): plan.tok_splits is the per-(token, qo head) piece-count map.
 template <bool SK = false>
 __device__ __forceinline__ void merge_splits_body(const AttnParams& p, const Plan& plan, float kv_out_factor) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
