@@ -183,6 +183,9 @@ int64_t fp8_fast_launches();
 // may also take a chunk that does not divide the request, the short last units handed out after
 // all long ones; rem_split_plans() counts the plans (current device) that chose one (synchronises).
 int64_t rem_split_plans();
+// Option bit 16: stream-K schedule of the decode config (default off, KVATTN_DECODE_STREAMK=1);
+// streamk_launches() counts its calls.
+int64_t streamk_launches();
 void set_decode_splits(int n);
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------

@@ -17,9 +17,12 @@
 //        prefill config (64 rows / CTA, 4 warps x 16 rows, each warp sees the whole tile)
 //   3. merge kernel (only when some request was split): combines the partial (O, LSE) of
 //      the splits, adds the sink term, writes out and LSE.
+// Decode option bit 16 (KVATTN_DECODE_STREAMK=1) replaces 1-2 for the decode config by a
+// stream-K schedule (plan_streamk_kernel, attn_kernel<..., SK>, merge_streamk_kernel).
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/ptx.cuh"
 #include "ops/cuda/small_decode.h"
+#include "ops/cuda/streamk_schedule.h"
 
 #include <algorithm>
 #include <atomic>
@@ -130,6 +133,10 @@ struct Plan {
   // small-call path only (attn_kernel<..., SMALL = true>): arrivals per (request, row tile,
   // KV head) unit; all 0 between launches (the last arrival puts its counter back), in a
   // buffer of their own so no other path's use of the workspace can dirty them
+  // stream-K decode (kOptStreamK, never the small path): the same pointer holds its header
+  // [C, G, SkUnit* units, int32* unit of each CTA's first position] (int64 words, sk_hdr() below),
+  // written by plan_streamk_kernel.  Plan keeps its 112 bytes and layout: a larger kernel
+  // parameter (and a union here) changed the default kernels' code.
   int32_t* small_ctr;
   int32_t small_units;   // unit counters available
   int32_t small_smax;    // split bound (<= kSmallMaxSplits)
@@ -139,6 +146,17 @@ struct Plan {
   uint64_t* tl;          // timeline stamps (KVATTN_DECODE_TIMELINE), nullptr = off
   int32_t tl_cap;        // unit records available in tl
 };
+// One stream-K unit: its tiles sit at positions [start, start + len) of the flattened cost space
+// (streamk_schedule.h); CTAs first_cta .. first_cta + pieces - 1 hold its pieces (slot = CTA -
+// first_cta).
+struct SkUnit {
+  int64_t start;
+  int32_t len, first_cta, pieces, pad;
+};
+
+__host__ __device__ __forceinline__ int64_t* sk_hdr(const Plan& plan) {
+  return reinterpret_cast<int64_t*>(plan.small_ctr);
+}
 
 // v6-path options (Plan::opts)
 constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length calls by whole waves
@@ -153,6 +171,8 @@ constexpr int kOptFp8Fast = 4;
 constexpr int kOptRemSplits = 8;
 // plans that chose such a chunk (items long units first), for tests: rem_split_plans()
 __device__ unsigned long long g_rem_split_plans;
+// decode config: stream-K schedule (plan_streamk_kernel; KVATTN_DECODE_STREAMK=1), see DESIGN.md
+constexpr int kOptStreamK = 16;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end, plan phase stamps (2)
@@ -480,6 +500,192 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
 }
 
 // ---------------------------------------------------------------------------------------------
+// Stream-K plan of the decode config (kOptStreamK; one CTA).  Units are (request, row tile, KV
+// head) as in plan_kernel (w = item * hkv + hk), unit w has L_w >= 1 key tiles (the range
+// attn_kernel derives from kv_len, the causal bound and the window; an empty unit counts 1 so it
+// still writes its zero output / -inf LSE).  Units are laid out in unit order in a cost space,
+// `lead` positions (a piece start's cost) then their tiles, C positions in all; G CTAs take the
+// contiguous ranges [floor(c C / G), floor((c + 1) C / G)) — the arithmetic and its bounds are in
+// streamk_schedule.h.  Written every call (CUDA-graph safe): req / page_base / items / num_items
+// as plan_kernel (items carry L in `split`, the tile prefix over items in `pad`), sk_hdr(plan)
+// (C, G, table addresses), the unit table, each CTA's first unit and the map (pieces of the row's
+// unit per (token, qo head), 0 = padding).
+template <int ROWS, int TILE>
+__device__ __forceinline__ int sk_item_tiles(const AttnParams& p, const ReqInfo& ri, int rtile) {
+  // the same arithmetic as attn_kernel's key range (split 0, one chunk)
+  const int rows_r = ri.q_len * p.group;
+  const int row0 = rtile * ROWS;
+  const int last_row = min(rows_r, row0 + ROWS) - 1;
+  const int qpos_first = ri.kv_len - ri.q_len + row0 / p.group;
+  const int qpos_last = ri.kv_len - ri.q_len + last_row / p.group;
+  int hi = ri.kv_len;
+  if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi = min(hi, qpos_last + 1);
+  int lo = 0;
+  if (p.window_left >= 0) lo = max(0, qpos_first - static_cast<int>(p.window_left));
+  const int tile0 = (lo / TILE) * TILE;
+  const int n = hi > lo ? (hi - tile0 + TILE - 1) / TILE : 0;
+  return max(n, 1);
+}
+// Tables of the stream-K decode (the kernels find units / cta through sk_hdr(plan), the map
+// through plan.tok_splits).
+struct SkTables {
+  SkUnit* units;  // [max units] per unit w = item * hkv + hk
+  int32_t* cta;   // [grid] unit holding the CTA's first tile
+  int32_t* map;   // [num_tokens * hq] pieces of the row's unit, 0 = no request
+};
+template <int ROWS, int TILE>
+__global__ void __launch_bounds__(kPlanThreads) plan_streamk_kernel(AttnParams p, Plan plan, SkTables skt,
+                                                                    int max_splits, int64_t item_cap, int grid) {
+  __shared__ int64_t s_a[32], s_b[32], s_c[32];
+  __shared__ int32_t s_m[32];
+  __shared__ int64_t s_tot[4];  // items, C, G, lead (pass 1); per-round totals (pass 2)
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, nw = static_cast<int>(blockDim.x >> 5);
+  const int64_t nmap = p.num_tokens * p.hq;
+  for (int64_t i = tid; i < nmap; i += blockDim.x) skt.map[i] = 0;  // ordered by the barriers below
+  // pass 1: per request info; totals of row tiles, tiles, longest unit; thread 0: C, G, lead
+  int64_t nit = 0, nl = 0;
+  int32_t lmax = 0;
+  for (int r = tid; r < p.batch; r += blockDim.x) {
+    int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
+    qs = min(max(qs, int64_t(0)), p.num_tokens);
+    qe = min(max(qe, qs), p.num_tokens);
+    int64_t kv = 0, pb = 0;
+    if (p.paged_form) {
+      const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
+      const int64_t np = max(e - b, int64_t(0));
+      const int64_t last = np > 0 ? load_idx(p.last_page_len, r) : 0;
+      kv = max(np - 1, int64_t(0)) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size));
+      pb = b;
+    } else {
+      kv = load_idx(p.seq_lens, r);
+      kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
+    }
+    ReqInfo ri;
+    ri.q_start = static_cast<int32_t>(qs);
+    ri.q_len = static_cast<int32_t>(qe - qs);
+    ri.kv_len = static_cast<int32_t>(kv);
+    ri.splits = 1;
+    plan.req[r] = ri;
+    plan.page_base[r] = pb;
+    const int rt = (ri.q_len * p.group + ROWS - 1) / ROWS;
+    nit += rt;
+    for (int k = 0; k < rt; ++k) {
+      const int L = sk_item_tiles<ROWS, TILE>(p, ri, k);
+      nl += L;
+      lmax = max(lmax, L);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    nit += __shfl_xor_sync(0xffffffffu, nit, o);
+    nl += __shfl_xor_sync(0xffffffffu, nl, o);
+    lmax = max(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
+  }
+  if (lane == 0) { s_a[warp] = nit; s_b[warp] = nl; s_m[warp] = lmax; }
+  __syncthreads();
+  if (tid == 0) {
+    int64_t R = 0, Lt = 0;
+    int32_t M = 0;
+    for (int w = 0; w < nw; ++w) { R += s_a[w]; Lt += s_b[w]; M = max(M, s_m[w]); }
+    // more row tiles than the workspace holds (only with a malformed qo_indptr): nothing runs
+    if (R > item_cap) R = 0;
+    const sk::Schedule sc = sk::schedule(R > 0 ? Lt * p.hkv : 0, R * p.hkv, M, max_splits, grid,
+                                         sk::lead_for_tile(TILE));
+    s_tot[0] = R; s_tot[1] = sc.C; s_tot[2] = sc.G; s_tot[3] = sc.lead;
+    sk_hdr(plan)[0] = sc.C;
+    sk_hdr(plan)[1] = sc.G;
+    sk_hdr(plan)[2] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(skt.units));
+    sk_hdr(plan)[3] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(skt.cta));
+    plan.num_items[0] = static_cast<int32_t>(R);
+    plan.chunk[0] = 0;
+    plan.counter[0] = 0;
+  }
+  __syncthreads();
+  const int64_t R = s_tot[0], C = s_tot[1], G = s_tot[2];
+  const int32_t lead = static_cast<int32_t>(s_tot[3]);
+  __syncthreads();
+  // pass 2: items (request, row tile, L, tile prefix), exclusive scans over requests in rounds
+  int64_t ibase = 0, lbase = 0;
+  for (int r0 = 0; r0 < p.batch && R > 0; r0 += blockDim.x) {
+    const int r = r0 + tid;
+    int64_t n_items = 0, n_l = 0;
+    ReqInfo ri{};
+    if (r < p.batch) {
+      ri = plan.req[r];
+      n_items = (ri.q_len * p.group + ROWS - 1) / ROWS;
+      for (int k = 0; k < n_items; ++k) n_l += sk_item_tiles<ROWS, TILE>(p, ri, k);
+    }
+    int64_t x = n_items, y = n_l;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t a = __shfl_up_sync(0xffffffffu, x, o), b = __shfl_up_sync(0xffffffffu, y, o);
+      if (lane >= o) { x += a; y += b; }
+    }
+    if (lane == 31) { s_a[warp] = x; s_b[warp] = y; }
+    __syncthreads();
+    if (tid == 0) {
+      int64_t ai = 0, al = 0;
+      for (int w = 0; w < nw; ++w) {
+        const int64_t ti = s_a[w], tl = s_b[w];
+        s_c[w] = ai; s_a[w] = al;  // exclusive items (s_c), exclusive tiles (s_a)
+        ai += ti; al += tl;
+      }
+      s_tot[0] = ai; s_tot[1] = al;
+    }
+    __syncthreads();
+    if (r < p.batch) {
+      int64_t idx = ibase + s_c[warp] + x - n_items;
+      int64_t lp = lbase + s_a[warp] + y - n_l;
+      for (int k = 0; k < n_items; ++k, ++idx) {
+        const int L = sk_item_tiles<ROWS, TILE>(p, ri, k);
+        Item it;
+        it.req = r;
+        it.rtile = k;
+        it.split = L;
+        it.pad = static_cast<int32_t>(lp);
+        plan.items[idx] = it;
+        lp += L;
+      }
+    }
+    ibase += s_tot[0];
+    lbase += s_tot[1];
+    __syncthreads();
+  }
+  // pass 3: units and the (token, qo head) -> pieces map
+  const int64_t U = R * p.hkv;
+  for (int64_t w = tid; w < U; w += blockDim.x) {
+    const Item it = plan.items[w / p.hkv];
+    const int hk = static_cast<int>(w % p.hkv);
+    SkUnit u;
+    u.start = sk::unit_start(int64_t(it.pad) * p.hkv + int64_t(hk) * it.split, w, lead);
+    u.len = it.split;
+    u.first_cta = static_cast<int32_t>(sk::cta_of(u.start, C, G));
+    u.pieces = static_cast<int32_t>(sk::cta_of(u.start + u.len - 1, C, G)) - u.first_cta + 1;
+    u.pad = 0;
+    skt.units[w] = u;
+    const ReqInfo ri = plan.req[it.req];
+    const int rows_r = ri.q_len * p.group;
+    const int row0 = it.rtile * ROWS;
+    for (int rr = row0; rr < min(rows_r, row0 + ROWS); ++rr) {
+      const int64_t tok = ri.q_start + rr / p.group;
+      skt.map[tok * p.hq + int64_t(hk) * p.group + rr % p.group] = u.pieces;
+    }
+  }
+  __syncthreads();
+  // pass 4: unit of each range's first position (binary search over the unit starts; unit w's
+  // positions begin `lead` before its first tile)
+  for (int64_t c = tid; c < G; c += blockDim.x) {
+    const int64_t a = sk::range_begin(c, C, G);
+    int64_t lo = 0, hi = U - 1;  // largest w with start(w) - lead <= a
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) >> 1;
+      if (skt.units[mid].start - lead <= a) lo = mid;
+      else hi = mid - 1;
+    }
+    skt.cta[c] = static_cast<int32_t>(lo);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The attention kernel.
 template <typename KV>
 struct KVTraits;
@@ -679,10 +885,23 @@ struct SmallShared<true> {
   int32_t uex[kSmallMaxBatch];    // exclusive scan of units
   int32_t npieces;
 };
+// Walk state of the stream-K decode (attn_kernel<..., SK = true>): written by thread 0 only,
+// read by all threads after the barrier of each unit start (no registers held across the loop).
+template <bool SK>
+struct SkShared {};
+template <>
+struct SkShared<true> {
+  const SkUnit* units;   // the plan's unit table
+  int64_t t, end;        // next position of the CTA's range, range end (streamk_schedule.h)
+  int32_t u;             // unit holding position t
+  int32_t tb, te;        // current piece: tiles [tb, te) of its unit
+  int32_t slot, pieces;  // current piece's partial slot and its unit's piece count
+};
 
-template <typename KV, int D, int WM, int WN, bool SMALL = false>
+template <typename KV, int D, int WM, int WN, bool SMALL = false, bool SK = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
+  static_assert(!SK || (!SMALL && WN > 1), "stream-K is built for the v6 decode config");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // the fp8 fast variant is built for sm_90 (the host never launches it below compute capability 9)
   if constexpr (kFastKV<KV>) return;
@@ -716,6 +935,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   __shared__ int s_work;
   __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
   __shared__ SmallShared<SMALL> s_sm;
+  __shared__ SkShared<SK> s_sk;
   if constexpr (SMALL) {
     // The plan of the whole call, computed by every CTA (no plan kernel): warp 0, one lane per
     // request (batch <= kSmallMaxBatch, checked by the host).  Same split rule as plan_kernel
@@ -784,7 +1004,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   const int piece = blockIdx.x;  // small path: one piece per CTA
   // timeline record of the current unit (thread 0; s_work holds the unit's work id until the
   // next unit starts, so the address is recomputed instead of kept in registers)
-  uint64_t* const tl = SMALL ? nullptr : plan.tl;
+  uint64_t* const tl = (SMALL || SK) ? nullptr : plan.tl;  // stream-K: no timeline (the host says so)
   auto tl_unit = [&]() -> uint64_t* {
     if (tl == nullptr || tid != 0 || s_work >= plan.tl_cap) return nullptr;
     return tl + kTlHeader + 2 * gridDim.x + int64_t(s_work) * kTlUnitWords;
@@ -792,12 +1012,46 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   if constexpr (!SMALL) {
     if (tid == 0 && tl != nullptr) tl[kTlHeader + 2 * blockIdx.x] = gtimer();
   }
+  if constexpr (SK) {
+    if (tid == 0) {  // the CTA's range and the unit of its first position (read after the first barrier)
+      const int64_t C = sk_hdr(plan)[0], G = sk_hdr(plan)[1];
+      const int64_t c = blockIdx.x;
+      s_sk.t = c < G ? sk::range_begin(c, C, G) : 0;
+      s_sk.end = c < G ? sk::range_begin(c + 1, C, G) : 0;
+      s_sk.u = c < G ? reinterpret_cast<const int32_t*>(sk_hdr(plan)[3])[c] : 0;
+      s_sk.units = reinterpret_cast<const SkUnit*>(sk_hdr(plan)[2]);
+    }
+  }
   for (;;) {
     Item it;
     int hk, chunk;
     ReqInfo ri;
     if constexpr (!SMALL) {
-      if (tid == 0) s_work = atomicAdd(plan.counter, 1);
+      if constexpr (SK) {
+        if (tid == 0) {  // next piece of the range: (unit, [tb, te)), then advance
+          if (s_sk.t >= s_sk.end) {
+            s_work = 0x7fffffff;
+          } else {
+            const int u = s_sk.u;
+            const SkUnit su = s_sk.units[u];
+            const sk::Piece pc = sk::piece_at(s_sk.t, s_sk.end, su.start, su.len);
+            if (pc.te <= pc.tb) {  // the range ends in this unit's lead: done
+              s_work = 0x7fffffff;
+              s_sk.t = s_sk.end;
+            } else {
+              s_work = u;
+              s_sk.tb = pc.tb;
+              s_sk.te = pc.te;
+              s_sk.slot = static_cast<int>(blockIdx.x) - su.first_cta;
+              s_sk.pieces = su.pieces;
+              s_sk.t = su.start + pc.te;
+              if (pc.te == su.len) s_sk.u = u + 1;
+            }
+          }
+        }
+      } else {
+        if (tid == 0) s_work = atomicAdd(plan.counter, 1);
+      }
       __syncthreads();
       const int w = s_work;
       if (w >= total) {
@@ -811,6 +1065,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       hk = w % p.hkv;
       ri = plan.req[it.req];
       chunk = chunk0;
+      // SK: the piece's slot and its unit's piece count stay in shared memory (s_sk.slot /
+      // s_sk.pieces, read in the epilogue: not held in registers across the tile loop)
     } else {
       if (piece >= s_sm.npieces) break;
       const int r = __popc(__ballot_sync(0xffffffffu, s_sm.pinc[lane] <= piece));
@@ -834,8 +1090,15 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi = min(hi, qpos_last + 1);
     int lo = 0;
     if (p.window_left >= 0) lo = max(0, qpos_first - static_cast<int>(p.window_left));
-    const int kstart = max(lo, it.split * chunk);
-    const int kend = min(hi, (it.split + 1) * chunk);
+    int kstart, kend;
+    if constexpr (SK) {  // tiles [tb, te) of the unit, counted from the tile holding lo
+      const int ubase = (lo / kTile) * kTile;
+      kstart = max(lo, ubase + s_sk.tb * kTile);
+      kend = min(hi, ubase + s_sk.te * kTile);
+    } else {
+      kstart = max(lo, it.split * chunk);
+      kend = min(hi, (it.split + 1) * chunk);
+    }
     const int tile0 = (kstart / kTile) * kTile;
     const int n_tiles = kend > kstart ? (kend - tile0 + kTile - 1) / kTile : 0;
 
@@ -1270,7 +1533,14 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       }
     }
     __syncthreads();
-    const bool split_run = ri.splits > 1;
+    // partial slot of this piece / whether its unit has several pieces (SK: from shared memory)
+    auto slot_of = [&]() -> int {
+      if constexpr (SK) return s_sk.slot;
+      else return it.split;
+    };
+    bool split_run;
+    if constexpr (SK) split_run = s_sk.pieces > 1;
+    else split_run = ri.splits > 1;
     for (int row = tid; row < C::kRows; row += C::kThreads) {
       float M = -INFINITY;
       for (int x = 0; x < WN; ++x) M = fmaxf(M, sM[x * C::kRows + row]);
@@ -1307,7 +1577,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
           scale_o = L > 0.f ? 1.f / L : 0.f;
           lse2 = L > 0.f ? M + log2f(L) : -INFINITY;
           const int64_t tok = ri.q_start + rr / p.group;
-          plan.part_lse[(int64_t(it.split) * p.num_tokens + tok) * p.hq + head] = lse2;
+          plan.part_lse[(int64_t(slot_of()) * p.num_tokens + tok) * p.hq + head] = lse2;
         }
       }
       sM[row] = scale_o;  // reuse: row 0..kRows of warp slot 0 (already consumed)
@@ -1333,7 +1603,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[k] *= sc;
       if (split_run) {
-        float4* dst = reinterpret_cast<float4*>(plan.part_o + ((int64_t(it.split) * p.num_tokens + tok) * p.hq + head) * D + c * 8);
+        float4* dst = reinterpret_cast<float4*>(plan.part_o + ((int64_t(slot_of()) * p.num_tokens + tok) * p.hq + head) * D + c * 8);
         dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
       } else if (p.o_vec) {
@@ -1399,13 +1669,15 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 // holds dims 4l..4l+3 of each split (v6 walked the dims in 4 serial rounds after the LSEs:
 // ~10-13 us for 128 x 4096 in the session-4 timeline).
 constexpr int kMergeRegSplits = 8;
+// SK (stream-K decode): plan.tok_splits is the per-(token, qo head) piece-count map.
+template <bool SK = false>
 __device__ __forceinline__ void merge_splits_body(const AttnParams& p, const Plan& plan, float kv_out_factor) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (row >= p.num_tokens * p.hq) return;
   const int64_t tok = row / p.hq;
   const int head = static_cast<int>(row % p.hq);
-  const int ns = plan.tok_splits[tok];
+  const int ns = plan.tok_splits[SK ? row : tok];  // stream-K: the (token, qo head) map
   if (ns <= 1) return;
   const int64_t stride = p.num_tokens * p.hq;  // between splits
   const int64_t base = tok * p.hq + head;
@@ -1485,11 +1757,17 @@ __global__ void merge_splits_kernel(AttnParams p, Plan plan, float kv_out_factor
     if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned long long*>(plan.tl + 3), gtimer());
   }
 }
+__global__ void merge_streamk_kernel(AttnParams p, Plan plan, float kv_out_factor) {
+  if (p.kv_t == Elt::e4m3) kv_out_factor = kE4m3Factor;
+  merge_splits_body<true>(p, plan, kv_out_factor);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
 struct WsLayout {
-  int64_t req, page_base, items, num_items, chunk, counter, tok_splits, part_o, part_lse, total;
+  int64_t req, page_base, items, num_items, chunk, counter, tok_splits, part_o, part_lse;
+  int64_t sk_hdr, sk_units, sk_cta, sk_map;  // stream-K decode tables (decode config, not the small path)
+  int64_t total;
 };
 WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
@@ -1506,6 +1784,14 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * p.head_dim * 4) : 0;
   w.part_lse = off;
   off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * 4) : 0;
+  // stream-K tables, reserved for every v6 decode-config call so the knob can change between
+  // plan and launch (a few bytes per unit / token next to the partials)
+  const bool sk = s.config == 0 && !s.small && s.max_splits > 1;
+  const int64_t units = sk ? s.max_items / s.max_splits * p.hkv : 0;
+  w.sk_hdr = off; off += sk ? 256 : 0;
+  w.sk_units = off; off += sk ? al(units * int64_t(sizeof(SkUnit)) + 16) : 0;
+  w.sk_cta = off; off += sk ? al(int64_t(s.grid) * 4 + 16) : 0;
+  w.sk_map = off; off += sk ? al(p.num_tokens * p.hq * 4 + 16) : 0;
   w.total = off;
   return w;
 }
@@ -1517,7 +1803,7 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // since session 5: fp8 256 x 8192 1257 vs 1592 us in one process, device call S5-5).
 // kOptRemSplits (non-dividing chunks for uniform lengths) unless KVATTN_DECODE_REM_SPLITS=0.
 constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits;
-constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast | kOptRemSplits;
+constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
@@ -1528,6 +1814,8 @@ int decode_opts_now() {
   if (const char* e = std::getenv("KVATTN_FP8_FAST")) m = std::atoi(e) == 0 ? (m & ~kOptFp8Fast) : (m | kOptFp8Fast);
   if (const char* e = std::getenv("KVATTN_DECODE_REM_SPLITS"))
     m = std::atoi(e) == 0 ? (m & ~kOptRemSplits) : (m | kOptRemSplits);
+  // KVATTN_DECODE_STREAMK=1: stream-K schedule of the decode config (default off)
+  if (const char* e = std::getenv("KVATTN_DECODE_STREAMK")) m = std::atoi(e) == 0 ? (m & ~kOptStreamK) : (m | kOptStreamK);
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1647,6 +1935,49 @@ void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* 
                100.0 * loop / (grid * span), 100.0 * (grid * ex_max - ex_sum) / (grid * span));
 }
 std::atomic<int64_t> g_v6_calls{0};
+
+std::atomic<int64_t> g_streamk_launches{0};
+// Stream-K decode (kOptStreamK): plan_streamk_kernel, attn_kernel<..., SK>, merge_streamk_kernel.
+// No timeline in this mode (KVATTN_DECODE_TIMELINE prints that it is off).
+template <typename KV, int D>
+int run_streamk(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
+  const WsLayout w = ws_layout(p, s);
+  char* const base = reinterpret_cast<char*>(plan.req) - w.req;  // the workspace
+  SkTables skt;
+  skt.units = reinterpret_cast<SkUnit*>(base + w.sk_units);
+  skt.cta = reinterpret_cast<int32_t*>(base + w.sk_cta);
+  skt.map = reinterpret_cast<int32_t*>(base + w.sk_map);
+  plan.small_ctr = reinterpret_cast<int32_t*>(base + w.sk_hdr);  // sk_hdr(plan)
+  plan.tok_splits = skt.map;  // the merge reads pieces per (token, qo head)
+  using C = Cfg<KV, D, 1, 4>;
+  auto kern = attn_kernel<KV, D, 1, 4, false, true>;
+  if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, 1, 4, false, true>>(C::kSmem)) return e;
+  plan.opts = decode_opts_now();
+  plan.tl = nullptr;
+  plan.tl_cap = 0;
+  const int tl_every = timeline_every();
+  if (tl_every > 0 && g_v6_calls.fetch_add(1, std::memory_order_relaxed) + 1 == tl_every)
+    std::fprintf(stderr, "[timeline] off in stream-K mode (KVATTN_DECODE_STREAMK): no report for this call\n");
+  plan_streamk_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, skt, s.max_splits,
+                                                              s.max_items / s.max_splits, s.grid);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return static_cast<int>(e);
+  kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return static_cast<int>(e);
+  const int64_t rows = p.num_tokens * p.hq;
+  const int threads = 256;
+  const int64_t blocks = (rows * 32 + threads - 1) / threads;
+  if (blocks > 0) merge_streamk_kernel<<<static_cast<unsigned>(blocks), threads>>>(p, plan, of);
+  e = cudaGetLastError();
+  if (e == cudaSuccess) g_streamk_launches.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<int>(e);
+}
+// Stream-K runs when the bit is set, for the decode config of the v6 path with room for >= 4
+// partial slots per row (the plan bounds pieces per unit by max_splits - 1).
+bool streamk_on(const AttnPlanShape& s) {
+  return (decode_opts_now() & kOptStreamK) != 0 && s.config == 0 && !s.small && s.max_splits >= 4;
+}
 
 template <typename KV, int D, int WM, int WN>
 int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf, float of) {
@@ -1789,11 +2120,12 @@ int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool q
       if ((decode_opts_now() & kOptFp8Fast) != 0 && device_cc_major() >= 9 &&
           occupancy<KF, D, 1, 4>() >= occupancy<KV, D, 1, 4>())
       {
-        const int e = run_kernel<KF, D, 1, 4>(p, *s, *plan, lf, lf);
+        const int e = streamk_on(*s) ? run_streamk<KF, D>(p, *s, *plan, lf, lf) : run_kernel<KF, D, 1, 4>(p, *s, *plan, lf, lf);
         if (e == 0) g_fp8_fast_launches.fetch_add(1, std::memory_order_relaxed);
         return e;
       }
     }
+    if (streamk_on(*s)) return run_streamk<KV, D>(p, *s, *plan, lf, lf);
     return run_kernel<KV, D, 1, 4>(p, *s, *plan, lf, lf);
   }
   if (query_occ) { *occ = occupancy<KV, D, 4, 1>(); return 0; }
@@ -1903,6 +2235,7 @@ int64_t rem_split_plans() {
   if (cudaMemcpyFromSymbol(&n, g_rem_split_plans, sizeof(n)) != cudaSuccess) return -1;
   return static_cast<int64_t>(n);
 }
+int64_t streamk_launches() { return g_streamk_launches.load(std::memory_order_relaxed); }
 
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* workspace) {
   if (p.batch == 0 || p.num_tokens == 0) return 0;
