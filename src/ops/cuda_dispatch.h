@@ -60,7 +60,7 @@ bool prefill_kernel_v4() noexcept;
 // The prefill kernel's v5 additions (on by default; kernels.h set_prefill_v5).
 void set_prefill_kernel_v5(bool on);
 bool prefill_kernel_v5() noexcept;
-// The prefill kernel's v6 K/V loader (off by default; kernels.h set_prefill_v6).
+// The prefill kernel's v6 K/V loader (on by default; kernels.h set_prefill_v6).
 void set_prefill_kernel_v6(bool on);
 bool prefill_kernel_v6() noexcept;
 int64_t prefill_kernel_launches() noexcept;

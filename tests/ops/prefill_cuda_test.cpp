@@ -206,7 +206,7 @@ TEST_F(CudaPrefill, V5Kernel) {
   cuda_impl::set_prefill_kernel_v4(saved4);
 }
 
-// The v6 K/V loader (KVATTN_PREFILL_V6=1, off by default): K and V row addresses paired in the
+// The v6 K/V loader (the default; KVATTN_PREFILL_V6=0 off): K and V row addresses paired in the
 // offset table, rows to zero-fill read a static zero row.  Same matrix as V5Kernel (every layout
 // and page form with page 0 NaN-filled and permuted block tables, poisoned outputs, D 64/128/256,
 // GQA 1/4/8, causal / non-causal, chunked prefill, window, soft cap, sinks, LSE, scalar paths,

@@ -215,7 +215,7 @@ bool prefill_v4();
 void set_prefill_v5(bool on);
 bool prefill_v5();
 // v6 K/V loader on top of v5 (K and V row addresses paired, a zero row instead of zero-fill
-// flags; off by default, used only with v4 and v5 on); KVATTN_PREFILL_V6=1 turns it on.
+// flags; on by default since session 6, used only with v4 and v5 on); KVATTN_PREFILL_V6=0 turns it off.
 void set_prefill_v6(bool on);
 bool prefill_v6();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far

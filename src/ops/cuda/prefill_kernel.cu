@@ -275,7 +275,7 @@ struct PfCfg {
 //  * a warp's first computed tile skips the O rescale (O is still zero);
 //  * mask: one compare of an immediate against a per-row limit per element;
 //  * epilogue: the output pack type chosen once per unit instead of per packed pair.
-// V6 (with NX and V5; KVATTN_PREFILL_V6=1, default off): a K/V loader with fewer instructions
+// V6 (with NX and V5; the default, KVATTN_PREFILL_V6=0 off): a K/V loader with fewer instructions
 // per tile — the offset table holds each key row's K and V addresses side by side (one 16-byte
 // shared load per row for both copies), rows to zero-fill point at g_pf_zero_row instead of
 // carrying a flag bit (no mask / subtract / predicate per copy), and the shared destinations
@@ -855,13 +855,15 @@ bool v5_now() {
 }
 
 // v6 = v5 + the K/V loader with paired row addresses and a zero row (fewer instructions per
-// tile; session 6, unmeasured when written).  Off by default; KVATTN_PREFILL_V6=1 turns it on
-// (used only with v4 and v5 on, and for calls whose K/V rows are aligned to their size:
-// pf_rows_aligned).  Read once; set_prefill_v6 overrides.
+// tile).  On by default since session 6 (device call S6-4, alternated twice: causal 8 x 2048
+// 295.3-295.6 -> 298.7-298.9 TFLOP/s, non-causal 319.0-319.1 -> 324.2-324.4, causal 1 x 8192
+// 332.9-333.0 -> 338.1-338.2); KVATTN_PREFILL_V6=0 turns it off (used only with v4 and v5 on,
+// and for calls whose K/V rows are aligned to their size: pf_rows_aligned).  Read once;
+// set_prefill_v6 overrides.
 bool v6_now() {
   int v = g_v6.load(std::memory_order_relaxed);
   if (v >= 0) return v != 0;
-  v = 0;
+  v = 1;
   if (const char* e = std::getenv("KVATTN_PREFILL_V6")) v = std::strcmp(e, "0") != 0 && *e != '\0';
   g_v6.store(v, std::memory_order_relaxed);
   return v != 0;
