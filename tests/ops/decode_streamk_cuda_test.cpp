@@ -361,5 +361,47 @@ TEST_F(CudaDecodeStreamK, BitOffRunsCounterPath) {
   }
 }
 
+// Option bit 32 (on by default): stream-K for fp8 caches when the call has at least one
+// (request, KV head) pair per CTA; bf16, fewer pairs than CTAs or the bit off keep the counter
+// path.  400 requests x 2 KV heads = 800 pairs, more than any grid of this config on an
+// H100/H200/A100 (3 CTAs per SM).
+TEST_F(CudaDecodeStreamK, Fp8RuleByPairsPerCta) {
+  constexpr int kStreamKFp8 = 32;
+  std::mt19937 rng(5101);
+  uint32_t seed = 5110;
+  auto many_pairs = [&](DType kv) {
+    AttnCase c;
+    c.kv_dt = kv;
+    c.k_scale = 0.9; c.v_scale = 1.1;
+    c.hq = 8; c.hkv = 2;
+    for (int r = 0; r < 400; ++r) {
+      c.q_lens.push_back(r % 37 == 5 ? 0 : 1);
+      c.kv_lens.push_back(1 + static_cast<int64_t>(rng() % 300));
+    }
+    return c;
+  };
+  const int base = (opts0_ | 1 | 4) & ~kStreamK;
+  for (int bit : {kStreamKFp8, 0}) {
+    cuda_impl::set_decode_options(base | bit);
+    for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2, DType::bf16}) {
+      AttnCase c = many_pairs(kv);
+      c.name = dt_name(kv) + " 400 requests, fp8 rule bit " + std::to_string(bit);
+      const int64_t n0 = cuda_impl::streamk_launches();
+      run_attn_case(c, seed++);
+      const bool want = bit != 0 && kv != DType::bf16;
+      EXPECT_EQ(cuda_impl::streamk_launches() - n0, want ? c.repeats : 0) << c.name;
+    }
+    AttnCase few = sk_case(rng, DType::fp8_e4m3, 8, 2, 128, false);  // 68 pairs: counter path
+    few.name = "e4m3 34 requests, fp8 rule bit " + std::to_string(bit);
+    const int64_t n0 = cuda_impl::streamk_launches();
+    run_attn_case(few, seed++);
+    EXPECT_EQ(cuda_impl::streamk_launches(), n0) << few.name;
+  }
+  const char* e = std::getenv("KVATTN_DECODE_STREAMK_FP8");
+  if (e == nullptr || std::atoi(e) != 0) {
+    EXPECT_EQ(opts0_ & kStreamKFp8, kStreamKFp8) << "the fp8 rule is on by default";
+  }
+}
+
 }  // namespace
 }  // namespace kvattn::ops::testing

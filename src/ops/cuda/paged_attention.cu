@@ -173,6 +173,11 @@ constexpr int kOptRemSplits = 8;
 __device__ unsigned long long g_rem_split_plans;
 // decode config: stream-K schedule (plan_streamk_kernel; KVATTN_DECODE_STREAMK=1), see DESIGN.md
 constexpr int kOptStreamK = 16;
+// stream-K for fp8 caches when the call has at least one (request, KV head) pair per CTA (default
+// on; KVATTN_DECODE_STREAMK_FP8=0 off).  Measured in one process (call S6-5): fp8 256 x 8192
+// 1164.5 vs 1215.7 us with it; the bf16 shapes it lost on (128 x 4096 -1.8 %, 256 x 8192 -1.4 %,
+// 32 x 4096 -15 % where fewer pairs than CTAs leave CTAs idle) keep the counter path.
+constexpr int kOptStreamKFp8 = 32;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end, plan phase stamps (2)
@@ -1802,8 +1807,9 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // kOptFp8Fast (the fp8 fast variant of the decode config) unless KVATTN_FP8_FAST=0 (default on
 // since session 5: fp8 256 x 8192 1257 vs 1592 us in one process, device call S5-5).
 // kOptRemSplits (non-dividing chunks for uniform lengths) unless KVATTN_DECODE_REM_SPLITS=0.
-constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits;
-constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK;
+// kOptStreamKFp8 (stream-K for fp8 caches with a pair per CTA) unless KVATTN_DECODE_STREAMK_FP8=0.
+constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamKFp8;
+constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK | kOptStreamKFp8;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
@@ -1816,6 +1822,8 @@ int decode_opts_now() {
     m = std::atoi(e) == 0 ? (m & ~kOptRemSplits) : (m | kOptRemSplits);
   // KVATTN_DECODE_STREAMK=1: stream-K schedule of the decode config (default off)
   if (const char* e = std::getenv("KVATTN_DECODE_STREAMK")) m = std::atoi(e) == 0 ? (m & ~kOptStreamK) : (m | kOptStreamK);
+  if (const char* e = std::getenv("KVATTN_DECODE_STREAMK_FP8"))
+    m = std::atoi(e) == 0 ? (m & ~kOptStreamKFp8) : (m | kOptStreamKFp8);
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1973,10 +1981,14 @@ int run_streamk(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf
   if (e == cudaSuccess) g_streamk_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(e);
 }
-// Stream-K runs when the bit is set, for the decode config of the v6 path with room for >= 4
-// partial slots per row (the plan bounds pieces per unit by max_splits - 1).
-bool streamk_on(const AttnPlanShape& s) {
-  return (decode_opts_now() & kOptStreamK) != 0 && s.config == 0 && !s.small && s.max_splits >= 4;
+// Stream-K runs for the decode config of the v6 path with room for >= 4 partial slots per row
+// (the plan bounds pieces per unit by max_splits - 1) when the bit is set, or for fp8 caches with
+// kOptStreamKFp8 when the call has at least one (request, KV head) pair per CTA.
+bool streamk_on(const AttnParams& p, const AttnPlanShape& s, bool fp8) {
+  if (s.config != 0 || s.small || s.max_splits < 4) return false;
+  const int opts = decode_opts_now();
+  if ((opts & kOptStreamK) != 0) return true;
+  return fp8 && (opts & kOptStreamKFp8) != 0 && int64_t(p.batch) * p.hkv >= s.grid;
 }
 
 template <typename KV, int D, int WM, int WN>
@@ -2120,12 +2132,13 @@ int dispatch_cfg(const AttnParams& p, const AttnPlanShape* s, Plan* plan, bool q
       if ((decode_opts_now() & kOptFp8Fast) != 0 && device_cc_major() >= 9 &&
           occupancy<KF, D, 1, 4>() >= occupancy<KV, D, 1, 4>())
       {
-        const int e = streamk_on(*s) ? run_streamk<KF, D>(p, *s, *plan, lf, lf) : run_kernel<KF, D, 1, 4>(p, *s, *plan, lf, lf);
+        const int e = streamk_on(p, *s, true) ? run_streamk<KF, D>(p, *s, *plan, lf, lf)
+                                              : run_kernel<KF, D, 1, 4>(p, *s, *plan, lf, lf);
         if (e == 0) g_fp8_fast_launches.fetch_add(1, std::memory_order_relaxed);
         return e;
       }
     }
-    if (streamk_on(*s)) return run_streamk<KV, D>(p, *s, *plan, lf, lf);
+    if (streamk_on(p, *s, KVTraits<KV>::kFp8)) return run_streamk<KV, D>(p, *s, *plan, lf, lf);
     return run_kernel<KV, D, 1, 4>(p, *s, *plan, lf, lf);
   }
   if (query_occ) { *occ = occupancy<KV, D, 4, 1>(); return 0; }
