@@ -380,7 +380,7 @@ TEST_F(CudaDecodeStreamK, Fp8RuleByPairsPerCta) {
     }
     return c;
   };
-  const int base = (opts0_ | 1 | 4) & ~kStreamK;
+  const int base = (opts0_ | 1 | 4) & ~(kStreamK | kStreamKFp8);
   for (int bit : {kStreamKFp8, 0}) {
     cuda_impl::set_decode_options(base | bit);
     for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2, DType::bf16}) {
