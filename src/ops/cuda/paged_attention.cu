@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   const int64_t max_tiles = (M + TILE - 1) / TILE;
   // Uniform lengths (every row tile has max_tiles tiles) in the decode config: the whole-wave
   // rule and the remainder rule below choose by model costs, one candidate per thread, written
-  // to s_wcost / s_rcost (the search ran on warp 0 alone before: 2.3 us, 4.6 us with both rules).
+  // to s_wcost / s_rcost (the search ran on warp 0's lanes before).
   // (decode config only: in the prefill config causal masking makes units of equal tile
   // counts unequal in work, and the model was fitted on decode timelines)
   const bool uniform_rule = ROWS == 16 && force_splits <= 0 && max_splits > 1 && max_tiles > 1 &&
@@ -336,8 +336,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     if (narrow) return rem_split_cost<uint32_t>(max_tiles, per_split, G, c0, ct);
     return rem_split_cost<int64_t>(max_tiles, per_split, G, c0, ct);
   };
-  // ceil(a / b) of the split rules, 32-bit when `narrow` (a 64-bit division is a ~400-cycle
-  // subroutine; warp 0's chain of them below took 2.6 us of the plan kernel, timeline S6-3)
+  // ceil(a / b) of the split rules, 32-bit when `narrow` (a 64-bit division is a subroutine of
+  // tens of dependent instructions; with these and the parallel candidates the plan kernel went
+  // 8.4 -> 7.2-7.4 us at 64 x 4096, timelines S6-2..S6-4)
   auto cdiv = [&](int64_t a, int64_t b) -> int64_t {
     if (narrow) return int64_t((uint32_t(a) + uint32_t(b) - 1u) / uint32_t(b));
     return (a + b - 1) / b;
