@@ -264,29 +264,16 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   int32_t kv_max = 0;
   ReqInfo ri_mine = {0, 0, 0, 1};  // request tid (the items loop's first round reads it from here)
   for (int r = tid; r < p.batch; r += blockDim.x) {
-    int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
-    qs = min(max(qs, int64_t(0)), p.num_tokens);
-    qe = min(max(qe, qs), p.num_tokens);
-    int64_t kv = 0, pb = 0;
-    if (p.paged_form) {
-      const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
-      const int64_t last_w = load_idx(p.last_page_len, r);  // in the same round trip as the others
-      const int64_t np = max(e - b, int64_t(0));
-      const int64_t last = np > 0 ? last_w : 0;
-      kv = max(np - 1, int64_t(0)) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size));
-      pb = b;
-    } else {
-      kv = load_idx(p.seq_lens, r);
-      kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
-    }
+    const RequestBounds rb = load_request_bounds(p, r);  // one round trip for the index words
+    const int64_t kv = rb.kv_len;
     ReqInfo ri;
-    ri.q_start = static_cast<int32_t>(qs);
-    ri.q_len = static_cast<int32_t>(qe - qs);
+    ri.q_start = static_cast<int32_t>(rb.q_begin);
+    ri.q_len = static_cast<int32_t>(rb.q_end - rb.q_begin);
     ri.kv_len = static_cast<int32_t>(kv);
     ri.splits = 1;
     if (r == tid) ri_mine = ri;
     plan.req[r] = ri;
-    plan.page_base[r] = pb;
+    plan.page_base[r] = rb.page_base;
     const int64_t rows = int64_t(ri.q_len) * p.group;
     const int64_t rt = (rows + ROWS - 1) / ROWS;
     rt_sum += rt;
@@ -553,27 +540,14 @@ __global__ void __launch_bounds__(kPlanThreads) plan_streamk_kernel(AttnParams p
   int64_t nit = 0, nl = 0;
   int32_t lmax = 0;
   for (int r = tid; r < p.batch; r += blockDim.x) {
-    int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
-    qs = min(max(qs, int64_t(0)), p.num_tokens);
-    qe = min(max(qe, qs), p.num_tokens);
-    int64_t kv = 0, pb = 0;
-    if (p.paged_form) {
-      const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
-      const int64_t np = max(e - b, int64_t(0));
-      const int64_t last = np > 0 ? load_idx(p.last_page_len, r) : 0;
-      kv = max(np - 1, int64_t(0)) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size));
-      pb = b;
-    } else {
-      kv = load_idx(p.seq_lens, r);
-      kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
-    }
+    const RequestBounds rb = load_request_bounds(p, r);
     ReqInfo ri;
-    ri.q_start = static_cast<int32_t>(qs);
-    ri.q_len = static_cast<int32_t>(qe - qs);
-    ri.kv_len = static_cast<int32_t>(kv);
+    ri.q_start = static_cast<int32_t>(rb.q_begin);
+    ri.q_len = static_cast<int32_t>(rb.q_end - rb.q_begin);
+    ri.kv_len = static_cast<int32_t>(rb.kv_len);
     ri.splits = 1;
     plan.req[r] = ri;
-    plan.page_base[r] = pb;
+    plan.page_base[r] = rb.page_base;
     const int rt = (ri.q_len * p.group + ROWS - 1) / ROWS;
     nit += rt;
     for (int k = 0; k < rt; ++k) {

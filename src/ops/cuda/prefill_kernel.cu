@@ -171,23 +171,11 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
     PfReq ri{0, 0, 0, 0};
     int64_t pb = 0;
     if (r < p.batch) {
-      int64_t qs = load_idx(p.qo_indptr, r), qe = load_idx(p.qo_indptr, r + 1);
-      qs = min(max(qs, int64_t(0)), p.num_tokens);
-      qe = min(max(qe, qs), p.num_tokens);
-      int64_t kv = 0;
-      if (p.paged_form) {
-        const int64_t b = load_idx(p.kv_indptr, r), e = load_idx(p.kv_indptr, r + 1);
-        const int64_t np = max(e - b, int64_t(0));
-        const int64_t last = np > 0 ? load_idx(p.last_page_len, r) : 0;
-        kv = max(np - 1, int64_t(0)) * p.page_size + min(max(last, int64_t(0)), int64_t(p.page_size));
-        pb = b;
-      } else {
-        kv = load_idx(p.seq_lens, r);
-        kv = min(max(kv, int64_t(0)), p.max_blocks * p.page_size);
-      }
-      ri.q_start = static_cast<int32_t>(qs);
-      ri.q_len = static_cast<int32_t>(qe - qs);
-      ri.kv_len = static_cast<int32_t>(kv);
+      const RequestBounds rb = load_request_bounds(p, r);
+      pb = rb.page_base;
+      ri.q_start = static_cast<int32_t>(rb.q_begin);
+      ri.q_len = static_cast<int32_t>(rb.q_end - rb.q_begin);
+      ri.kv_len = static_cast<int32_t>(rb.kv_len);
       nt = (ri.q_len * p.group + cta_rows - 1) / cta_rows;
     }
     int tot = 0;
