@@ -87,7 +87,8 @@ int decode_options() noexcept;
 // bit 4 = fp8 fast variant of the decode config (default on; KVATTN_FP8_FAST=0 off); its launches:
 int64_t fp8_fast_launches() noexcept;
 int64_t rem_split_plans() noexcept;  // decode plans with a non-dividing chunk (kernels.h)
-// bit 16 = stream-K decode schedule (default off; KVATTN_DECODE_STREAMK=1); its calls:
+// bit 16 = stream-K decode schedule for every call (default off; KVATTN_DECODE_STREAMK=1), bit 32 =
+// stream-K for fp8 caches with a (request, KV head) pair per CTA (default on); its calls:
 int64_t streamk_launches() noexcept;
 void set_decode_splits(int n);
 

@@ -183,8 +183,9 @@ int64_t fp8_fast_launches();
 // may also take a chunk that does not divide the request, the short last units handed out after
 // all long ones; rem_split_plans() counts the plans (current device) that chose one (synchronises).
 int64_t rem_split_plans();
-// Option bit 16: stream-K schedule of the decode config (default off, KVATTN_DECODE_STREAMK=1);
-// streamk_launches() counts its calls.
+// Option bit 16: stream-K schedule for every decode-config call (default off,
+// KVATTN_DECODE_STREAMK=1); bit 32: stream-K for fp8 caches when batch x KV heads >= grid (default
+// on, KVATTN_DECODE_STREAMK_FP8=0 off); streamk_launches() counts its calls.
 int64_t streamk_launches();
 void set_decode_splits(int n);
 
