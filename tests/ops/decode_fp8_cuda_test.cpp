@@ -23,21 +23,10 @@ namespace {
 
 constexpr int kFast = 4;  // decode option bit: fp8 fast variant
 
-class CudaDecodeFp8Fast : public ::testing::Test {
+// (the fp8 fast variant is launched on sm_90+ only)
+class CudaDecodeFp8Fast : public CudaV6DecodeTest {
  protected:
-  void SetUp() override {
-    if (!kvattn::cuda::available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
-    if (kvattn::cuda::compute_capability(0) < 90) GTEST_SKIP() << "the fp8 fast variant is launched on sm_90+ only";
-    opts0_ = cuda_impl::decode_options();
-    cuda_impl::set_small_decode_mode(1);  // v6 path for every decode call
-  }
-  void TearDown() override {
-    if (!kvattn::cuda::available() || kvattn::cuda::compute_capability(0) < 90) return;
-    cuda_impl::set_decode_options(opts0_);
-    cuda_impl::set_decode_splits(0);
-    cuda_impl::set_small_decode_mode(0);
-  }
-  int opts0_ = 1;
+  CudaDecodeFp8Fast() : CudaV6DecodeTest(90) {}
 };
 
 std::string dt_name(DType d) { return d == DType::fp8_e4m3 ? "e4m3" : "e5m2"; }

@@ -161,19 +161,8 @@ TEST(StreamKSchedule, RangesPartitionTilesAndBoundPieces) {
 }
 
 // ---- the kernels on the GPU --------------------------------------------------------------
-class CudaDecodeStreamK : public ::testing::Test {
+class CudaDecodeStreamK : public CudaV6DecodeTest {
  protected:
-  void SetUp() override {
-    if (!kvattn::cuda::available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
-    opts0_ = cuda_impl::decode_options();
-    cuda_impl::set_small_decode_mode(1);  // v6 path for every decode call
-  }
-  void TearDown() override {
-    if (!kvattn::cuda::available()) return;
-    cuda_impl::set_decode_options(opts0_);
-    cuda_impl::set_decode_splits(0);
-    cuda_impl::set_small_decode_mode(0);
-  }
   // default options (wave rule, fp8 fast) plus the stream-K bit
   void set_opts(int extra_off = 0) {
     const int o = ((opts0_ | 1 | 4) & ~extra_off) | kStreamK;
@@ -186,7 +175,6 @@ class CudaDecodeStreamK : public ::testing::Test {
     run_attn_case(c, seed);
     EXPECT_EQ(cuda_impl::streamk_launches() - n0, c.repeats) << c.name << ": not every call ran stream-K";
   }
-  int opts0_ = 5;
 };
 
 std::string dt_name(DType d) {

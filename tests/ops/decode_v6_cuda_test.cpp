@@ -18,21 +18,7 @@
 namespace kvattn::ops::testing {
 namespace {
 
-class CudaDecodeV6 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!kvattn::cuda::available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
-    opts0_ = cuda_impl::decode_options();
-    cuda_impl::set_small_decode_mode(1);  // v6 path for every decode call
-  }
-  void TearDown() override {
-    if (!kvattn::cuda::available()) return;
-    cuda_impl::set_decode_options(opts0_);
-    cuda_impl::set_decode_splits(0);
-    cuda_impl::set_small_decode_mode(0);
-  }
-  int opts0_ = 1;
-};
+class CudaDecodeV6 : public CudaV6DecodeTest {};
 
 // 8 q / 2 KV heads keep the CPU reference fast; lengths mixed (v6 rule) or uniform (whole-wave
 // rule when opts has bit 1).

@@ -85,24 +85,39 @@ void run_knob_subset(const std::string& label, std::initializer_list<int64_t> gr
   }
 }
 
+// Sets the prefill kernel's version knobs (v4 / v5 / v6) for one test; the process's values come
+// back when it goes out of scope (also when an assertion returns early).
+class PrefillKernelVersion {
+ public:
+  PrefillKernelVersion(bool v4, bool v5, bool v6)
+      : v4_(cuda_impl::prefill_kernel_v4()), v5_(cuda_impl::prefill_kernel_v5()), v6_(cuda_impl::prefill_kernel_v6()) {
+    cuda_impl::set_prefill_kernel_v4(v4);
+    cuda_impl::set_prefill_kernel_v5(v5);
+    cuda_impl::set_prefill_kernel_v6(v6);
+  }
+  ~PrefillKernelVersion() {
+    cuda_impl::set_prefill_kernel_v4(v4_);
+    cuda_impl::set_prefill_kernel_v5(v5_);
+    cuda_impl::set_prefill_kernel_v6(v6_);
+  }
+  PrefillKernelVersion(const PrefillKernelVersion&) = delete;
+  PrefillKernelVersion& operator=(const PrefillKernelVersion&) = delete;
+
+ private:
+  bool v4_, v5_, v6_;
+};
+
 // The previous kernel (before v4's lazy rescale, absolute-address loader and specialised
-// masks) stays selectable (KVATTN_PREFILL_V4=0).
+// masks) stays selectable (KVATTN_PREFILL_V4=0; v5 and v6 apply only on top of v4).
 TEST_F(CudaPrefill, PreviousKernelWithoutV4) {
-  const bool saved = cuda_impl::prefill_kernel_v4();
-  cuda_impl::set_prefill_kernel_v4(false);
+  const PrefillKernelVersion version(false, cuda_impl::prefill_kernel_v5(), cuda_impl::prefill_kernel_v6());
   run_knob_subset("previous kernel", {1, 4}, 7050);
-  cuda_impl::set_prefill_kernel_v4(saved);
 }
 
-// The v4 kernel without the v5 additions (KVATTN_PREFILL_V5=0).
+// The v4 kernel without the v5 additions (KVATTN_PREFILL_V5=0; v6 applies only on top of v5).
 TEST_F(CudaPrefill, V4WithoutV5) {
-  const bool saved = cuda_impl::prefill_kernel_v5();
-  const bool saved4 = cuda_impl::prefill_kernel_v4();
-  cuda_impl::set_prefill_kernel_v4(true);
-  cuda_impl::set_prefill_kernel_v5(false);
+  const PrefillKernelVersion version(true, false, cuda_impl::prefill_kernel_v6());
   run_knob_subset("v4 without v5", {1, 4, 8}, 7350);
-  cuda_impl::set_prefill_kernel_v5(saved);
-  cuda_impl::set_prefill_kernel_v4(saved4);
 }
 
 // The v5 additions (row-offset tables, first-tile rescale skip, one-compare masks; on by
@@ -194,16 +209,8 @@ void run_v5_matrix(const std::string& v5, uint32_t seed) {
 }
 
 TEST_F(CudaPrefill, V5Kernel) {
-  const bool saved = cuda_impl::prefill_kernel_v5();
-  const bool saved4 = cuda_impl::prefill_kernel_v4();
-  const bool saved6 = cuda_impl::prefill_kernel_v6();
-  cuda_impl::set_prefill_kernel_v4(true);
-  cuda_impl::set_prefill_kernel_v5(true);
-  cuda_impl::set_prefill_kernel_v6(false);
+  const PrefillKernelVersion version(true, true, false);
   run_v5_matrix("v5", 7700);
-  cuda_impl::set_prefill_kernel_v6(saved6);
-  cuda_impl::set_prefill_kernel_v5(saved);
-  cuda_impl::set_prefill_kernel_v4(saved4);
 }
 
 // The v6 K/V loader (the default; KVATTN_PREFILL_V6=0 off): K and V row addresses paired in the
@@ -213,12 +220,7 @@ TEST_F(CudaPrefill, V5Kernel) {
 // many units per CTA) plus the knob subset (causal with and without a window).  Variants A/C/D
 // of D 128: the same test with KVATTN_PREFILL_VARIANT=a|c|d in the process.
 TEST_F(CudaPrefill, V6Loader) {
-  const bool saved = cuda_impl::prefill_kernel_v5();
-  const bool saved4 = cuda_impl::prefill_kernel_v4();
-  const bool saved6 = cuda_impl::prefill_kernel_v6();
-  cuda_impl::set_prefill_kernel_v4(true);
-  cuda_impl::set_prefill_kernel_v5(true);
-  cuda_impl::set_prefill_kernel_v6(true);
+  const PrefillKernelVersion version(true, true, true);
   ASSERT_TRUE(cuda_impl::prefill_kernel_v6());
   run_v5_matrix("v6", 7900);
   run_knob_subset("v6", {1, 4, 8}, 8100);
@@ -235,9 +237,6 @@ TEST_F(CudaPrefill, V6Loader) {
     c.paged_form = false;
     EXPECT_EQ(run_case(c, 8201), 1);
   }
-  cuda_impl::set_prefill_kernel_v6(saved6);
-  cuda_impl::set_prefill_kernel_v5(saved);
-  cuda_impl::set_prefill_kernel_v4(saved4);
 }
 
 TEST_F(CudaPrefill, LongOddLengths) {

@@ -818,29 +818,27 @@ std::atomic<int> g_v4{-1};  // 1 = v4 kernel (lazy rescale, slim loader, special
 std::atomic<int> g_v5{-1};  // 1 = v5 additions on top of v4 (row-offset tables, ...); -1 = unread
 std::atomic<int> g_v6{-1};  // 1 = v6 K/V loader on top of v5; -1 = unread
 
+// A default-on kernel version flag: its set_* value, else (read once) the environment variable,
+// where "0" turns it off and anything else (or unset) leaves it on.
+bool version_flag(std::atomic<int>& flag, const char* env) {
+  int v = flag.load(std::memory_order_relaxed);
+  if (v >= 0) return v != 0;
+  v = 1;
+  if (const char* e = std::getenv(env)) v = std::strcmp(e, "0") != 0;
+  flag.store(v, std::memory_order_relaxed);
+  return v != 0;
+}
+
 // v4 (the default since session 4: causal 8 x 2048 257 -> 285 TFLOP/s, 1 x 8192 300 -> 325 in
 // one run) = lazy O rescale + absolute-address K/V loader + masks specialised per case;
 // KVATTN_PREFILL_V4=0 selects the previous kernel (v2 B).  Read once; set_prefill_v4 overrides.
-bool v4_now() {
-  int v = g_v4.load(std::memory_order_relaxed);
-  if (v >= 0) return v != 0;
-  v = 1;
-  if (const char* e = std::getenv("KVATTN_PREFILL_V4")) v = std::strcmp(e, "0") != 0;
-  g_v4.store(v, std::memory_order_relaxed);
-  return v != 0;
-}
+bool v4_now() { return version_flag(g_v4, "KVATTN_PREFILL_V4"); }
 
 // v5 = v4 + per-unit row-offset tables (Q staging, output stores, positions without divisions),
 // no O rescale on a warp's first tile, one-compare masks.  On by default (with v4) since
 // session 5; KVATTN_PREFILL_V5=0 turns it off.  Read once; set_prefill_v5 overrides.
-bool v5_now() {
-  int v = g_v5.load(std::memory_order_relaxed);
-  if (v >= 0) return v != 0;
-  v = 1;  // on by default since session 5 (device call S5-6: causal 8 x 2048 +4.3-4.6 %)
-  if (const char* e = std::getenv("KVATTN_PREFILL_V5")) v = std::strcmp(e, "0") != 0;
-  g_v5.store(v, std::memory_order_relaxed);
-  return v != 0;
-}
+// (device call S5-6: causal 8 x 2048 +4.3-4.6 %)
+bool v5_now() { return version_flag(g_v5, "KVATTN_PREFILL_V5"); }
 
 // v6 = v5 + the K/V loader with paired row addresses and a zero row (fewer instructions per
 // tile).  On by default since session 6 (device call S6-4, alternated twice: causal 8 x 2048
@@ -848,14 +846,7 @@ bool v5_now() {
 // 332.9-333.0 -> 338.1-338.2); KVATTN_PREFILL_V6=0 turns it off (used only with v4 and v5 on,
 // and for calls whose K/V rows are aligned to their size: pf_rows_aligned).  Read once;
 // set_prefill_v6 overrides.
-bool v6_now() {
-  int v = g_v6.load(std::memory_order_relaxed);
-  if (v >= 0) return v != 0;
-  v = 1;
-  if (const char* e = std::getenv("KVATTN_PREFILL_V6")) v = std::strcmp(e, "0") != 0 && *e != '\0';
-  g_v6.store(v, std::memory_order_relaxed);
-  return v != 0;
-}
+bool v6_now() { return version_flag(g_v6, "KVATTN_PREFILL_V6"); }
 
 // V6 adds the chunk offset to the low 32 bits of a row address: every K/V row must start at a
 // multiple of its size (head_dim * 2 bytes, a power of two), i.e. both base pointers and all
