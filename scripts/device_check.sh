@@ -15,7 +15,8 @@
 # Knobs: KVATTN_PREBUILT=1 (run kvattn, test_ops_cuda, test_attention_cuda from .devbin/, built on
 #        the dev machine with -DKVATTN_CUDA_ARCHS=90a; falls back to building when they do not run),
 #        KVATTN_MEMCHECK_FILTER, KVATTN_RACECHECK_FILTER, KVATTN_RACECHECK_PREFILL_FILTER (gtest
-#        filters for test_ops_cuda), KVATTN_BENCH_ARGS (extra bench-cuda arguments),
+#        filters for test_ops_cuda), KVATTN_BENCH_ARGS (extra bench-cuda arguments), KVATTN_BENCH_LIMIT
+#        (seconds for the bench, default 200: the target rows run with and without a kept plan),
 #        KVATTN_CHECK_QUICK=1 (no bench, no runs), KVATTN_CHECK_AB="NAME=VAR=VALUE#FILTER#BENCH ..."
 #        (for each entry: test_ops_cuda on FILTER with VAR=VALUE, memcheck of the same, and
 #        `kvattn bench-cuda BENCH` with VAR=VALUE after the default bench; BENCH words joined by ','),
@@ -140,7 +141,7 @@ if [ "${KVATTN_CHECK_QUICK:-0}" != 1 ]; then
     step run_dcp2 60 "$K" run --quiet --device cuda --dcp 2
     step bench_dcp 60 "$K" bench-dcp --dcp 2 --batch 8 --kv-len 131072
   fi
-  step bench_cuda 150 "$K" bench-cuda ${KVATTN_BENCH_ARGS:-}
+  step bench_cuda "${KVATTN_BENCH_LIMIT:-200}" "$K" bench-cuda ${KVATTN_BENCH_ARGS:-}
   cat "$LOGS/bench_cuda.log"
   for ab in ${KVATTN_CHECK_AB:-}; do
     IFS="#" read -r nv _ bargs <<< "$ab"; n=${nv%%=*}; kv=${nv#*=}

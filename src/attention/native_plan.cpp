@@ -183,6 +183,7 @@ void BatchDecodeWrapper::fast_plan(const PagedKVView& kv, int64_t num_sms) {
   const int64_t gqa = params_.num_qo_heads / params_.num_kv_heads;
   plan_.plan({}, host_span(kv.kv_lens_cpu, batch, "kv_lens"), params_.page_size, params_.num_kv_heads, gqa,
              /*cta_tile_q=*/gqa, 2 * num_sms, params_.fixed_split_size, params_.disable_split_kv);
+  kept_.invalidate();
 }
 
 void BatchDecodeWrapper::run(const Tensor& query, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
@@ -203,6 +204,7 @@ void BatchDecodeWrapper::run(const Tensor& query, const Tensor& k_cache, const T
   a.out = out;
   a.causal = true;
   fill_run_options(a, params_, args);
+  a.plan = &kept_;
   ops::paged_attention(a);
 }
 
@@ -233,6 +235,7 @@ void BatchPrefillWrapper::plan(const Tensor& qo_indptr_cpu, const Tensor& qo_ind
   const int64_t avg = batch > 0 ? qo[batch] * gqa / batch : 0;
   plan_.plan(qo, host_span(kv.kv_lens_cpu, batch, "kv_lens"), params.page_size, params.num_kv_heads, gqa,
              prefill_cta_tile_q(avg), 2 * num_sms, params.fixed_split_size, params.disable_split_kv);
+  kept_.invalidate();
 }
 
 void BatchPrefillWrapper::run(const Tensor& query, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
@@ -249,6 +252,7 @@ void BatchPrefillWrapper::run(const Tensor& query, const Tensor& k_cache, const 
   a.out = out;
   a.causal = params_.causal;
   fill_run_options(a, params_, args);
+  a.plan = &kept_;
   ops::paged_attention(a);
 }
 
@@ -282,6 +286,7 @@ void BatchRaggedPrefillWrapper::plan(const Tensor& qo_indptr_cpu, const Tensor& 
   const int64_t gqa = params.num_qo_heads / params.num_kv_heads;
   plan_.plan(qo, {lens, static_cast<size_t>(batch)}, 1, params.num_kv_heads, gqa,
              prefill_cta_tile_q(batch > 0 ? num_tokens_ * gqa / batch : 0), 2 * num_sms, -1, true);
+  kept_.invalidate();
 }
 
 void BatchRaggedPrefillWrapper::run(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& out,
@@ -304,6 +309,7 @@ void BatchRaggedPrefillWrapper::run(const Tensor& query, const Tensor& key, cons
   fill_run_options(a, params_, args);
   a.k_scale = 1.0;  // the new tokens are unquantised
   a.v_scale = 1.0;
+  a.plan = &kept_;
   ops::paged_attention(a);
 }
 

@@ -7,6 +7,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/thread_pool.h"
 #include "ops/cuda_dispatch.h"
+#include "ops/plan_state.h"
 
 namespace kvattn::ops {
 using namespace detail;
@@ -52,6 +53,11 @@ void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tenso
 }
 
 // ---- paged_attention ---------------------------------------------------------------------------
+PagedAttentionPlan::PagedAttentionPlan() : state_(std::make_shared<State>()) {}
+void PagedAttentionPlan::invalidate() noexcept { state_->valid.store(false, std::memory_order_relaxed); }
+int64_t PagedAttentionPlan::plans() const noexcept { return state_->plans.load(std::memory_order_relaxed); }
+int64_t PagedAttentionPlan::reuses() const noexcept { return state_->reuses.load(std::memory_order_relaxed); }
+
 void paged_attention(const PagedAttentionArgs& args) {
   const AttnDims d = validate_paged_attention(args);
   if (args.query.device().is_cuda()) {

@@ -229,6 +229,38 @@ TEST(PagedAttention, EveryLayoutAndDtype) {
   }
 }
 
+TEST(PagedAttention, KeptPlanOnCpuTensorsIsIgnored) {
+  // CPU kernels plan inline: a PagedAttentionPlan in the args changes nothing and stays unused
+  std::mt19937 rng(21);
+  const Batch b = make_batch({1, 3, 1}, {40, 19, 1}, 16, rng, 1);
+  const KVCache cache = make_kv_cache(1, b.num_pages, 16, 2, 64, DType::bf16);
+  fill_cache(cache, rng);
+  PagedAttentionArgs a;
+  a.query = Tensor::empty({b.num_tokens, 8, 64}, DType::bf16);
+  fill_uniform(a.query, rng);
+  a.k_cache = cache.k;
+  a.v_cache = cache.v;
+  a.qo_indptr = b.qo_indptr;
+  a.paged_kv_indptr = b.indptr;
+  a.paged_kv_indices = b.indices;
+  a.paged_kv_last_page_len = b.last_page_len;
+  const Tensor ref = Tensor::empty({b.num_tokens, 8, 64}, DType::f32);
+  a.out = ref;
+  reference::paged_attention(a);
+  PagedAttentionPlan plan;
+  a.plan = &plan;
+  for (int call = 0; call < 2; ++call) {
+    const Tensor out = Tensor::empty({b.num_tokens, 8, 64}, DType::f32);
+    fill_nan(out);
+    a.out = out;
+    paged_attention(a);
+    EXPECT_LE(rel_error(out.slice(0, 0, 5), ref.slice(0, 0, 5)), 2e-2) << "call " << call;
+  }
+  EXPECT_EQ(plan.plans(), 0);
+  EXPECT_EQ(plan.reuses(), 0);
+  plan.invalidate();  // harmless without a kept plan
+}
+
 TEST(PagedAttention, OddLengthsAndEmptyRequests) {
   Case c;
   c.q_lens = {1, 15, 17, 0, 1, 0, 2};

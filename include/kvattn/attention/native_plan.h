@@ -11,8 +11,10 @@
 //   * merge targets: o_indptr[r] = first partial-output row of request r (chunks_r * q_len_r
 //     rows when split, q_len_r otherwise); a split request's partial rows are merged by LSE.
 // `run()` hands the plan's paged metadata to kvattn's ops (ops::paged_attention and friends);
-// the CPU ops tile internally and read only the paged metadata, the CUDA kernels read the work
-// items too.  Wrappers keep *views* of the builder's persistent buffers: a plan is valid until
+// the CPU ops tile internally and read only the paged metadata.  On CUDA the decode, prefill and
+// ragged-prefill wrappers also keep the kernels' own plan (ops::PagedAttentionPlan): the first
+// run() after plan() runs the plan kernel, the later runs of the step (the other layers) skip it.
+// The cascade wrapper's two passes plan on every run.  Wrappers keep *views* of the builder's persistent buffers: a plan is valid until
 // the builder's next build().
 #pragma once
 
@@ -137,6 +139,9 @@ class BatchDecodeWrapper {
   AttentionPlanParams params_;
   PagedKVView kv_;
   WorkPlan plan_;
+  // the CUDA kernels' plan, made by the first run() after plan() / fast_plan() and reused by the
+  // later runs (the other layers of the step); invalidated by plan() / fast_plan()
+  mutable ops::PagedAttentionPlan kept_;
 };
 
 // vLLM fast_plan_decode: the full plan on the first call and whenever CUDA graphs are off; the
@@ -168,6 +173,7 @@ class BatchPrefillWrapper {
   Tensor qo_indptr_;
   PagedKVView kv_;
   WorkPlan plan_;
+  mutable ops::PagedAttentionPlan kept_;  // as BatchDecodeWrapper's
 };
 
 // Causal prefill over the new tokens' own K/V (not read back from the cache): the KV of
@@ -194,6 +200,7 @@ class BatchRaggedPrefillWrapper {
   CpuGpuBuffer last_page_len_;  // [max_batch] int32: 1 for non-empty requests, 0 otherwise
   Tensor kv_lens_cpu_;          // [max_batch] int32 host: the query lengths
   WorkPlan plan_;
+  mutable ops::PagedAttentionPlan kept_;  // as BatchDecodeWrapper's
 };
 
 // ---------------------------------------------------------------------------------------

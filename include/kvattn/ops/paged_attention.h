@@ -30,6 +30,8 @@
 // (>= qo_indptr[batch]) and the outputs of zero-length queries are not touched.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -39,6 +41,40 @@
 namespace kvattn::ops {
 
 enum class LseBase { Two, E };
+
+// A work plan kept across paged_attention calls: the CUDA kernels' partition of a batch (request
+// bounds read from the index tensors, split chunk, work items, token map) is computed by a plan
+// kernel at the start of a call; with a PagedAttentionPlan in the args, the calls after the first
+// skip that kernel and run on the kept tables, as FlashInfer's wrappers plan() once per step and
+// run() once per layer.  The attention of every layer of one engine step reads the same batch,
+// so one plan serves them all.
+//
+// Contract: call invalidate() whenever the *contents* of the batch's index tensors change (once per
+// step, where the step's metadata is built).  Everything else a plan depends on is checked on
+// every call and re-plans by itself when it differs: the index tensors' addresses and strides,
+// batch, tokens, heads, head_dim, page size, dtypes, causal / window / draft-mask / PrefixLM
+// presence, the kernel knobs, the device.  The K/V caches, query, output, scales, soft cap and
+// sinks may differ from call to call (they are not part of the plan).  CUDA graphs: whether a
+// call plans or reuses is decided when it is enqueued, and a captured graph replays that
+// decision; invalidate() before capturing, so the captured first call holds the plan kernel and
+// every replay plans again from the index buffers' current contents.
+//
+// Copies share one plan (a handle).  Thread-safe; a plan is for one stream of calls (kvattn's
+// kernels run on the device's default stream).  CPU tensors ignore it (the CPU kernels plan
+// inline, at no cost worth keeping); so do the one-launch small-batch decode path (it plans
+// inside its attention launch) and builds without CUDA.
+class PagedAttentionPlan {
+ public:
+  PagedAttentionPlan();
+  void invalidate() noexcept;       // the next call plans again
+  int64_t plans() const noexcept;   // calls that ran the plan kernel into this plan
+  int64_t reuses() const noexcept;  // calls that skipped it and ran on the kept tables
+  struct State;                     // internal (src/ops/cuda/dispatch.cpp)
+  State& state() const noexcept { return *state_; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
 
 struct PagedAttentionArgs {
   // ---- inputs -------------------------------------------------------------------------
@@ -79,6 +115,8 @@ struct PagedAttentionArgs {
   Tensor xqa_draft_mask;    // optional [num_tokens, P] int32: the packed XQA draft mask, word w
                             //   bit b = key (32 w + b) of the draft block (vLLM's uint16 [R, 2P]
                             //   reinterpreted as 32-bit words); P >= ceil(q_len / 32)
+  // ---- plan reuse (CUDA) ------------------------------------------------------------------
+  PagedAttentionPlan* plan = nullptr;  // optional: keep / reuse the work plan across calls (see above)
 };
 
 // Validates every argument once (shared by all devices), then dispatches on query's device.

@@ -16,6 +16,7 @@
 #include "ops/cuda/dcp_kernels.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda_dispatch.h"
+#include "ops/plan_state.h"
 
 namespace kvattn::ops::cuda_impl {
 namespace {
@@ -98,6 +99,65 @@ void* workspace_for(int device, int64_t bytes) {
 std::mutex& launch_mutex(int device) {
   static std::mutex m[16];
   return m[device & 15];
+}
+
+// ---- kept plans (PagedAttentionPlan) ------------------------------------------------------------
+// Everything a plan kernel's tables depend on besides the contents of the index tensors (the
+// caller's invalidate() covers those): which plan kernel, the index tensors' addresses and strides,
+// the batch's sizes, the masks the plan reads, the kernel knobs that pick the kernel (and so its
+// tile sizes), the launch shape.  Not the K/V caches, query, output or scales: they may change
+// from call to call (the layers of a step).
+void add_idx(std::vector<int64_t>& key, const k::Idx& x) {
+  key.insert(key.end(), {static_cast<int64_t>(reinterpret_cast<uintptr_t>(x.ptr)), x.s0, x.s1, x.is64 ? 1 : 0});
+}
+std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnPlanShape* shape) {
+  std::vector<int64_t> key;
+  key.reserve(64);
+  key.insert(key.end(), {device, shape == nullptr ? 1 : 2, p.batch, p.num_tokens, p.hq, p.hkv, p.head_dim,
+                         p.page_size, p.num_pages, static_cast<int64_t>(p.q_t), static_cast<int64_t>(p.kv_t),
+                         p.causal ? 1 : 0, p.window_left, p.mm != nullptr ? 1 : 0, p.xqa != nullptr ? 1 : 0,
+                         p.paged_form ? 1 : 0, p.max_blocks});
+  for (const k::Idx* x : {&p.qo_indptr, &p.kv_indptr, &p.kv_indices, &p.last_page_len, &p.block_table, &p.seq_lens})
+    add_idx(key, *x);
+  if (shape == nullptr) {  // prefill kernel: its variant and versions pick the kernel (its row tile)
+    key.insert(key.end(), {k::prefill_variant(), k::prefill_v4() ? 1 : 0, k::prefill_v5() ? 1 : 0,
+                           k::prefill_v6() ? 1 : 0});
+  } else {
+    key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,
+                           shape->small, k::decode_options(), k::decode_splits()});
+  }
+  return key;
+}
+
+// The plan region of `plan` for a call with `key` (grown to `bytes` on `device`); *run_plan
+// says whether the call must run its plan kernel (no kept plan of this key) or may skip it.
+// Called with the device's launch mutex held; plan_done() marks the plan kept once the launch
+// was enqueued without error.
+void* plan_region(PagedAttentionPlan::State& st, const std::vector<int64_t>& key, int64_t bytes, int device,
+                  bool* run_plan) {
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.valid.load(std::memory_order_relaxed) && st.key == key && st.buf &&
+      static_cast<int64_t>(st.buf->size()) >= bytes && st.buf->device().index == device) {
+    *run_plan = false;
+    return st.buf->data();
+  }
+  st.valid.store(false, std::memory_order_relaxed);
+  if (!st.buf || static_cast<int64_t>(st.buf->size()) < bytes || st.buf->device().index != device) {
+    st.buf.reset();
+    st.buf = Buffer::allocate(static_cast<size_t>(std::max<int64_t>(bytes, 4096)), Device::cuda(device));
+  }
+  st.key = key;
+  *run_plan = true;
+  return st.buf->data();
+}
+void plan_done(PagedAttentionPlan::State& st, bool run_plan) {
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (run_plan) {
+    st.valid.store(true, std::memory_order_relaxed);
+    st.plans.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    st.reuses.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 int sm_count(int device) {
@@ -233,7 +293,16 @@ void paged_attention(const PagedAttentionArgs& a) {
   const int dev = a.query.device().index;
   if (k::prefill_eligible(p, sm_count(dev))) {  // many rows per request: prefill_kernel.cu
     std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
-    check_launch(k::launch_prefill_attention(p, sm_count(dev), workspace_for(dev, k::prefill_workspace_bytes(p))), op);
+    const int64_t bytes = k::prefill_workspace_bytes(p);
+    if (a.plan == nullptr) {
+      check_launch(k::launch_prefill_attention(p, sm_count(dev), workspace_for(dev, bytes), true), op);
+      return;
+    }
+    PagedAttentionPlan::State& st = a.plan->state();
+    bool run_plan = true;
+    void* ws = plan_region(st, plan_key(p, dev, nullptr), bytes, dev, &run_plan);
+    check_launch(k::launch_prefill_attention(p, sm_count(dev), ws, run_plan), op);
+    plan_done(st, run_plan);
     return;
   }
   k::AttnPlanShape shape;
@@ -243,8 +312,16 @@ void paged_attention(const PagedAttentionArgs& a) {
     throw Unsupported(fmt::format("{}: {} (head_dim {}, query {}, cache {}); use CPU tensors for this case", op, why,
                                   d.head_dim, dtype_name(a.query.dtype()), dtype_name(a.k_cache.dtype())));
   std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
-  void* ws = workspace_for(dev, shape.workspace_bytes);
-  check_launch(k::launch_paged_attention(p, shape, ws), op);
+  if (a.plan == nullptr || shape.small) {  // the small path plans inside its one launch: nothing to keep
+    char* ws = static_cast<char*>(workspace_for(dev, shape.workspace_bytes));
+    check_launch(k::launch_paged_attention(p, shape, ws, ws + shape.plan_bytes, true), op);
+    return;
+  }
+  PagedAttentionPlan::State& st = a.plan->state();
+  bool run_plan = true;
+  void* plan_ws = plan_region(st, plan_key(p, dev, &shape), shape.plan_bytes, dev, &run_plan);
+  check_launch(k::launch_paged_attention(p, shape, plan_ws, workspace_for(dev, shape.scratch_bytes), run_plan), op);
+  plan_done(st, run_plan);
 }
 
 // ---- merge_attn_states / mask_empty_context_lse -----------------------------------------------------

@@ -139,7 +139,12 @@ struct AttnPlanShape {
   int64_t max_items = 0;
   int grid = 0;        // persistent CTAs
   int target_ctas = 0;
-  int64_t workspace_bytes = 0;
+  int64_t workspace_bytes = 0;  // plan_bytes + scratch_bytes (one workspace holds both)
+  // The workspace in two regions: the plan tables the plan kernel writes and later calls may
+  // reuse (request bounds, work items, split chunk, work counter, token map, stream-K tables),
+  // and the per-call scratch (split partials) that every call overwrites.
+  int64_t plan_bytes = 0, scratch_bytes = 0;
+  bool reuse_plan = false;  // launch_paged_attention's !run_plan, for its launchers (not a decision)
   int small = 0;        // 1: small-call path (decode config, one launch: see SmallDecodeMode)
   int small_units = 0;  // its (request, row tile, KV head) unit bound
   int cluster = 0;      // small path on the cluster kernel (small_decode.cu): pieces per unit, else 0
@@ -147,7 +152,13 @@ struct AttnPlanShape {
 // Fills the shape (host-side decisions) — returns 0 or an error code; `supported` false with
 // a reason when the head dim / dtype combination has no kernel.
 int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* shape, const char** why);
-int launch_paged_attention(const AttnParams& p, const AttnPlanShape& shape, void* workspace);
+// plan_ws: the shape's plan region (plan_bytes); scratch_ws: its scratch region (scratch_bytes).
+// run_plan false: the plan region already holds the plan of a call with the same plan inputs
+// (batch, index tensors and their contents, heads, page size, masks, options; the caller's
+// PagedAttentionPlan decides) and the plan kernel is skipped.  The work counters reset
+// themselves at the end of every attention launch, so a kept plan stays ready to run.
+int launch_paged_attention(const AttnParams& p, const AttnPlanShape& shape, void* plan_ws, void* scratch_ws,
+                           bool run_plan);
 // Small-call decode path: one launch that plans in every CTA, runs the decode tiles and merges
 // the split pieces of a (request, row tile, KV head) unit in the CTA whose piece arrives last
 // (self-resetting counters, CUDA-graph safe).  automatic: decode calls of <= 32 requests whose
@@ -188,6 +199,7 @@ int64_t rem_split_plans();
 // on, KVATTN_DECODE_STREAMK_FP8=0 off); streamk_launches() counts its calls.
 int64_t streamk_launches();
 void set_decode_splits(int n);
+int decode_splits();  // the forced split count now (0 = the plan kernel's rule)
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the
@@ -222,8 +234,10 @@ bool prefill_v6();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
 bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)
-int64_t prefill_workspace_bytes(const AttnParams& p);
-int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace);
+int64_t prefill_workspace_bytes(const AttnParams& p);  // all of it plan tables (no split partials)
+// run_plan false: `workspace` already holds the plan of a call with the same plan inputs (see
+// launch_paged_attention); the plan kernel is skipped.
+int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, bool run_plan);
 
 }  // namespace kvattn::ops::cuda_impl::k
 

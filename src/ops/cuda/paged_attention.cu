@@ -126,7 +126,7 @@ struct Plan {
   Item* items;           // [max_items]
   int32_t* num_items;    // [1]
   int32_t* chunk;        // [1] keys per split (multiple of the tile)
-  int32_t* counter;      // [1] dynamic work counter (reset by the plan kernel)
+  int32_t* counter;      // [1] dynamic work counter (0 at every launch: the plan kernel sets it, the launch's last draw puts it back)
   int32_t* tok_splits;   // [num_tokens] splits of the token's request, 0 = no request (split runs only)
   float* part_o;         // [S_max, num_tokens, hq, D]
   float* part_lse;       // [S_max, num_tokens, hq] base 2
@@ -1036,6 +1036,12 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       const int w = s_work;
       if (w >= total) {
         if (tl != nullptr && tid == 0) tl[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
+        // Every CTA draws exactly one number >= total, so the draws are 0 .. total + grid - 1 and
+        // the CTA holding the largest made the launch's last draw: it puts the counter back to 0,
+        // ready for the next launch on a kept plan (PagedAttentionPlan: no plan kernel to reset it).
+        if constexpr (!SK) {
+          if (tid == 0 && w == total + static_cast<int>(gridDim.x) - 1) *plan.counter = 0;
+        }
         break;
       }
       if (tl != nullptr) {
@@ -1744,10 +1750,15 @@ __global__ void merge_streamk_kernel(AttnParams p, Plan plan, float kv_out_facto
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
+// Two regions: the plan (offsets from the plan base; written by the plan kernels, kept across
+// calls when the caller reuses a plan) and the scratch (offsets from the scratch base: split
+// partials, rewritten by every call).
 struct WsLayout {
-  int64_t req, page_base, items, num_items, chunk, counter, tok_splits, part_o, part_lse;
+  int64_t req, page_base, items, num_items, chunk, counter, tok_splits;  // plan region
   int64_t sk_hdr, sk_units, sk_cta, sk_map;  // stream-K decode tables (decode config, not the small path)
-  int64_t total;
+  int64_t plan_total;
+  int64_t part_o, part_lse;  // scratch region
+  int64_t scratch_total;
 };
 WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
@@ -1760,19 +1771,21 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   w.chunk = off; off += 256;
   w.counter = off; off += 256;
   w.tok_splits = off; off += al(p.num_tokens * 4 + 16);
-  w.part_o = off;
-  off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * p.head_dim * 4) : 0;
-  w.part_lse = off;
-  off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * 4) : 0;
   // stream-K tables, reserved for every v6 decode-config call so the knob can change between
-  // plan and launch (a few bytes per unit / token next to the partials)
+  // plan and launch (a few bytes per unit / token)
   const bool sk = s.config == 0 && !s.small && s.max_splits > 1;
   const int64_t units = sk ? s.max_items / s.max_splits * p.hkv : 0;
   w.sk_hdr = off; off += sk ? 256 : 0;
   w.sk_units = off; off += sk ? al(units * int64_t(sizeof(SkUnit)) + 16) : 0;
   w.sk_cta = off; off += sk ? al(int64_t(s.grid) * 4 + 16) : 0;
   w.sk_map = off; off += sk ? al(p.num_tokens * p.hq * 4 + 16) : 0;
-  w.total = off;
+  w.plan_total = off;
+  off = 0;
+  w.part_o = off;
+  off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * p.head_dim * 4) : 0;
+  w.part_lse = off;
+  off += s.max_splits > 1 ? al(int64_t(s.max_splits) * p.num_tokens * p.hq * 4) : 0;
+  w.scratch_total = off;
   return w;
 }
 
@@ -1941,10 +1954,13 @@ int run_streamk(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf
   const int tl_every = timeline_every();
   if (tl_every > 0 && g_v6_calls.fetch_add(1, std::memory_order_relaxed) + 1 == tl_every)
     std::fprintf(stderr, "[timeline] off in stream-K mode (KVATTN_DECODE_STREAMK): no report for this call\n");
-  plan_streamk_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, skt, s.max_splits,
-                                                              s.max_items / s.max_splits, s.grid);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return static_cast<int>(e);
+  cudaError_t e = cudaSuccess;
+  if (!s.reuse_plan) {  // a kept plan (PagedAttentionPlan) holds the tables already
+    plan_streamk_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, skt, s.max_splits,
+                                                                s.max_items / s.max_splits, s.grid);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
   kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
   e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
@@ -1976,13 +1992,20 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
   plan.tl_cap = 0;
   const int tl_every = timeline_every();
   if (tl_every > 0 && g_v6_calls.fetch_add(1, std::memory_order_relaxed) + 1 == tl_every) {
-    plan.tl = timeline_buffer(s.grid);
-    plan.tl_cap = plan.tl != nullptr ? kTlCap : 0;
+    if (s.reuse_plan) {
+      std::fprintf(stderr, "[timeline] call %d reused a kept plan (no plan kernel): no report for this call\n", tl_every);
+    } else {
+      plan.tl = timeline_buffer(s.grid);
+      plan.tl_cap = plan.tl != nullptr ? kTlCap : 0;
+    }
   }
-  plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
-                                                      s.max_splits > 1, decode_splits_now());
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return static_cast<int>(e);
+  cudaError_t e = cudaSuccess;
+  if (!s.reuse_plan) {  // a kept plan (PagedAttentionPlan) holds the tables already
+    plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
+                                                        s.max_splits > 1, decode_splits_now());
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
   kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
   e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
@@ -2200,7 +2223,9 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* s, con
     }
   }
   const WsLayout w = ws_layout(p, *s);
-  s->workspace_bytes = w.total;
+  s->plan_bytes = w.plan_total;
+  s->scratch_bytes = w.scratch_total;
+  s->workspace_bytes = w.plan_total + w.scratch_total;
   return 0;
 }
 
@@ -2214,6 +2239,7 @@ void set_decode_splits(int n) {
   g_decode_splits.store(std::max(0, n), std::memory_order_relaxed);
   g_v6_calls.store(0, std::memory_order_relaxed);
 }
+int decode_splits() { return decode_splits_now(); }
 void set_small_decode_mode(SmallDecodeMode m) { g_small_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
 SmallDecodeMode small_decode_mode() { return static_cast<SmallDecodeMode>(small_mode_now()); }
 int64_t small_decode_launches() { return g_small_launches.load(std::memory_order_relaxed); }
@@ -2225,10 +2251,12 @@ int64_t rem_split_plans() {
 }
 int64_t streamk_launches() { return g_streamk_launches.load(std::memory_order_relaxed); }
 
-int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* workspace) {
+int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* plan_ws, void* scratch_ws,
+                           bool run_plan) {
   if (p.batch == 0 || p.num_tokens == 0) return 0;
   const WsLayout w = ws_layout(p, s);
-  char* base = static_cast<char*>(workspace);
+  char* base = static_cast<char*>(plan_ws);
+  char* scratch = static_cast<char*>(scratch_ws);
   Plan plan;
   plan.req = reinterpret_cast<ReqInfo*>(base + w.req);
   plan.page_base = reinterpret_cast<int64_t*>(base + w.page_base);
@@ -2237,8 +2265,8 @@ int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* wo
   plan.chunk = reinterpret_cast<int32_t*>(base + w.chunk);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   plan.tok_splits = reinterpret_cast<int32_t*>(base + w.tok_splits);
-  plan.part_o = reinterpret_cast<float*>(base + w.part_o);
-  plan.part_lse = reinterpret_cast<float*>(base + w.part_lse);
+  plan.part_o = reinterpret_cast<float*>(scratch + w.part_o);
+  plan.part_lse = reinterpret_cast<float*>(scratch + w.part_lse);
   plan.small_ctr = nullptr;
   plan.small_units = 0;
   plan.small_smax = 1;
@@ -2246,8 +2274,10 @@ int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* wo
   plan.opts = 0;
   plan.tl = nullptr;
   plan.tl_cap = 0;
+  AttnPlanShape shape = s;
+  shape.reuse_plan = !run_plan;
   int dummy = 0;
-  return dispatch(p, &s, &plan, false, &dummy);
+  return dispatch(p, &shape, &plan, false, &dummy);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k

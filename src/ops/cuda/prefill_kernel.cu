@@ -107,7 +107,7 @@ struct PfPlan {
   int64_t* page_base;   // [batch] first page id offset (paged form)
   int2* items;          // [max_items] (request, row tile), heaviest first
   int32_t* num_items;   // [1]
-  int32_t* counter;     // [1] work counter, reset by the plan kernel
+  int32_t* counter;     // [1] work counter: 0 at every launch (set by the plan kernel, put back by the last draw)
 };
 
 // Block-wide exclusive scan of one int per thread (blockDim.x = kPlanThreads).
@@ -305,7 +305,12 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
   for (int iter = 0;; ++iter) {
     __syncthreads();
     const int w = s_work[iter & 1];
-    if (w >= total) break;
+    if (w >= total) {
+      // one draw >= total per CTA, so the largest (total + grid - 1) is the launch's last draw:
+      // its CTA puts the counter back to 0 for the next launch on a kept plan (no plan kernel)
+      if (tid == 0 && w == total + static_cast<int>(gridDim.x) - 1) *plan.counter = 0;
+      break;
+    }
     if (tid == 0) s_work[(iter + 1) & 1] = atomicAdd(plan.counter, 1);  // next unit, early
     const int2 it = plan.items[w / p.hkv];
     const int hk = w % p.hkv;
@@ -906,7 +911,7 @@ PfWs pf_ws(const AttnParams& p) {
 }
 
 template <bool BF16, bool NX, bool V5, bool V6, int D, int MT, int NW, int KT = kKeyTile>
-int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
+int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, bool run_plan) {
   using C = PfCfg<D, MT, NW, KT>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
   auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, NX, V5, V6>;
@@ -923,9 +928,11 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
     if (e != cudaSuccess) return static_cast<int>(e);
     occ = n > 0 ? n : 1;
   }
-  pf_plan_kernel<<<1, kPlanThreads>>>(p, plan, max_items, C::kRows);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return static_cast<int>(e);
+  if (run_plan) {  // else a kept plan (PagedAttentionPlan) holds the tables already
+    pf_plan_kernel<<<1, kPlanThreads>>>(p, plan, max_items, C::kRows);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return static_cast<int>(e);
+  }
   // never more CTAs than units
   const int64_t units = max_items * p.hkv;
   const int grid = static_cast<int>(std::min<int64_t>(int64_t(num_sms) * occ, std::max<int64_t>(units, 1)));
@@ -934,15 +941,15 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan) {
 }
 
 template <bool BF16, bool NX, bool V5 = false, bool V6 = false>
-int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant) {
+int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant, bool run_plan) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, NX, V5, V6, 64, 1, 8>(p, num_sms, plan);
+    case 64: return pf_run<BF16, NX, V5, V6, 64, 1, 8>(p, num_sms, plan, run_plan);
     case 128:
-      if (variant == 1) return pf_run<BF16, NX, V5, V6, 128, 2, 4>(p, num_sms, plan);
-      if (variant == 2) return pf_run<BF16, NX, V5, V6, 128, 1, 4>(p, num_sms, plan);
-      if (variant == 3) return pf_run<BF16, NX, V5, V6, 128, 2, 4, 32>(p, num_sms, plan);
-      return pf_run<BF16, NX, V5, V6, 128, 1, 8>(p, num_sms, plan);  // A
-    case 256: return pf_run<BF16, NX, V5, V6, 256, 1, 8>(p, num_sms, plan);
+      if (variant == 1) return pf_run<BF16, NX, V5, V6, 128, 2, 4>(p, num_sms, plan, run_plan);
+      if (variant == 2) return pf_run<BF16, NX, V5, V6, 128, 1, 4>(p, num_sms, plan, run_plan);
+      if (variant == 3) return pf_run<BF16, NX, V5, V6, 128, 2, 4, 32>(p, num_sms, plan, run_plan);
+      return pf_run<BF16, NX, V5, V6, 128, 1, 8>(p, num_sms, plan, run_plan);  // A
+    case 256: return pf_run<BF16, NX, V5, V6, 256, 1, 8>(p, num_sms, plan, run_plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -1004,7 +1011,7 @@ bool prefill_eligible(const AttnParams& p, int num_sms) {
 
 int64_t prefill_workspace_bytes(const AttnParams& p) { return pf_ws(p).total; }
 
-int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) {
+int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, bool run_plan) {
   if (p.batch == 0 || p.num_tokens == 0) return 0;
   const PfWs w = pf_ws(p);
   char* base = static_cast<char*>(workspace);
@@ -1017,13 +1024,13 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace) 
   g_launches.fetch_add(1, std::memory_order_relaxed);
   const int v = variant_now();
   if (v4_now() && v5_now() && v6_now() && pf_rows_aligned(p))
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true, true>(p, num_sms, plan, v)
-                               : pf_dispatch<false, true, true, true>(p, num_sms, plan, v);
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true, true>(p, num_sms, plan, v, run_plan)
+                               : pf_dispatch<false, true, true, true>(p, num_sms, plan, v, run_plan);
   if (v4_now() && v5_now())
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true>(p, num_sms, plan, v) : pf_dispatch<false, true, true>(p, num_sms, plan, v);
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true>(p, num_sms, plan, v, run_plan) : pf_dispatch<false, true, true>(p, num_sms, plan, v, run_plan);
   if (v4_now())
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v) : pf_dispatch<false, true>(p, num_sms, plan, v);
-  return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v) : pf_dispatch<false, false>(p, num_sms, plan, v);
+    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v, run_plan) : pf_dispatch<false, true>(p, num_sms, plan, v, run_plan);
+  return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v, run_plan) : pf_dispatch<false, false>(p, num_sms, plan, v, run_plan);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k
