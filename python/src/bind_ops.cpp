@@ -55,6 +55,18 @@ slot_mapping     [num_tokens] int64/int32, -1 = skip
 kv_cache_dtype   "auto", "fp8", "fp8_e4m3", "fp8_e5m2"
 k_scale, v_scale fp8 only: a float or a [1] / [num_kv_heads] float32 tensor)doc");
 
+  py::class_<ops::PagedAttentionPlan>(m, "PagedAttentionPlan", R"doc(A work plan kept across paged_attention calls.
+
+Pass it as paged_attention(..., plan=p) for every layer of an engine step and call
+p.invalidate() whenever the batch's index tensors change (once per step): on CUDA the first call
+runs the kernels' plan, the later ones reuse it (FlashInfer's plan() once per step, run() per
+layer).  Any other change of the plan's inputs (index tensors' addresses, sizes, heads, masks)
+re-plans by itself.  CPU tensors ignore it.)doc")
+      .def(py::init<>())
+      .def("invalidate", &ops::PagedAttentionPlan::invalidate, "The next call plans again.")
+      .def_property_readonly("plans", &ops::PagedAttentionPlan::plans, "Calls that ran the plan kernel.")
+      .def_property_readonly("reuses", &ops::PagedAttentionPlan::reuses, "Calls that reused the kept plan.");
+
   m.def(
       "paged_attention",
       [](py::object query, py::object k_cache, py::object v_cache, py::object qo_indptr, py::object out,
@@ -62,7 +74,7 @@ k_scale, v_scale fp8 only: a float or a [1] / [num_kv_heads] float32 tensor)doc"
          py::object block_table, py::object seq_lens, py::object lse, const std::string& lse_base, bool causal,
          int64_t window_left, double logits_soft_cap, std::optional<double> sm_scale, double q_scale,
          double k_scale, double v_scale, py::object sinks, py::object mm_prefix_ranges,
-         py::object xqa_draft_mask) {
+         py::object xqa_draft_mask, ops::PagedAttentionPlan* plan) {
         ops::PagedAttentionArgs a;
         a.query = as_tensor(query);
         a.k_cache = as_tensor(k_cache);
@@ -86,6 +98,7 @@ k_scale, v_scale fp8 only: a float or a [1] / [num_kv_heads] float32 tensor)doc"
         a.sinks = optional_tensor(sinks);
         a.mm_prefix_ranges = optional_tensor(mm_prefix_ranges);
         a.xqa_draft_mask = optional_tensor(xqa_draft_mask);
+        a.plan = plan;
         py::gil_scoped_release release;
         ops::paged_attention(a);
       },
@@ -96,7 +109,7 @@ k_scale, v_scale fp8 only: a float or a [1] / [num_kv_heads] float32 tensor)doc"
       py::arg("causal") = true, py::arg("window_left") = -1, py::arg("logits_soft_cap") = 0.0,
       py::arg("sm_scale") = py::none(), py::arg("q_scale") = 1.0, py::arg("k_scale") = 1.0,
       py::arg("v_scale") = 1.0, py::arg("sinks") = py::none(), py::arg("mm_prefix_ranges") = py::none(),
-      py::arg("xqa_draft_mask") = py::none(),
+      py::arg("xqa_draft_mask") = py::none(), py::arg("plan") = nullptr,
       R"doc(Batched attention over a paged KV cache (FlashInfer's prefill/decode wrappers' run()).
 
 query [num_tokens, num_qo_heads, head_dim]; k_cache/v_cache [num_pages, page_size,
@@ -104,8 +117,9 @@ num_kv_heads, head_dim] views; qo_indptr [batch + 1] (vLLM query_start_loc).  Pa
 either as FlashInfer paged_kv_indptr / paged_kv_indices / paged_kv_last_page_len or as a vLLM
 block_table [batch, max_blocks] with seq_lens [batch].  The query is the last q_len tokens of
 each sequence.  out [num_tokens, num_qo_heads, head_dim] is written in place; lse
-[num_tokens, num_qo_heads] float32 optionally (lse_base '2' as FlashInfer, or 'e').  The GIL
-is released while the kernel runs.)doc");
+[num_tokens, num_qo_heads] float32 optionally (lse_base '2' as FlashInfer, or 'e').  plan: an
+optional PagedAttentionPlan kept across the layers of a step.  The GIL is released while the
+kernel runs.)doc");
 
   m.def("split_kv_cache_layer_view",
         [](py::object layer_view, int64_t head_size) {

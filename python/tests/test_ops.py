@@ -72,6 +72,25 @@ def test_paged_attention_block_table_form_matches_dense(rng):
     np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
 
 
+def test_paged_attention_with_a_kept_plan_over_layers(rng):
+    # Two "layers" (own caches, own query) of one step over the same batch with one plan: same
+    # results as the oracle.  On CPU arrays the plan is not used (the CPU kernels plan inline).
+    q_lens, kv_lens = [1, 2, 1], [11, 6, 3]
+    plan = kvattn.PagedAttentionPlan()
+    for layer in range(2):
+        q, kc, vc, qo, pages = make_paged_problem(rng, q_lens, kv_lens)
+        bt = np.zeros((3, 4), np.int32)
+        for r, p in enumerate(pages):
+            bt[r, :len(p)] = p
+        out = np.full_like(q, np.nan)
+        kvattn.paged_attention(q, kc, vc, qo, out=out, block_table=bt, seq_lens=np.array(kv_lens, np.int32),
+                               plan=plan)
+        want, _ = dense_attention(q, kc, vc, qo, pages, kv_lens)
+        np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    assert (plan.plans, plan.reuses) == (0, 0)
+    plan.invalidate()
+
+
 def test_paged_attention_flashinfer_form_hnd_cache_and_window(rng):
     q_lens, kv_lens = [1, 3, 6], [13, 10, 6]
     q, kc, vc, qo, pages = make_paged_problem(rng, q_lens, kv_lens, page_size=8, hq=8, hkv=2, d=32)
