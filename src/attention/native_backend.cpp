@@ -343,6 +343,7 @@ void FlashInferImpl::run_prefill(const FlashInferMetadata& md, const AttentionLa
     a.k_scale = args.k_scale;
     a.v_scale = args.v_scale;
   }
+  a.plan = tp.plan;  // the dequantised path's fresh mock table re-plans by itself (another index tensor)
   ops::paged_attention(a);
 }
 
@@ -416,6 +417,7 @@ void FlashInferImpl::run_decode(const FlashInferMetadata& md, const AttentionLay
     a.v_scale = ra.v_scale;
     a.sinks = sinks_;
     if (d.kernel == FlashInferDecodeKernel::XQA) a.xqa_draft_mask = d.mask;
+    a.plan = d.plan;
     ops::paged_attention(a);
   });
 }

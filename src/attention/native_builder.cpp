@@ -554,6 +554,8 @@ void FlashInferMetadataBuilder::plan_trtllm_prefill(const StepPlan& s, const Com
   p.cum_seq_lens_kv = cum_seq_lens_kv_.copy_to_gpu(np + 1);
   p.max_q_len = max_q_len;
   p.max_seq_len = cm.max_seq_len;
+  trtllm_prefill_plan_->invalidate();
+  p.plan = trtllm_prefill_plan_.get();
   metadata_.prefill = std::move(p);
 }
 
@@ -591,6 +593,8 @@ void FlashInferMetadataBuilder::plan_trtllm_api_decode(const StepPlan& s, const 
   d.max_seq_len = cm.max_seq_len;
   if (dcp_world_size_ > 1) d.dcp_query_start_loc = cm.query_start_loc.narrow(0, 0, nd + 1);
   d.qo_indptr = cm.query_start_loc.narrow(0, 0, nd + 1);
+  trtllm_decode_plan_->invalidate();
+  d.plan = trtllm_decode_plan_.get();
   metadata_.decode = std::move(d);
 }
 

@@ -87,6 +87,7 @@ struct TRTLLMPrefill {
   Tensor cum_seq_lens_kv; // [num_prefills + 1] int32 device: cumulative KV pages
   int64_t max_q_len = 0;
   int64_t max_seq_len = 0;
+  ops::PagedAttentionPlan* plan = nullptr;  // the builder's kept kernel plan for this step's layers
 };
 
 // XQA / trtllm-gen decode (block tables).
@@ -102,6 +103,7 @@ struct FlashInferTrtllmAPIDecode {
   // kvattn: the query rows of each decode request as its kernel reads them (query_start_loc
   // [:num_decodes + 1]); covers uniform, ragged and CUDA-graph-padded (zero-length) rows alike.
   Tensor qo_indptr;
+  ops::PagedAttentionPlan* plan = nullptr;  // the builder's kept kernel plan for this step's layers
 };
 
 class FlashInferMetadata final : public AttentionMetadata {
@@ -243,6 +245,10 @@ class FlashInferMetadataBuilder final : public AttentionMetadataBuilder {
   std::optional<XqaDecodeMaskCache> decode_mask_cache_;  // uniform XQA masks (mask_words_ wide), XQA only
   Tensor workspace_;
   int64_t plan_capacity_ = 0;
+  // the CUDA kernels' plans of the trtllm-API paths, kept across a step's layers (invalidated by
+  // every build(); the native paths' wrappers keep their own)
+  std::unique_ptr<ops::PagedAttentionPlan> trtllm_decode_plan_ = std::make_unique<ops::PagedAttentionPlan>();
+  std::unique_ptr<ops::PagedAttentionPlan> trtllm_prefill_plan_ = std::make_unique<ops::PagedAttentionPlan>();
 
   std::unique_ptr<BatchPrefillWrapper> prefill_wrapper_, noncausal_prefill_wrapper_;
   std::unique_ptr<BatchDCPPrefillWrapper> dcp_prefill_wrapper_;
