@@ -186,8 +186,9 @@ TEST_F(CudaFusedMerge, AlternatingShapesAndPaths) {
 }
 
 TEST_F(CudaFusedMerge, OffByDefaultAndMasked) {
-  if (std::getenv("KVATTN_DECODE_FUSED_MERGE") == nullptr)
+  if (std::getenv("KVATTN_DECODE_FUSED_MERGE") == nullptr) {
     EXPECT_EQ(opts0_ & kFused, 0) << "the fused merge is not the default";
+  }
   cuda_impl::set_decode_options(opts0_ | kFused | 4096);
   EXPECT_EQ(cuda_impl::decode_options(), (opts0_ | kFused) & ~4096);
 }
