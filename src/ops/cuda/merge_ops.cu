@@ -186,8 +186,9 @@ __global__ void merge_vec16(MergeParams p) {
 // blockDim = (tpr, ry): tpr = head_dim / (8 VPT) threads per (token, head) row, ry rows per CTA.
 // A thread owns VPT vectors of one row, tpr * 8 elements apart, so each load instruction of a
 // warp still covers whole rows contiguously; the two LSE loads and then all 2 VPT data loads are
-// issued before any arithmetic, and the LSE weights are computed once per VPT vectors.  One row per thread, no loop
-// (a full grid: sessions 3/5 measured persistent / grid-stride variants slower).  Row indices
+// issued before any arithmetic, and the LSE weights are computed once per VPT vectors.  One piece
+// of one row per thread, no loop (a full grid: sessions 3/5 measured persistent / grid-stride
+// variants slower).  Row indices
 // are 32-bit (the launcher requires num_tokens * num_heads < 2^31); MINB keeps the registers
 // at the budget of MINB CTAs of 256 threads per SM (8: 32 registers, all 2048 threads).
 template <bool BF16, int VPT, int MINB>
