@@ -300,36 +300,17 @@ Row bench_merge(int64_t T, const std::string& target, bool quick) {
     fill_device_random(x.sl, 50 + i);
     s.push_back(x);
   }
-  auto time = [&] {
-    return k::time_median_us(
-        [](void* c, int i) {
-          auto* v = static_cast<std::vector<Set>*>(c);
-          const Set& x = (*v)[static_cast<size_t>(i) % v->size()];
-          ops::merge_attn_states(x.out, x.po, x.pl, x.so, x.sl);
-        },
-        &s, 10, quick ? 20 : 60);
-  };
-  const double bytes = 3.0 * T * kHq * kD * 2 + 2.0 * T * kHq * 4;
-  // same-process A/B of the merge kernels (KVATTN_MERGE_V2 / _CTAS pairs, two interleaved
-  // rounds), then the row of the setting the environment selects
-  for (int round = 1; round <= 2; ++round) {
-    for (const auto& [v, cap] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{2, 0}, std::pair{3, 0}, std::pair{3, 6},
-                                 std::pair{3, 4}, std::pair{1, 4}}) {
-      k::set_merge_v2(v);
-      k::set_merge_v2_ctas(cap);
-      const double us = time();
-      print_row(Row{fmt::format("merge {}x{}x{} [v2={} cap {} r{}]", T, kHq, kD, v, cap, round), us,
-                    bytes / (us * 1e-6) / 1e12, "TB/s", ""});
-    }
-  }
-  k::set_merge_v2(-1);
-  k::set_merge_v2_ctas(-1);
-  const double us = time();
+  const double us = k::time_median_us(
+      [](void* c, int i) {
+        auto* v = static_cast<std::vector<Set>*>(c);
+        const Set& x = (*v)[static_cast<size_t>(i) % v->size()];
+        ops::merge_attn_states(x.out, x.po, x.pl, x.so, x.sl);
+      },
+      &s, 10, quick ? 20 : 60);
   Row r;
   r.name = fmt::format("merge_attn_states {}x{}x{}", T, kHq, kD);
-  if (k::merge_v2() != 0) r.name += fmt::format(" [v2={} cap {}]", k::merge_v2(), k::merge_v2_ctas());
   r.us = us;
-  r.value = bytes / (us * 1e-6) / 1e12;
+  r.value = (3.0 * T * kHq * kD * 2 + 2.0 * T * kHq * 4) / (us * 1e-6) / 1e12;
   r.unit = "TB/s";
   r.target = target;
   return r;

@@ -85,15 +85,6 @@ struct MergeParams {
   int64_t num_tokens = 0, num_heads = 0, head_dim = 0;
 };
 int launch_merge_attn_states(const MergeParams& p);
-// merge_attn_states v2 for 16-bit dim-contiguous rows (KVATTN_MERGE_V2, read once; default 0 =
-// the one-vector-per-thread kernel): 1 = two 16-byte vectors per thread, 2 = four, 3 = one in the
-// v2 row layout (merge_ops.cu); KVATTN_MERGE_V2_CTAS = 4..7 caps the v2 kernels at that many CTAs
-// per SM (shared-memory padding; 0 = no cap).  The setters override the environment (bench
-// A/B); -1 undoes them.
-void set_merge_v2(int v);
-int merge_v2();
-void set_merge_v2_ctas(int n);
-int merge_v2_ctas();
 
 int launch_mask_empty_context_lse(float* lse, int64_t l_sh, int64_t l_st, int64_t num_heads,
                                   int64_t num_tokens, Idx qsl, Idx csl, int64_t num_reqs);
