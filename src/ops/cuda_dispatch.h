@@ -90,9 +90,6 @@ int64_t rem_split_plans() noexcept;  // decode plans with a non-dividing chunk (
 // bit 16 = stream-K decode schedule for every call (default off; KVATTN_DECODE_STREAMK=1), bit 32 =
 // stream-K for fp8 caches with a (request, KV head) pair per CTA (default on); its calls:
 int64_t streamk_launches() noexcept;
-// bit 64 = merge fused into the decode config's counter-path kernel (default off;
-// KVATTN_DECODE_FUSED_MERGE=1); its calls:
-int64_t fused_merge_launches() noexcept;
 void set_decode_splits(int n);
 
 }  // namespace kvattn::ops::cuda_impl

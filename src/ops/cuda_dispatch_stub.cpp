@@ -59,7 +59,6 @@ int decode_options() noexcept { return 0; }
 int64_t fp8_fast_launches() noexcept { return 0; }
 int64_t rem_split_plans() noexcept { return 0; }
 int64_t streamk_launches() noexcept { return 0; }
-int64_t fused_merge_launches() noexcept { return 0; }
 void set_decode_splits(int) {}
 
 }  // namespace kvattn::ops::cuda_impl

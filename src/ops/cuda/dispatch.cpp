@@ -451,7 +451,6 @@ int decode_options() noexcept { return k::decode_options(); }
 int64_t fp8_fast_launches() noexcept { return k::fp8_fast_launches(); }
 int64_t rem_split_plans() noexcept { return k::rem_split_plans(); }
 int64_t streamk_launches() noexcept { return k::streamk_launches(); }
-int64_t fused_merge_launches() noexcept { return k::fused_merge_launches(); }
 void set_decode_splits(int n) { k::set_decode_splits(n); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------

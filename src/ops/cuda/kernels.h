@@ -198,9 +198,6 @@ int64_t rem_split_plans();
 // KVATTN_DECODE_STREAMK=1); bit 32: stream-K for fp8 caches when batch x KV heads >= grid (default
 // on, KVATTN_DECODE_STREAMK_FP8=0 off); streamk_launches() counts its calls.
 int64_t streamk_launches();
-// Option bit 64 (default off, KVATTN_DECODE_FUSED_MERGE=1): the decode config's counter path
-// merges split units in the attention kernel (last arrival), no merge kernel; its calls:
-int64_t fused_merge_launches();
 void set_decode_splits(int n);
 int decode_splits();  // the forced split count now (0 = the plan kernel's rule)
 

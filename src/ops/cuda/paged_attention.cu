@@ -178,12 +178,6 @@ constexpr int kOptStreamK = 16;
 // 1164.5 vs 1215.7 us with it; the bf16 shapes it lost on (128 x 4096 -1.8 %, 256 x 8192 -1.4 %,
 // 32 x 4096 -15 % where fewer pairs than CTAs leave CTAs idle) keep the counter path.
 constexpr int kOptStreamKFp8 = 32;
-// counter path of the decode config (attn_kernel<..., FM = true>): the merge of split units fused
-// into the attention kernel — the piece that arrives last on its unit's counter merges the unit
-// (as the small path does) and merge_splits_kernel is not launched (KVATTN_DECODE_FUSED_MERGE=1,
-// default off).  Counters: WsLayout::unit_ctr, passed in Plan::small_ctr, zeroed by plan_kernel,
-// put back to 0 by each unit's last arrival.
-constexpr int kOptFusedMerge = 64;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end, plan phase stamps (2)
@@ -197,7 +191,6 @@ __device__ __forceinline__ uint64_t gtimer() {
 // Small-call path (one launch: plan per CTA, attention, merge by the last-arriving piece).
 constexpr int kSmallMaxBatch = 32;   // one lane of warp 0 per request in the per-CTA plan
 constexpr int kSmallMaxSplits = 32;  // pieces per unit (LSE slots per row in the merge)
-constexpr int kFusedMaxSplits = 128;  // fused merge of the counter path: the plan's split bound
 
 // Split-rule costs of a uniform-length call (plan_kernel): mt tiles per row tile, P = (row tile,
 // KV head) pairs, G CTAs, c0 = a unit's fixed cost in tile-times.  Integer type I: uint32_t when
@@ -267,12 +260,6 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   // these stores before the per-request ones
   if (write_map)
     for (int64_t t = tid; t < p.num_tokens; t += blockDim.x) plan.tok_splits[t] = 0;
-  // fused merge (kOptFusedMerge): the unit arrival counters start at 0 (the attention kernel
-  // leaves them at 0; this covers a workspace that another call shape wrote)
-  if ((plan.opts & kOptFusedMerge) && plan.small_ctr != nullptr) {
-    const int64_t n_ctr = p.num_tokens * p.hq;
-    for (int64_t t = tid; t < n_ctr; t += blockDim.x) plan.small_ctr[t] = 0;
-  }
   int64_t work = 0, rt_sum = 0;
   int32_t kv_max = 0;
   ReqInfo ri_mine = {0, 0, 0, 1};  // request tid (the items loop's first round reads it from here)
@@ -866,97 +853,6 @@ __device__ __forceinline__ void small_merge(const AttnParams& p, const Plan& pla
   }
 }
 
-// Merge of one split unit of the decode config's counter path (kOptFusedMerge), run by the CTA
-// whose piece arrived last: the same math as merge_splits_body / small_merge (base-2 LSEs, sink,
-// LSE output, empty rows -> 0 and -inf, v_scale and the fp8 output factor), written for few
-// registers — the default decode kernels sit at the 168-register bound of 3 CTAs per SM and
-// small_merge's per-thread arrays (LSEs, accumulators) made the fused kernel spill 96-112 bytes.
-// LSEs go straight to shared memory, the partial O rows are staged with cp.async (as many splits
-// as fit at once, all of them for the usual 2-3), one (row, 4 dims) item at a time per thread,
-// the running sum kept in shared memory between staging rounds.  smem: [ROWS][MAXS] weights,
-// [ROWS] scales, [ROWS][D] running sums, then the staged partials.
-template <int D, int ROWS, int NT, int MAXS>
-__device__ __forceinline__ void fused_merge(const AttnParams& p, const Plan& plan, int ns, int nrows,
-                                            const int* s_rtok, const int* s_rhead, float out_factor,
-                                            unsigned char* smem, int smem_bytes) {
-  constexpr int kC4 = D / 4;  // float4 columns per row
-  constexpr int kAccOff = ((ROWS * MAXS + ROWS) * 4 + 15) / 16 * 16;
-  constexpr int kDatOff = kAccOff + ROWS * kC4 * 16;
-  float* sw = reinterpret_cast<float*>(smem);
-  float* s_scale = sw + ROWS * MAXS;
-  float4* sacc = reinterpret_cast<float4*>(smem + kAccOff);
-  float4* sdat = reinterpret_cast<float4*>(smem + kDatOff);
-  const int per_split = nrows * kC4;  // float4 per split
-  const int cap = (smem_bytes - kDatOff) / (per_split * 16);
-  const int sb = max(1, min(ns, cap));  // splits staged at once
-  const int tid = threadIdx.x;
-  auto issue = [&](int s0) {
-    const int n = min(sb, ns - s0) * per_split;
-    for (int i = tid; i < n; i += NT) {
-      const int s = i / per_split, j = i - s * per_split;
-      const int row = j / kC4, c4 = j % kC4;
-      const float* src =
-          plan.part_o + ((int64_t(s0 + s) * p.num_tokens + s_rtok[row]) * p.hq + s_rhead[row]) * D + c4 * 4;
-      cp_async16(smem_u32(sdat + i), src, 16);
-    }
-    cp_async_commit();
-  };
-  issue(0);
-  for (int i = tid; i < nrows * ns; i += NT) {  // the LSEs, in the same round trip
-    const int row = i / ns, s = i - row * ns;
-    sw[row * MAXS + s] = __ldcg(plan.part_lse + (int64_t(s) * p.num_tokens + s_rtok[row]) * p.hq + s_rhead[row]);
-  }
-  __syncthreads();
-  if (tid < nrows) {  // weights, sink, LSE of row `tid`
-    float* w = sw + tid * MAXS;
-    const int head = s_rhead[tid];
-    const int64_t tok = s_rtok[tid];
-    float M = -INFINITY;
-    for (int s = 0; s < ns; ++s) M = fmaxf(M, w[s]);
-    float s2 = -INFINITY;
-    if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
-    const float Mf = fmaxf(M, s2);
-    const float Mu = (Mf == -INFINITY) ? 0.f : Mf;
-    float denom = 0.f;
-    for (int s = 0; s < ns; ++s) {
-      const float e = exp2f(w[s] - Mu);
-      w[s] = e;
-      denom += e;
-    }
-    if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
-    const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
-    s_scale[tid] = (denom > 0.f && M != -INFINITY) ? p.v_scale * out_factor / denom : 0.f;
-    if (p.lse != nullptr) p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
-  }
-  for (int s0 = 0; s0 < ns; s0 += sb) {
-    if (s0 > 0) issue(s0);
-    cp_async_wait<0>();
-    __syncthreads();  // staged splits (and, the first time, the weights) visible
-    const int n = min(sb, ns - s0);
-    const bool final_round = s0 + n >= ns;
-    for (int item = tid; item < per_split; item += NT) {
-      const int row = item / kC4;
-      const float* w = sw + row * MAXS + s0;
-      float4 a = s0 == 0 ? make_float4(0.f, 0.f, 0.f, 0.f) : sacc[item];
-      for (int s = 0; s < n; ++s) {
-        const float f = w[s];
-        const float4 x = sdat[s * per_split + item];
-        a.x += f * x.x;
-        a.y += f * x.y;
-        a.z += f * x.z;
-        a.w += f * x.w;
-      }
-      if (final_round) {
-        const float sc = s_scale[row];
-        store_out4(p, s_rtok[row], s_rhead[row], (item % kC4) * 4, a.x * sc, a.y * sc, a.z * sc, a.w * sc);
-      } else {
-        sacc[item] = a;
-      }
-    }
-    __syncthreads();  // before the next round overwrites the staging area
-  }
-}
-
 // Per-CTA plan of the small-call path (shared memory).
 template <bool SMALL>
 struct SmallShared {};
@@ -982,23 +878,10 @@ struct SkShared<true> {
   int32_t slot, pieces;  // current piece's partial slot and its unit's piece count
 };
 
-// Fused-merge state of the counter path (attn_kernel<..., FM = true>), thread 0's only: the unit
-// fetched with the last arrival (-1: none) and whether this CTA merges.  In shared memory, not
-// registers: the default kernels sit at the 168-register bound of 3 CTAs per SM.
-template <bool FM>
-struct FmShared {};
-template <>
-struct FmShared<true> {
-  int next, last;
-};
-
-// FM (kOptFusedMerge): counter path of the decode config; a split unit's last-arriving piece
-// merges the unit (counters in plan.small_ctr), no merge kernel.
-template <typename KV, int D, int WM, int WN, bool SMALL = false, bool SK = false, bool FM = false>
+template <typename KV, int D, int WM, int WN, bool SMALL = false, bool SK = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
   static_assert(!SK || (!SMALL && WN > 1), "stream-K is built for the v6 decode config");
-  static_assert(!FM || (!SMALL && !SK && WN > 1), "the fused merge is built for the decode config's counter path");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   // the fp8 fast variant is built for sm_90 (the host never launches it below compute capability 9)
   if constexpr (kFastKV<KV>) return;
@@ -1119,11 +1002,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       s_sk.units = reinterpret_cast<const SkUnit*>(sk_hdr(plan)[2]);
     }
   }
-  // FM: thread 0 fetches the next unit in the same round trip as a split piece's arrival
-  __shared__ FmShared<FM> s_fm;
-  if constexpr (FM) {
-    if (tid == 0) s_fm.next = -1;
-  }
   for (;;) {
     Item it;
     int hk, chunk;
@@ -1150,12 +1028,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
               if (pc.te == su.len) s_sk.u = u + 1;
             }
           }
-        }
-      } else if constexpr (FM) {
-        if (tid == 0) {
-          const int nx = s_fm.next;
-          s_work = nx >= 0 ? nx : atomicAdd(plan.counter, 1);
-          s_fm.next = -1;
         }
       } else {
         if (tid == 0) s_work = atomicAdd(plan.counter, 1);
@@ -1749,34 +1621,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         r[4] = uint64_t(smid) | (uint64_t(blockIdx.x) << 16) | (uint64_t(n_tiles) << 40);
       }
     }
-    if constexpr (FM) {
-      if (split_run) {
-        // as the small path below: partial stores visible, then thread 0 counts the arrival on the
-        // unit's counter (id: the unit's first packed row (q_start * group + row0) * hkv + hk,
-        // unique and < num_tokens * hq) and takes the next unit in the same round trip; the last
-        // arrival puts the counter back to 0 and merges the unit's ri.splits partials
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-          int32_t* ctr = plan.small_ctr + (int64_t(ri.q_start) * p.group + row0) * p.hkv + hk;
-          const int old = atomicAdd(ctr, 1);
-          s_fm.next = atomicAdd(plan.counter, 1);
-          const int last = old == ri.splits - 1;
-          if (last) atomicExch(ctr, 0);
-          s_fm.last = last;
-        }
-        __syncthreads();
-        if (s_fm.last) {
-          static_assert(((C::kRows * kFusedMaxSplits + C::kRows) * 4 + 15) / 16 * 16 + 2 * C::kRows * D * 4 <= C::kSmemMain,
-                        "fused merge: room for the weights, the running sums and one staged split");
-          __threadfence();
-          const int nrows = min(C::kRows, rows_r - row0);
-          fused_merge<D, C::kRows, C::kThreads, kFusedMaxSplits>(p, plan, ri.splits, nrows, s_rtok, s_rhead,
-                                                                 kv_out_factor, smem, C::kSmemMain);
-          __syncthreads();  // smem and the row table reused by the next unit
-        }
-      }
-    }
     if constexpr (SMALL) {
       if (split_run) {
         // the last piece of this unit to arrive merges the unit's pieces (threadFenceReduction
@@ -1911,7 +1755,6 @@ __global__ void merge_streamk_kernel(AttnParams p, Plan plan, float kv_out_facto
 // partials, rewritten by every call).
 struct WsLayout {
   int64_t req, page_base, items, num_items, chunk, counter, tok_splits;  // plan region
-  int64_t unit_ctr;  // fused-merge arrival counters [num_tokens * hq] (decode config, split calls)
   int64_t sk_hdr, sk_units, sk_cta, sk_map;  // stream-K decode tables (decode config, not the small path)
   int64_t plan_total;
   int64_t part_o, part_lse;  // scratch region
@@ -1928,7 +1771,6 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
   w.chunk = off; off += 256;
   w.counter = off; off += 256;
   w.tok_splits = off; off += al(p.num_tokens * 4 + 16);
-  w.unit_ctr = off; off += s.config == 0 && !s.small && s.max_splits > 1 ? al(p.num_tokens * p.hq * 4 + 16) : 0;
   // stream-K tables, reserved for every v6 decode-config call so the knob can change between
   // plan and launch (a few bytes per unit / token)
   const bool sk = s.config == 0 && !s.small && s.max_splits > 1;
@@ -1954,10 +1796,8 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // since session 5: fp8 256 x 8192 1257 vs 1592 us in one process, device call S5-5).
 // kOptRemSplits (non-dividing chunks for uniform lengths) unless KVATTN_DECODE_REM_SPLITS=0.
 // kOptStreamKFp8 (stream-K for fp8 caches with a pair per CTA) unless KVATTN_DECODE_STREAMK_FP8=0.
-// kOptFusedMerge (merge fused into the counter path's attention kernel) with KVATTN_DECODE_FUSED_MERGE=1.
 constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamKFp8;
-constexpr int kDecodeOptsMask =
-    kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK | kOptStreamKFp8 | kOptFusedMerge;
+constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK | kOptStreamKFp8;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
@@ -1972,8 +1812,6 @@ int decode_opts_now() {
   if (const char* e = std::getenv("KVATTN_DECODE_STREAMK")) m = std::atoi(e) == 0 ? (m & ~kOptStreamK) : (m | kOptStreamK);
   if (const char* e = std::getenv("KVATTN_DECODE_STREAMK_FP8"))
     m = std::atoi(e) == 0 ? (m & ~kOptStreamKFp8) : (m | kOptStreamKFp8);
-  if (const char* e = std::getenv("KVATTN_DECODE_FUSED_MERGE"))
-    m = std::atoi(e) == 0 ? (m & ~kOptFusedMerge) : (m | kOptFusedMerge);
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -2093,7 +1931,6 @@ void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* 
                100.0 * loop / (grid * span), 100.0 * (grid * ex_max - ex_sum) / (grid * span));
 }
 std::atomic<int64_t> g_v6_calls{0};
-std::atomic<int64_t> g_fused_merge_launches{0};  // counter-path calls run with the fused merge
 
 std::atomic<int64_t> g_streamk_launches{0};
 // Stream-K decode (kOptStreamK): plan_streamk_kernel, attn_kernel<..., SK>, merge_streamk_kernel.
@@ -2151,20 +1988,6 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
   auto kern = attn_kernel<KV, D, WM, WN>;
   if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN>>(C::kSmem)) return e;
   plan.opts = decode_opts_now();
-  // fused merge (kOptFusedMerge): decode config, split calls only; counters in Plan::small_ctr
-  // (unused on this path otherwise), the token -> splits map not written, no merge kernel
-  bool fused = false;
-  if constexpr (WN > 1) {
-    if ((plan.opts & kOptFusedMerge) != 0 && s.config == 0 && !s.small && s.max_splits > 1 &&
-        s.max_splits <= kFusedMaxSplits) {
-      if (int e = opt_in_dynamic_smem<attn_kernel<KV, D, WM, WN, false, false, true>>(C::kSmem)) return e;
-      const WsLayout w = ws_layout(p, s);
-      plan.small_ctr = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(plan.req) - w.req + w.unit_ctr);
-      kern = attn_kernel<KV, D, WM, WN, false, false, true>;
-      fused = true;
-    }
-  }
-  if (!fused) plan.opts &= ~kOptFusedMerge;  // (plan_kernel zeroes counters only when fused)
   plan.tl = nullptr;
   plan.tl_cap = 0;
   const int tl_every = timeline_every();
@@ -2179,15 +2002,14 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
   cudaError_t e = cudaSuccess;
   if (!s.reuse_plan) {  // a kept plan (PagedAttentionPlan) holds the tables already
     plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
-                                                        s.max_splits > 1 && !fused, decode_splits_now());
+                                                        s.max_splits > 1, decode_splits_now());
     e = cudaGetLastError();
     if (e != cudaSuccess) return static_cast<int>(e);
   }
   kern<<<s.grid, C::kThreads, C::kSmem>>>(p, plan, lf, of);
   e = cudaGetLastError();
   if (e != cudaSuccess) return static_cast<int>(e);
-  if (fused) g_fused_merge_launches.fetch_add(1, std::memory_order_relaxed);
-  if (s.max_splits > 1 && !fused) {
+  if (s.max_splits > 1) {
     const int64_t rows = p.num_tokens * p.hq;
     const int threads = 256;
     const int64_t blocks = (rows * 32 + threads - 1) / threads;
@@ -2428,7 +2250,6 @@ int64_t rem_split_plans() {
   return static_cast<int64_t>(n);
 }
 int64_t streamk_launches() { return g_streamk_launches.load(std::memory_order_relaxed); }
-int64_t fused_merge_launches() { return g_fused_merge_launches.load(std::memory_order_relaxed); }
 
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& s, void* plan_ws, void* scratch_ws,
                            bool run_plan) {
