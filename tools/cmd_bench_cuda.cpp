@@ -105,8 +105,10 @@ void print_row(const Row& r) {
 // set has its ops::PagedAttentionPlan, planned once before the timing, so the timed calls are
 // what the layers after the first of an engine step run (FlashInfer's run() after plan(); its
 // anchors time run() only); otherwise every timed call runs its plan kernel too.
+// hint: pass the batch's KvLengthsHint as the native decode wrapper does (classify_kv_lengths of
+// the host lengths); false: unknown.
 Row bench_decode(const std::string& name, const Pool& pool, const std::vector<int64_t>& lens, DType dt,
-                 const std::string& target, bool quick, bool kept_plan = false) {
+                 const std::string& target, bool quick, bool kept_plan = false, bool hint = true) {
   const int64_t B = static_cast<int64_t>(lens.size());
   int64_t pages_needed = 0;
   for (int64_t l : lens) pages_needed += (l + kPage - 1) / kPage;
@@ -158,6 +160,7 @@ Row bench_decode(const std::string& name, const Pool& pool, const std::vector<in
   ctx.a.v_cache = pool.v;
   ctx.a.out = out;
   ctx.a.lse = lse;
+  if (hint) ctx.a.kv_lengths = ops::classify_kv_lengths(std::vector<int32_t>(lens.begin(), lens.end()));
   auto call = [](void* c, int i) {
     auto* x = static_cast<Ctx*>(c);
     const size_t s = static_cast<size_t>(i) % x->ds->size();
@@ -423,6 +426,9 @@ int run(const Opts& o) {
     std::vector<int64_t> mixed(128);
     for (auto& x : mixed) x = u(rng);
     both("decode bf16 128xU[256,8192]", pool, mixed, DType::bf16, ">= 4.2 TB/s");
+    // the mixed row without the lengths hint (work counter, as before session 7's hint)
+    print_row(bench_decode("decode bf16 128xU[256,8192] [plan kept, no hint]", pool, mixed, DType::bf16, "", o.quick,
+                           true, false));
     if (!o.quick || pool_pages >= 131072) {
       const Row bf = both("decode bf16 256x8192", pool, uni(256, 8192), DType::bf16, "(FI 4.3-4.5)");
       pool = Pool{};

@@ -74,7 +74,7 @@ re-plans by itself.  CPU tensors ignore it.)doc")
          py::object block_table, py::object seq_lens, py::object lse, const std::string& lse_base, bool causal,
          int64_t window_left, double logits_soft_cap, std::optional<double> sm_scale, double q_scale,
          double k_scale, double v_scale, py::object sinks, py::object mm_prefix_ranges,
-         py::object xqa_draft_mask, ops::PagedAttentionPlan* plan) {
+         py::object xqa_draft_mask, ops::PagedAttentionPlan* plan, const std::string& kv_lengths) {
         ops::PagedAttentionArgs a;
         a.query = as_tensor(query);
         a.k_cache = as_tensor(k_cache);
@@ -99,6 +99,11 @@ re-plans by itself.  CPU tensors ignore it.)doc")
         a.mm_prefix_ranges = optional_tensor(mm_prefix_ranges);
         a.xqa_draft_mask = optional_tensor(xqa_draft_mask);
         a.plan = plan;
+        if (kv_lengths == "mixed") a.kv_lengths = ops::KvLengthsHint::mixed;
+        else if (kv_lengths == "uniform") a.kv_lengths = ops::KvLengthsHint::uniform;
+        else if (kv_lengths != "unknown")
+          throw InvalidArgument("kv_lengths must be 'unknown', 'uniform' or 'mixed' (a hint for the CUDA decode "
+                                "schedule), got '" + kv_lengths + "'");
         py::gil_scoped_release release;
         ops::paged_attention(a);
       },
@@ -109,7 +114,7 @@ re-plans by itself.  CPU tensors ignore it.)doc")
       py::arg("causal") = true, py::arg("window_left") = -1, py::arg("logits_soft_cap") = 0.0,
       py::arg("sm_scale") = py::none(), py::arg("q_scale") = 1.0, py::arg("k_scale") = 1.0,
       py::arg("v_scale") = 1.0, py::arg("sinks") = py::none(), py::arg("mm_prefix_ranges") = py::none(),
-      py::arg("xqa_draft_mask") = py::none(), py::arg("plan") = nullptr,
+      py::arg("xqa_draft_mask") = py::none(), py::arg("plan") = nullptr, py::arg("kv_lengths") = "unknown",
       R"doc(Batched attention over a paged KV cache (FlashInfer's prefill/decode wrappers' run()).
 
 query [num_tokens, num_qo_heads, head_dim]; k_cache/v_cache [num_pages, page_size,
@@ -118,8 +123,9 @@ either as FlashInfer paged_kv_indptr / paged_kv_indices / paged_kv_last_page_len
 block_table [batch, max_blocks] with seq_lens [batch].  The query is the last q_len tokens of
 each sequence.  out [num_tokens, num_qo_heads, head_dim] is written in place; lse
 [num_tokens, num_qo_heads] float32 optionally (lse_base '2' as FlashInfer, or 'e').  plan: an
-optional PagedAttentionPlan kept across the layers of a step.  The GIL is released while the
-kernel runs.)doc");
+optional PagedAttentionPlan kept across the layers of a step.  kv_lengths: 'unknown', 'uniform'
+or 'mixed' (what the caller knows of the KV lengths; 'mixed' lets CUDA decode run stream-K).
+The GIL is released while the kernel runs.)doc");
 
   m.def("split_kv_cache_layer_view",
         [](py::object layer_view, int64_t head_size) {

@@ -84,11 +84,14 @@ def test_paged_attention_with_a_kept_plan_over_layers(rng):
             bt[r, :len(p)] = p
         out = np.full_like(q, np.nan)
         kvattn.paged_attention(q, kc, vc, qo, out=out, block_table=bt, seq_lens=np.array(kv_lens, np.int32),
-                               plan=plan)
+                               plan=plan, kv_lengths="mixed")
         want, _ = dense_attention(q, kc, vc, qo, pages, kv_lens)
         np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     assert (plan.plans, plan.reuses) == (0, 0)
     plan.invalidate()
+    with pytest.raises(Exception, match="kv_lengths must be"):
+        kvattn.paged_attention(q, kc, vc, qo, out=out, block_table=bt, seq_lens=np.array(kv_lens, np.int32),
+                               kv_lengths="ragged")
 
 
 def test_paged_attention_flashinfer_form_hnd_cache_and_window(rng):

@@ -181,8 +181,10 @@ void BatchDecodeWrapper::fast_plan(const PagedKVView& kv, int64_t num_sms) {
                "BatchDecodeWrapper: batch {} exceeds the wrapper's maximum {}", batch, max_batch_);
   kv_ = kv;
   const int64_t gqa = params_.num_qo_heads / params_.num_kv_heads;
-  plan_.plan({}, host_span(kv.kv_lens_cpu, batch, "kv_lens"), params_.page_size, params_.num_kv_heads, gqa,
+  const auto kv_lens = host_span(kv.kv_lens_cpu, batch, "kv_lens");
+  plan_.plan({}, kv_lens, params_.page_size, params_.num_kv_heads, gqa,
              /*cta_tile_q=*/gqa, 2 * num_sms, params_.fixed_split_size, params_.disable_split_kv);
+  kv_hint_ = ops::classify_kv_lengths(kv_lens);  // mixed lengths: the CUDA decode runs stream-K
   kept_.invalidate();
 }
 
@@ -205,6 +207,7 @@ void BatchDecodeWrapper::run(const Tensor& query, const Tensor& k_cache, const T
   a.causal = true;
   fill_run_options(a, params_, args);
   a.plan = &kept_;
+  a.kv_lengths = kv_hint_;
   ops::paged_attention(a);
 }
 

@@ -1,6 +1,7 @@
 // The device-neutral entry points: check once, then dispatch on the tensors' device.
 #include "kvattn/ops/ops.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/common.h"
@@ -53,6 +54,17 @@ void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tenso
 }
 
 // ---- paged_attention ---------------------------------------------------------------------------
+KvLengthsHint classify_kv_lengths(std::span<const int32_t> kv_lens) noexcept {
+  int32_t lo = 0, hi = 0;
+  for (int32_t l : kv_lens) {
+    if (l <= 0) continue;
+    lo = lo == 0 ? l : std::min(lo, l);
+    hi = std::max(hi, l);
+  }
+  if (hi == 0) return KvLengthsHint::unknown;
+  return int64_t(hi) >= 2 * int64_t(lo) ? KvLengthsHint::mixed : KvLengthsHint::uniform;
+}
+
 PagedAttentionPlan::PagedAttentionPlan() : state_(std::make_shared<State>()) {}
 void PagedAttentionPlan::invalidate() noexcept { state_->valid.store(false, std::memory_order_relaxed); }
 int64_t PagedAttentionPlan::plans() const noexcept { return state_->plans.load(std::memory_order_relaxed); }

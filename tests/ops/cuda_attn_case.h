@@ -52,6 +52,7 @@ struct AttnCase {
   int repeats = 1;  // calls on the same inputs (each re-poisoned and checked)
   bool xqa_random_bits = true;  // clear some mask bits below the diagonal at random
   double out_tol = 0;           // > 0: the output tolerance instead of tol_for()
+  KvLengthsHint kv_hint = KvLengthsHint::unknown;  // PagedAttentionArgs::kv_lengths of the GPU call
   std::string name;
 };
 
@@ -159,6 +160,7 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   g.out = out_poison;
   g.lse = lse_poison;
   g.sinks = to_gpu(sinks); g.mm_prefix_ranges = to_gpu(mm); g.xqa_draft_mask = to_gpu(xqa);
+  g.kv_lengths = c.kv_hint;
   reference::paged_attention(a);
   const int64_t launches_before = cuda_impl::prefill_kernel_launches();
   for (int rep = 0; rep < c.repeats; ++rep) {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kvattn/core/cuda_runtime_api.h"
@@ -389,6 +390,41 @@ TEST_F(CudaDecodeStreamK, Fp8RuleByPairsPerCta) {
   if (e == nullptr || std::atoi(e) != 0) {
     EXPECT_EQ(opts0_ & kStreamKFp8, kStreamKFp8) << "the fp8 rule is on by default";
   }
+}
+
+TEST_F(CudaDecodeStreamK, MixedLengthsHintRunsStreamK) {
+  // KvLengthsHint::mixed (option bit 64, default on) sends bf16 / f16 decode calls with a
+  // (request, KV head) pair per CTA to stream-K; uniform / unknown, or the bit off, keep the counter
+  std::mt19937 rng(77);
+  std::vector<int64_t> kv(72);
+  for (auto& x : kv) x = 1 + static_cast<int64_t>(rng() % 700);  // odd, mixed lengths
+  kv[3] = 0;                                                       // an empty request
+  std::vector<int32_t> kv32(kv.begin(), kv.end());
+  ASSERT_EQ(classify_kv_lengths(kv32), KvLengthsHint::mixed);
+  const int opts = cuda_impl::decode_options();
+  ASSERT_NE(opts & 64, 0) << "the mixed-lengths bit is on by default";
+  for (DType dt : {DType::bf16, DType::f16}) {
+    AttnCase c;
+    c.q_lens.assign(kv.size(), 1);
+    c.kv_lens = kv;
+    c.kv_dt = dt;
+    c.q_dt = dt;
+    c.layout = dt == DType::bf16 ? 6 : 1;
+    c.repeats = 2;
+    c.name = std::string("mixed hint ") + dtype_name(dt);
+    for (const auto& [hint, bit, want] : {std::tuple{KvLengthsHint::mixed, true, true},
+                                          std::tuple{KvLengthsHint::uniform, true, false},
+                                          std::tuple{KvLengthsHint::unknown, true, false},
+                                          std::tuple{KvLengthsHint::mixed, false, false}}) {
+      SCOPED_TRACE(::testing::Message() << "hint " << static_cast<int>(hint) << " bit " << bit);
+      cuda_impl::set_decode_options(bit ? opts : (opts & ~64));
+      c.kv_hint = hint;
+      const int64_t before = cuda_impl::streamk_launches();
+      run_attn_case(c, 78);
+      EXPECT_EQ(cuda_impl::streamk_launches() - before, want ? c.repeats : 0);
+    }
+  }
+  cuda_impl::set_decode_options(opts);
 }
 
 }  // namespace

@@ -229,6 +229,20 @@ TEST(PagedAttention, EveryLayoutAndDtype) {
   }
 }
 
+TEST(PagedAttention, ClassifyKvLengths) {
+  using H = KvLengthsHint;
+  auto c = [](std::vector<int32_t> v) { return classify_kv_lengths(v); };
+  EXPECT_EQ(c({}), H::unknown);
+  EXPECT_EQ(c({0, 0}), H::unknown);  // no non-empty request
+  EXPECT_EQ(c({4096, 4096, 4096}), H::uniform);
+  EXPECT_EQ(c({100, 199}), H::uniform);
+  EXPECT_EQ(c({100, 200}), H::mixed);  // twice the shortest
+  EXPECT_EQ(c({0, 5, 9}), H::uniform);  // empty requests do not count
+  EXPECT_EQ(c({0, 5, 10}), H::mixed);
+  EXPECT_EQ(c({256, 8192, 3000}), H::mixed);
+  EXPECT_EQ(c({2147483647, 1}), H::mixed);  // no overflow
+}
+
 TEST(PagedAttention, KeptPlanOnCpuTensorsIsIgnored) {
   // CPU kernels plan inline: a PagedAttentionPlan in the args changes nothing and stays unused
   std::mt19937 rng(21);

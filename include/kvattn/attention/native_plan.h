@@ -142,6 +142,7 @@ class BatchDecodeWrapper {
   // the CUDA kernels' plan, made by the first run() after plan() / fast_plan() and reused by the
   // later runs (the other layers of the step); invalidated by plan() / fast_plan()
   mutable ops::PagedAttentionPlan kept_;
+  ops::KvLengthsHint kv_hint_ = ops::KvLengthsHint::unknown;  // of the planned lengths (run() passes it)
 };
 
 // vLLM fast_plan_decode: the full plan on the first call and whenever CUDA graphs are off; the

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -41,6 +42,17 @@
 namespace kvattn::ops {
 
 enum class LseBase { Two, E };
+
+// What the caller knows on the host about the batch's KV lengths (the CUDA kernels see them only
+// on the device).  unknown / uniform: decode calls hand out work with a counter (default);
+// mixed: decode calls of bf16 / f16 caches with at least one (request, KV head) pair per CTA run
+// the stream-K schedule (every CTA an equal share of the tiles), measured 2 % faster on
+// 128 x U[256, 8192] and 1.5 % slower on uniform 128 x 4096 (docs/PERFORMANCE.md).  fp8 caches
+// take stream-K by that size rule anyway.  CPU tensors ignore it.
+enum class KvLengthsHint { unknown, uniform, mixed };
+// mixed when the longest non-empty request is at least twice the shortest, else uniform
+// (unknown for no non-empty request): what the native decode wrapper passes.
+KvLengthsHint classify_kv_lengths(std::span<const int32_t> kv_lens) noexcept;
 
 // A work plan kept across paged_attention calls: the CUDA kernels' partition of a batch (request
 // bounds read from the index tensors, split chunk, work items, token map) is computed by a plan
@@ -115,8 +127,9 @@ struct PagedAttentionArgs {
   Tensor xqa_draft_mask;    // optional [num_tokens, P] int32: the packed XQA draft mask, word w
                             //   bit b = key (32 w + b) of the draft block (vLLM's uint16 [R, 2P]
                             //   reinterpreted as 32-bit words); P >= ceil(q_len / 32)
-  // ---- plan reuse (CUDA) ------------------------------------------------------------------
+  // ---- plan reuse and schedule (CUDA) ------------------------------------------------------
   PagedAttentionPlan* plan = nullptr;  // optional: keep / reuse the work plan across calls (see above)
+  KvLengthsHint kv_lengths = KvLengthsHint::unknown;  // see KvLengthsHint
 };
 
 // Validates every argument once (shared by all devices), then dispatches on query's device.

@@ -124,7 +124,7 @@ std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnP
                            k::prefill_v6() ? 1 : 0});
   } else {
     key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,
-                           shape->small, k::decode_options(), k::decode_splits()});
+                           shape->small, shape->mixed_kv_lens ? 1 : 0, k::decode_options(), k::decode_splits()});
   }
   return key;
 }
@@ -308,6 +308,7 @@ void paged_attention(const PagedAttentionArgs& a) {
   k::AttnPlanShape shape;
   const char* why = nullptr;
   check_launch(k::plan_paged_attention(p, sm_count(dev), &shape, &why), op);
+  shape.mixed_kv_lens = a.kv_lengths == KvLengthsHint::mixed;
   if (why != nullptr)
     throw Unsupported(fmt::format("{}: {} (head_dim {}, query {}, cache {}); use CPU tensors for this case", op, why,
                                   d.head_dim, dtype_name(a.query.dtype()), dtype_name(a.k_cache.dtype())));

@@ -145,6 +145,7 @@ struct AttnPlanShape {
   // and the per-call scratch (split partials) that every call overwrites.
   int64_t plan_bytes = 0, scratch_bytes = 0;
   bool reuse_plan = false;  // launch_paged_attention's !run_plan, for its launchers (not a decision)
+  bool mixed_kv_lens = false;  // the caller's KvLengthsHint::mixed: decode config runs stream-K (see streamk_on)
   int small = 0;        // 1: small-call path (decode config, one launch: see SmallDecodeMode)
   int small_units = 0;  // its (request, row tile, KV head) unit bound
   int cluster = 0;      // small path on the cluster kernel (small_decode.cu): pieces per unit, else 0
@@ -196,7 +197,9 @@ int64_t fp8_fast_launches();
 int64_t rem_split_plans();
 // Option bit 16: stream-K schedule for every decode-config call (default off,
 // KVATTN_DECODE_STREAMK=1); bit 32: stream-K for fp8 caches when batch x KV heads >= grid (default
-// on, KVATTN_DECODE_STREAMK_FP8=0 off); streamk_launches() counts its calls.
+// on, KVATTN_DECODE_STREAMK_FP8=0 off); bit 64: stream-K for calls the caller marks
+// KvLengthsHint::mixed (AttnPlanShape::mixed_kv_lens) when batch x KV heads >= grid (default on,
+// KVATTN_DECODE_STREAMK_MIXED=0 off); streamk_launches() counts its calls.
 int64_t streamk_launches();
 void set_decode_splits(int n);
 int decode_splits();  // the forced split count now (0 = the plan kernel's rule)

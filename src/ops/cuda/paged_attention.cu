@@ -178,6 +178,10 @@ constexpr int kOptStreamK = 16;
 // 1164.5 vs 1215.7 us with it; the bf16 shapes it lost on (128 x 4096 -1.8 %, 256 x 8192 -1.4 %,
 // 32 x 4096 -15 % where fewer pairs than CTAs leave CTAs idle) keep the counter path.
 constexpr int kOptStreamKFp8 = 32;
+// stream-K for calls whose caller says the KV lengths are mixed (KvLengthsHint::mixed, any cache
+// dtype) with a (request, KV head) pair per CTA (default on; KVATTN_DECODE_STREAMK_MIXED=0 off).
+// Measured with plans kept (call S7-2): bf16 128 x U[256, 8192] 532.2-533.2 vs 544.3-545.0 us.
+constexpr int kOptStreamKMixed = 64;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end, plan phase stamps (2)
@@ -1796,8 +1800,9 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // since session 5: fp8 256 x 8192 1257 vs 1592 us in one process, device call S5-5).
 // kOptRemSplits (non-dividing chunks for uniform lengths) unless KVATTN_DECODE_REM_SPLITS=0.
 // kOptStreamKFp8 (stream-K for fp8 caches with a pair per CTA) unless KVATTN_DECODE_STREAMK_FP8=0.
-constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamKFp8;
-constexpr int kDecodeOptsMask = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK | kOptStreamKFp8;
+constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamKFp8 | kOptStreamKMixed;
+constexpr int kDecodeOptsMask =
+    kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK | kOptStreamKFp8 | kOptStreamKMixed;
 std::atomic<int> g_decode_opts{-1};
 int decode_opts_now() {
   int m = g_decode_opts.load(std::memory_order_relaxed);
@@ -1812,6 +1817,8 @@ int decode_opts_now() {
   if (const char* e = std::getenv("KVATTN_DECODE_STREAMK")) m = std::atoi(e) == 0 ? (m & ~kOptStreamK) : (m | kOptStreamK);
   if (const char* e = std::getenv("KVATTN_DECODE_STREAMK_FP8"))
     m = std::atoi(e) == 0 ? (m & ~kOptStreamKFp8) : (m | kOptStreamKFp8);
+  if (const char* e = std::getenv("KVATTN_DECODE_STREAMK_MIXED"))
+    m = std::atoi(e) == 0 ? (m & ~kOptStreamKMixed) : (m | kOptStreamKMixed);
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
@@ -1973,13 +1980,16 @@ int run_streamk(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf
   return static_cast<int>(e);
 }
 // Stream-K runs for the decode config of the v6 path with room for >= 4 partial slots per row
-// (the plan bounds pieces per unit by max_splits - 1) when the bit is set, or for fp8 caches with
-// kOptStreamKFp8 when the call has at least one (request, KV head) pair per CTA.
+// (the plan bounds pieces per unit by max_splits - 1) when the bit is set, or when the call has at
+// least one (request, KV head) pair per CTA and either its cache is fp8 (kOptStreamKFp8) or its
+// caller said the KV lengths are mixed (kOptStreamKMixed).
 bool streamk_on(const AttnParams& p, const AttnPlanShape& s, bool fp8) {
   if (s.config != 0 || s.small || s.max_splits < 4) return false;
   const int opts = decode_opts_now();
   if ((opts & kOptStreamK) != 0) return true;
-  return fp8 && (opts & kOptStreamKFp8) != 0 && int64_t(p.batch) * p.hkv >= s.grid;
+  const bool by_dtype = fp8 && (opts & kOptStreamKFp8) != 0;
+  const bool by_lengths = s.mixed_kv_lens && (opts & kOptStreamKMixed) != 0;
+  return (by_dtype || by_lengths) && int64_t(p.batch) * p.hkv >= s.grid;
 }
 
 template <typename KV, int D, int WM, int WN>
