@@ -88,6 +88,34 @@ class CudaV6DecodeTest : public ::testing::Test {
   bool saved_ = false;
 };
 
+// The GPU call's output (and LSE when defined) against the CPU reference's: rows past `used`
+// (no request) still NaN (untouched), relative error of the rest under `tol`, every LSE written,
+// infinities equal and finite ones within 2e-2.
+inline void expect_matches_reference(const Tensor& out_dev, const Tensor& lse_dev, const Tensor& out_ref,
+                                     const Tensor& lse_ref, int64_t used, double tol) {
+  const Tensor out_gpu = out_dev.to(Device::cpu());
+  for (int64_t t = used; t < out_gpu.size(0); ++t)
+    EXPECT_TRUE(std::isnan(out_gpu.get({t, 0, 0}))) << "padding row " << t << " was written";
+  if (used <= 0) return;
+  EXPECT_LT(rel_error(out_gpu.slice(0, 0, used), out_ref.slice(0, 0, used)), tol) << "out";
+  if (!lse_dev.defined()) return;
+  const auto x = lse_dev.to(Device::cpu()).slice(0, 0, used).to_double_vector();
+  const auto y = lse_ref.slice(0, 0, used).to_double_vector();
+  double worst = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isinf(y[i]) || std::isinf(x[i])) {
+      EXPECT_EQ(x[i], y[i]) << "lse " << i;
+      continue;
+    }
+    if (std::isnan(x[i])) {
+      ADD_FAILURE() << "lse " << i << " is NaN (row not written)";
+      break;
+    }
+    worst = std::max(worst, std::abs(x[i] - y[i]));
+  }
+  EXPECT_LT(worst, 2e-2) << "lse";
+}
+
 // Runs one case on the GPU and the CPU reference and compares; returns how many calls reached
 // the prefill kernel (prefill_kernel.cu).
 inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
@@ -138,13 +166,7 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
         xqa.at<int32_t>({i, w}) = static_cast<int32_t>(bits);
       }
   }
-  PagedAttentionArgs a;
-  a.query = q; a.k_cache = cache.k; a.v_cache = cache.v; a.qo_indptr = b.qo_indptr;
-  if (c.paged_form) {
-    a.paged_kv_indptr = b.indptr; a.paged_kv_indices = b.indices; a.paged_kv_last_page_len = b.last_page_len;
-  } else {
-    a.block_table = b.block_table; a.seq_lens = b.seq_lens;
-  }
+  PagedAttentionArgs a = attn_args(b, cache, q, c.paged_form);
   a.out = out_ref; a.lse = lse_ref; a.lse_base = c.base; a.causal = c.causal; a.window_left = c.window_left;
   a.logits_soft_cap = c.soft_cap; a.k_scale = c.k_scale; a.v_scale = c.v_scale; a.sinks = sinks;
   a.mm_prefix_ranges = mm; a.xqa_draft_mask = xqa;
@@ -171,32 +193,8 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   }
   paged_attention(g);
   kvattn::cuda::synchronize();
-  const Tensor out_gpu = g.out.to(Device::cpu());
-  // rows of no request: untouched (NaN) on both
-  const int64_t used = b.qo_indptr.to_vector<int32_t>().back();
-  for (int64_t t = used; t < b.num_tokens; ++t)
-    EXPECT_TRUE(std::isnan(out_gpu.get({t, 0, 0}))) << "padding row " << t << " was written";
-  if (used > 0) {
-    const double err = rel_error(out_gpu.slice(0, 0, used), out_ref.slice(0, 0, used));
-    EXPECT_LT(err, c.out_tol > 0 ? c.out_tol : tol_for(c)) << "out";
-    if (c.lse) {
-      const Tensor lg = g.lse.to(Device::cpu()).slice(0, 0, used), lr = lse_ref.slice(0, 0, used);
-      const auto x = lg.to_double_vector(), y = lr.to_double_vector();
-      double worst = 0;
-      for (size_t i = 0; i < x.size(); ++i) {
-        if (std::isinf(y[i]) || std::isinf(x[i])) {
-          EXPECT_EQ(x[i], y[i]) << "lse " << i;
-          continue;
-        }
-        if (std::isnan(x[i])) {
-          ADD_FAILURE() << "lse " << i << " is NaN";
-          break;
-        }
-        worst = std::max(worst, std::abs(x[i] - y[i]));
-      }
-      EXPECT_LT(worst, 2e-2) << "lse";
-    }
-  }
+  expect_matches_reference(g.out, c.lse ? g.lse : Tensor(), out_ref, lse_ref,
+                           b.qo_indptr.to_vector<int32_t>().back(), c.out_tol > 0 ? c.out_tol : tol_for(c));
   }
   return cuda_impl::prefill_kernel_launches() - launches_before;
 }

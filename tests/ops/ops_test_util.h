@@ -173,4 +173,23 @@ inline Batch make_batch(const std::vector<int64_t>& q_lens, const std::vector<in
   return b;
 }
 
+// paged_attention arguments over a batch and a cache: query, caches, qo_indptr and the pages in
+// the FlashInfer paged form or as a block table; outputs and options left to the caller.
+inline PagedAttentionArgs attn_args(const Batch& b, const KVCache& cache, const Tensor& query, bool paged_form) {
+  PagedAttentionArgs a;
+  a.query = query;
+  a.k_cache = cache.k;
+  a.v_cache = cache.v;
+  a.qo_indptr = b.qo_indptr;
+  if (paged_form) {
+    a.paged_kv_indptr = b.indptr;
+    a.paged_kv_indices = b.indices;
+    a.paged_kv_last_page_len = b.last_page_len;
+  } else {
+    a.block_table = b.block_table;
+    a.seq_lens = b.seq_lens;
+  }
+  return a;
+}
+
 }  // namespace kvattn::ops::testing

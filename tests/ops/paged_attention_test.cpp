@@ -249,15 +249,9 @@ TEST(PagedAttention, KeptPlanOnCpuTensorsIsIgnored) {
   const Batch b = make_batch({1, 3, 1}, {40, 19, 1}, 16, rng, 1);
   const KVCache cache = make_kv_cache(1, b.num_pages, 16, 2, 64, DType::bf16);
   fill_cache(cache, rng);
-  PagedAttentionArgs a;
-  a.query = Tensor::empty({b.num_tokens, 8, 64}, DType::bf16);
-  fill_uniform(a.query, rng);
-  a.k_cache = cache.k;
-  a.v_cache = cache.v;
-  a.qo_indptr = b.qo_indptr;
-  a.paged_kv_indptr = b.indptr;
-  a.paged_kv_indices = b.indices;
-  a.paged_kv_last_page_len = b.last_page_len;
+  const Tensor q = Tensor::empty({b.num_tokens, 8, 64}, DType::bf16);
+  fill_uniform(q, rng);
+  PagedAttentionArgs a = attn_args(b, cache, q, /*paged_form=*/true);
   const Tensor ref = Tensor::empty({b.num_tokens, 8, 64}, DType::f32);
   a.out = ref;
   reference::paged_attention(a);
