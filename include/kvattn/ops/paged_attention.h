@@ -81,7 +81,7 @@ class PagedAttentionPlan {
   void invalidate() noexcept;       // the next call plans again
   int64_t plans() const noexcept;   // calls that ran the plan kernel into this plan
   int64_t reuses() const noexcept;  // calls that skipped it and ran on the kept tables
-  struct State;                     // internal (src/ops/cuda/dispatch.cpp)
+  struct State;                     // internal (src/ops/plan_state.h; used by the CUDA dispatch)
   State& state() const noexcept { return *state_; }
 
  private:
