@@ -69,7 +69,9 @@ KvLengthsHint classify_kv_lengths(std::span<const int32_t> kv_lens) noexcept;
 // sinks may differ from call to call (they are not part of the plan).  CUDA graphs: whether a
 // call plans or reuses is decided when it is enqueued, and a captured graph replays that
 // decision; invalidate() before capturing, so the captured first call holds the plan kernel and
-// every replay plans again from the index buffers' current contents.
+// every replay plans again from the index buffers' current contents.  The plan's device buffer is
+// allocated (grown, never shrunk) by a planning call: as for the kernels' workspace, run one step
+// of the largest shape before capturing.
 //
 // Copies share one plan (a handle).  Thread-safe; a plan is for one stream of calls (kvattn's
 // kernels run on the device's default stream).  CPU tensors ignore it (the CPU kernels plan
