@@ -242,6 +242,8 @@ Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t 
   r.value = 4.0 * kD * kHq * pairs * B / (us * 1e-6) / 1e12;
   r.unit = "TFLOP/s";
   r.target = target;
+  if (kept_plan && plan.plans() > 1)  // a plan was not reusable: say so, do not hide it
+    r.target += fmt::format(" [{} plans: not all calls reused one]", plan.plans());
   return r;
 }
 
