@@ -246,6 +246,15 @@ constexpr int kWaveCands = 128;  // split counts the whole-wave rule tries (1..1
 constexpr int kRemCands = 256;   // chunk sizes the remainder rule tries
 static_assert(kWaveCands <= kPlanThreads && kRemCands <= kPlanThreads, "one candidate per plan thread");
 
+// The plan kernels' warp reduction of two sums and a maximum: every lane ends with the warp's totals.
+__device__ __forceinline__ void warp_sum2_max(int64_t& a, int64_t& b, int32_t& m) {
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  }
+}
+
 template <int ROWS, int TILE>
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan plan, int max_splits,
                                                             int64_t max_items, int target_ctas,
@@ -285,11 +294,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
     kv_max = max(kv_max, ri.kv_len);
   }
   // block reductions
-  for (int o = 16; o > 0; o >>= 1) {
-    work += __shfl_xor_sync(0xffffffffu, work, o);
-    rt_sum += __shfl_xor_sync(0xffffffffu, rt_sum, o);
-    kv_max = max(kv_max, __shfl_xor_sync(0xffffffffu, kv_max, o));
-  }
+  warp_sum2_max(work, rt_sum, kv_max);
   if (lane == 0) { s_red[warp] = work; s_red2[warp] = rt_sum; s_max[warp] = kv_max; }
   __syncthreads();
   if (plan.tl != nullptr && tid == 0) plan.tl[4] = gtimer();  // index words loaded, reduced
@@ -297,11 +302,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   const int nwarps = static_cast<int>(blockDim.x >> 5);
   int64_t W = lane < nwarps ? s_red[lane] : 0, R = lane < nwarps ? s_red2[lane] : 0;
   int32_t M = lane < nwarps ? s_max[lane] : 0;
-  for (int o = 16; o > 0; o >>= 1) {
-    W += __shfl_xor_sync(0xffffffffu, W, o);
-    R += __shfl_xor_sync(0xffffffffu, R, o);
-    M = max(M, __shfl_xor_sync(0xffffffffu, M, o));
-  }
+  warp_sum2_max(W, R, M);
   const int64_t max_tiles = (M + TILE - 1) / TILE;
   // Uniform lengths (every row tile has max_tiles tiles) in the decode config: the whole-wave
   // rule and the remainder rule below choose by model costs, one candidate per thread, written
@@ -560,11 +561,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_streamk_kernel(AttnParams p
       lmax = max(lmax, L);
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    nit += __shfl_xor_sync(0xffffffffu, nit, o);
-    nl += __shfl_xor_sync(0xffffffffu, nl, o);
-    lmax = max(lmax, __shfl_xor_sync(0xffffffffu, lmax, o));
-  }
+  warp_sum2_max(nit, nl, lmax);
   if (lane == 0) { s_a[warp] = nit; s_b[warp] = nl; s_m[warp] = lmax; }
   __syncthreads();
   if (tid == 0) {
