@@ -42,12 +42,17 @@ struct Opts {
   bool mixed = false;  // --batch case with lengths U[256, kv_len] (the 128xU row's generator)
   std::string variants;  // --batch case once per "opts/splits" pair of the decode v6 path
   bool kept_plan = false;  // --kept-plan: the --batch case on a plan kept across calls
+  bool sequential_pages = false;  // --sequential-pages: decode page ids in pool order (diagnostic)
 };
 
 #if defined(KVATTN_WITH_CUDA)
 namespace k = kvattn::ops::cuda_impl::k;
 
 constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
+// --sequential-pages: decode requests read consecutive pool pages instead of a random permutation
+// (a diagnostic of page-order effects: address translation, DRAM locality); the anchors and
+// targets use random order
+bool g_sequential_pages = false;
 
 // Uniform(-1, 1) values of dtype dt, generated on the host in chunks and copied.
 void fill_device_random(const Tensor& t, uint64_t seed) {
@@ -123,7 +128,7 @@ Row bench_decode(const std::string& name, const Pool& pool, const std::vector<in
   std::mt19937 rng(7);
   std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
   std::iota(perm.begin(), perm.end(), 1);
-  std::shuffle(perm.begin(), perm.end(), rng);
+  if (!g_sequential_pages) std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<DecodeSet> ds;
   for (int s = 0; s < sets; ++s) {
     std::vector<int32_t> qo(static_cast<size_t>(B + 1)), ip(static_cast<size_t>(B + 1)), last(static_cast<size_t>(B));
@@ -322,6 +327,7 @@ Row bench_merge(int64_t T, const std::string& target, bool quick) {
 }
 
 int run(const Opts& o) {
+  g_sequential_pages = o.sequential_pages;
   if (!kvattn::cuda::available()) {
     fmt::print(stderr, "bench-cuda: no CUDA device visible\n");
     return 2;
@@ -347,7 +353,7 @@ int run(const Opts& o) {
       for (auto& x : lens) x = u(rng);
     }
     const std::string name = fmt::format("decode {} {}x{}{}", o.fp8 ? "fp8" : "bf16", o.batch, o.mixed ? "U[256," : "",
-                                         o.kv_len) + (o.mixed ? "]" : "");
+                                         o.kv_len) + (o.mixed ? "]" : "") + (o.sequential_pages ? " [sequential pages]" : "");
     if (o.variants.empty()) {
       print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
       return 0;
@@ -360,14 +366,20 @@ int run(const Opts& o) {
       const std::string v = o.variants.substr(pos, end - pos);
       pos = end + 1;
       const size_t slash = v.find('/');
+      const size_t slash2 = slash == std::string::npos ? slash : v.find('/', slash + 1);
       const int opts = std::atoi(v.c_str()), splits = slash == std::string::npos ? 0 : std::atoi(v.c_str() + slash + 1);
+      const int chunk = slash2 == std::string::npos ? 0 : std::atoi(v.c_str() + slash2 + 1);
       k::set_decode_options(opts);
       k::set_decode_splits(splits);
-      print_row(bench_decode(fmt::format("{} [opts {} splits {}]{}", name, opts, splits, o.kept_plan ? " [plan kept]" : ""),
+      k::set_decode_chunk(chunk);
+      print_row(bench_decode(fmt::format("{} [opts {} splits {}{}]{}", name, opts, splits,
+                                         chunk > 0 ? fmt::format(" chunk {}", chunk) : std::string(),
+                                         o.kept_plan ? " [plan kept]" : ""),
                              one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", o.quick, o.kept_plan));
     }
     k::set_decode_options(opts0);
     k::set_decode_splits(0);
+    k::set_decode_chunk(0);
     return 0;
   }
   // pool: 140k pages of 64 KiB (bf16) = 9.2 GB
@@ -474,6 +486,21 @@ int run(const Opts& o) {
       fmt::print("prefill: {}\n", e.what());
     }
   }
+  if (o.only == "write" && !o.variants.empty()) {  // A/B of the KV write's variants, e.g. 0,1,2,0,1,2
+    const int v0 = k::cache_write_variant();
+    for (size_t pos = 0; pos < o.variants.size();) {
+      size_t end = o.variants.find(',', pos);
+      if (end == std::string::npos) end = o.variants.size();
+      const int v = std::atoi(o.variants.substr(pos, end - pos).c_str());
+      pos = end + 1;
+      k::set_cache_write_variant(v);
+      Row r = bench_write(pool, 16384, ">= 3.4 TB/s", o.quick);
+      r.name += fmt::format(" [variant {}]", k::cache_write_variant());
+      print_row(r);
+    }
+    k::set_cache_write_variant(v0);
+    return 0;
+  }
   if (all || o.only == "write") {
     print_row(bench_write(pool, 16384, ">= 3.4 TB/s", o.quick));
     print_row(bench_write(pool, 256, "(FI ~4.7 us)", o.quick));
@@ -495,7 +522,9 @@ std::function<int()> setup(CLI::App& app) {
   app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");
   app.add_flag("--mixed", o->mixed, "the --batch case with kv lengths U[256, kv-len] (as the 128xU row)");
   app.add_flag("--kept-plan", o->kept_plan, "the --batch case on a plan kept across calls (plan kernel once per page set)");
-  app.add_option("--variants", o->variants, "the --batch case once per opts/splits pair (decode knobs), e.g. 0/0,3/0,3/4");
+  app.add_flag("--sequential-pages", o->sequential_pages,
+               "decode page ids in pool order instead of a random permutation (diagnostic; the targets use random order)");
+  app.add_option("--variants", o->variants, "the --batch case once per opts/splits[/chunk] setting (decode knobs), e.g. 109/0,237/0,109/0/56");
   return [o]() -> int {
 #if defined(KVATTN_WITH_CUDA)
     return run(*o);

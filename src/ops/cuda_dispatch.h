@@ -91,5 +91,10 @@ int64_t rem_split_plans() noexcept;  // decode plans with a non-dividing chunk (
 // stream-K for fp8 caches with a (request, KV head) pair per CTA (default on); its calls:
 int64_t streamk_launches() noexcept;
 void set_decode_splits(int n);
+// forced chunk (tiles) of the remainder rule, 0 = the plan kernel's model (kernels.h set_decode_chunk)
+void set_decode_chunk(int tiles);
+// the vectorised KV write's kernel (kernels.h set_cache_write_variant: 1 default, 0 previous)
+void set_cache_write_variant(int v);
+int cache_write_variant() noexcept;
 
 }  // namespace kvattn::ops::cuda_impl

@@ -60,5 +60,8 @@ int64_t fp8_fast_launches() noexcept { return 0; }
 int64_t rem_split_plans() noexcept { return 0; }
 int64_t streamk_launches() noexcept { return 0; }
 void set_decode_splits(int) {}
+void set_decode_chunk(int) {}
+void set_cache_write_variant(int) {}
+int cache_write_variant() noexcept { return 0; }
 
 }  // namespace kvattn::ops::cuda_impl

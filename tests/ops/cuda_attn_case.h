@@ -50,6 +50,11 @@ struct AttnCase {
   double k_scale = 1.0, v_scale = 1.0;
   int64_t pad_rows = 2;
   int repeats = 1;  // calls on the same inputs (each re-poisoned and checked)
+  // index tensors (qo_indptr, page-table form) as int64, and the page ids / block table as
+  // strided views (every other element of a wider tensor): the kernels' page-id loads of both
+  // widths and of any stride
+  bool idx64 = false;
+  bool idx_strided = false;
   bool xqa_random_bits = true;  // clear some mask bits below the diagonal at random
   double out_tol = 0;           // > 0: the output tolerance instead of tol_for()
   KvLengthsHint kv_hint = KvLengthsHint::unknown;  // PagedAttentionArgs::kv_lengths of the GPU call
@@ -79,6 +84,7 @@ class CudaV6DecodeTest : public ::testing::Test {
     if (!saved_) return;
     cuda_impl::set_decode_options(opts0_);
     cuda_impl::set_decode_splits(0);
+    cuda_impl::set_decode_chunk(0);
     cuda_impl::set_small_decode_mode(0);
   }
   int opts0_ = 1;  // the process's decode options when the test started
@@ -167,16 +173,38 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
       }
   }
   PagedAttentionArgs a = attn_args(b, cache, q, c.paged_form);
+  // c.idx64 / c.idx_strided: the page ids (or block table) as int64 and / or at every other
+  // element of the last dimension of a wider tensor (garbage between), the same view on the GPU
+  Tensor ind_dev, bt_dev;
+  auto reindex = [&](const Tensor& t, Tensor* dev) -> Tensor {
+    if (!t.defined()) return t;
+    Tensor x = c.idx64 ? t.to(DType::i64) : t;
+    if (!c.idx_strided || x.numel() == 0) {
+      *dev = to_gpu(x);
+      return x;
+    }
+    Dims wide = x.shape();
+    wide[wide.size() - 1] *= 2;
+    Tensor w = Tensor::empty(wide, x.dtype());
+    fill_uniform(w, rng, -1000, 1000);
+    Tensor v = w.slice(wide.size() - 1, 0, wide[wide.size() - 1], 2);
+    v.copy_from(x);
+    *dev = to_gpu(w).slice(wide.size() - 1, 0, wide[wide.size() - 1], 2);
+    return v;
+  };
+  if (c.idx64) a.qo_indptr = a.qo_indptr.to(DType::i64);
+  a.paged_kv_indices = reindex(a.paged_kv_indices, &ind_dev);
+  a.block_table = reindex(a.block_table, &bt_dev);
   a.out = out_ref; a.lse = lse_ref; a.lse_base = c.base; a.causal = c.causal; a.window_left = c.window_left;
   a.logits_soft_cap = c.soft_cap; a.k_scale = c.k_scale; a.v_scale = c.v_scale; a.sinks = sinks;
   a.mm_prefix_ranges = mm; a.xqa_draft_mask = xqa;
   Mirror mcache(cache.backing);
   PagedAttentionArgs g = a;
   g.query = to_gpu(q); g.k_cache = mcache.view(cache.k); g.v_cache = mcache.view(cache.v);
-  g.qo_indptr = to_gpu(b.qo_indptr);
-  g.paged_kv_indptr = to_gpu(a.paged_kv_indptr); g.paged_kv_indices = to_gpu(a.paged_kv_indices);
+  g.qo_indptr = to_gpu(a.qo_indptr);
+  g.paged_kv_indptr = to_gpu(a.paged_kv_indptr); g.paged_kv_indices = ind_dev;
   g.paged_kv_last_page_len = to_gpu(a.paged_kv_last_page_len);
-  g.block_table = to_gpu(a.block_table); g.seq_lens = to_gpu(a.seq_lens);
+  g.block_table = bt_dev; g.seq_lens = to_gpu(a.seq_lens);
   const Tensor out_poison = out_ref.to(gpu());  // poisoned (NaN) copies
   const Tensor lse_poison = c.lse ? lse_ref.to(gpu()) : Tensor();
   g.out = out_poison;

@@ -133,5 +133,46 @@ TEST_F(CudaDecodeV6, NonDividingChunksLongUnitsFirst) {
   EXPECT_EQ(cuda_impl::rem_split_plans(), n0);
 }
 
+// The forced remainder chunk (set_decode_chunk, the measurement knob of the tail's unit sizes):
+// every layout and page size, bf16 (2 stages at D 128, 3 at D 64) and fp8 (fast variant), the
+// work counter and the stream-K schedule (which ignores the knob), uniform lengths (forced chunks
+// of 3, 7 and 11 tiles cut the 999-key, 16-tile requests into long units and a short last one)
+// and mixed ones with empty requests, page ids / block tables of int32 and int64 and strided,
+// against the CPU reference.
+TEST_F(CudaDecodeV6, ForcedChunksEveryLayout) {
+  std::mt19937 rng(1901);
+  uint32_t seed = 1910;
+  const int pages[] = {16, 1, 32, 16, 64};
+  for (int layout = 0; layout < kNumLayouts; ++layout) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool uniform = (layout + variant) % 2 == 0;
+      AttnCase c = decode_case(rng, 40, uniform);
+      c.layout = layout;
+      c.page = pages[layout % 5];
+      c.paged_form = layout % 4 != 3;
+      const bool fp8 = (layout + variant) % 3 == 1;
+      if (fp8) { c.kv_dt = DType::fp8_e4m3; c.k_scale = 0.8; c.v_scale = 1.2; }
+      if (!fp8 && variant == 1) c.dim = 64;
+      const int sched = variant == 2 && layout % 2 == 1 ? 16 : 0;  // stream-K on some
+      const int chunk = uniform ? 3 + 4 * (layout % 3) : 0;
+      c.repeats = variant == 0 ? 2 : 1;
+      c.idx64 = (layout + variant) % 2 == 1;  // the page-id loads of both widths and strides
+      c.idx_strided = (layout + variant) % 3 != 2;
+      c.name = "layout " + std::to_string(layout) + (fp8 ? " fp8" : " bf16") + " D " + std::to_string(c.dim) +
+               (uniform ? " uniform, chunk " + std::to_string(chunk) : " mixed") + (sched ? " stream-K" : "") +
+               (c.idx64 ? ", int64 indices" : ", int32 indices") + (c.idx_strided ? " (strided)" : "");
+      cuda_impl::set_decode_options(1 | 4 | 8 | sched);
+      cuda_impl::set_decode_chunk(chunk);
+      ASSERT_EQ(cuda_impl::decode_options(), 1 | 4 | 8 | sched);
+      const int64_t n0 = cuda_impl::rem_split_plans();
+      run_attn_case(c, seed++);
+      // 16 bf16 tiles in chunks of 3 / 7 / 11 never divide: every counter-path call took the chunk
+      if (uniform && sched == 0 && !fp8 && c.dim == 128) {
+        EXPECT_EQ(cuda_impl::rem_split_plans() - n0, c.repeats) << c.name;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvattn::ops::testing

@@ -53,8 +53,12 @@ TEST_F(CudaOps, ReshapeAndCacheMatchesReferenceEveryLayout) {
   cases.push_back({1, DType::bf16, KVCacheDType::Fp8E5M2, true, false, 8, 128});
   cases.push_back({6, DType::bf16, KVCacheDType::Fp8E4M3, true, true, 2, 256});
   cases.push_back({6, DType::bf16, KVCacheDType::Auto, false, false, 1, 20});  // dim not a vector multiple
+  // every case on both same-dtype kernels (kernels.h set_cache_write_variant)
+  const int variant0 = cuda_impl::cache_write_variant();
+  for (int variant : {1, 0})
   for (const CacheCase& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "layout " << layout_name(c.layout) << " src " << dtype_name(c.src)
+    cuda_impl::set_cache_write_variant(variant);
+    SCOPED_TRACE(::testing::Message() << "variant " << variant << " layout " << layout_name(c.layout) << " src " << dtype_name(c.src)
                                       << " kv " << kv_cache_dtype_name(c.kvd) << " H " << c.head << " D " << c.dim);
     const int64_t num_pages = 7, page = 16, T = 37, T_pad = 41;
     const DType cache_dt = c.kvd == KVCacheDType::Auto ? c.src
@@ -97,6 +101,7 @@ TEST_F(CudaOps, ReshapeAndCacheMatchesReferenceEveryLayout) {
     reshape_and_cache_flash(dev);
     EXPECT_TRUE(same_bytes(mc.back(), cache.backing));
   }
+  cuda_impl::set_cache_write_variant(variant0);
 }
 
 // ---- paged_attention (cases: cuda_attn_case.h) ------------------------------------------------

@@ -265,6 +265,11 @@ TEST_F(CudaPrefill, EveryLayoutAndPageForm) {
     c.page = layout % 3 == 0 ? 16 : (layout % 3 == 1 ? 8 : 32);
     c.q_lens = {130, 17, 64};
     c.kv_lens = {200, 17, 64};
+    // page ids / block tables of both widths, some as strided views (the loader's page-id loads)
+    c.idx64 = layout % 2 == 0;
+    c.idx_strided = layout % 4 < 2;
+    if (c.idx64) c.name += ", int64 indices";
+    if (c.idx_strided) c.name += " (strided)";
     EXPECT_EQ(run_case(c, 7200 + static_cast<uint32_t>(layout)), 1);
   }
 }

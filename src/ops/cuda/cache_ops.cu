@@ -2,6 +2,9 @@
 // block zeroing and the page-table helpers.
 #include "ops/cuda/cuda_common.cuh"
 
+#include <atomic>
+#include <cstdlib>
+
 namespace kvattn::ops::cuda_impl::k {
 namespace {
 
@@ -78,6 +81,47 @@ __global__ void cache_write_vec(CacheWriteParams p) {
   }
 }
 
+// Same-dtype fast path (the default): each thread moves VPT vectors of K and the matching ones
+// of V (i, i + stride, ...) and issues all their loads (K, V, slot) before its first store, so
+// it waits for one memory round trip instead of two per vector.  16384 tokens (bf16, 8 x 128):
+// 39.3 vs 39.8-39.9 us with one vector per thread and the slot loaded first, 2 alternations in
+// one process (docs/cuda-notes.md "Session 8"; 4 vectors: 39.8 us).
+template <typename S, int VPT>
+__global__ void cache_write_vec_multi(CacheWriteParams p) {
+  constexpr int N = SrcVec<S>::N;
+  const uint32_t vph = static_cast<uint32_t>(p.head_size / N);
+  const uint32_t per_token = static_cast<uint32_t>(p.num_heads) * vph;
+  const int64_t total = p.num_tokens * int64_t(per_token);  // < 2^31 (the launcher checks)
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t slots = p.num_blocks * p.block_size;
+  for (int64_t i0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i0 < total; i0 += stride * VPT) {
+    uint4 kv[VPT], vv[VPT];
+    int64_t slot[VPT], h[VPT], d[VPT];
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int64_t i = i0 + j * stride;
+      slot[j] = -1;
+      h[j] = d[j] = 0;
+      if (i >= total) continue;
+      const uint32_t i32 = static_cast<uint32_t>(i);
+      const uint32_t t = i32 / per_token, rem = i32 - t * per_token, hh = rem / vph;
+      h[j] = hh;
+      d[j] = int64_t(rem - hh * vph) * N;
+      kv[j] = *reinterpret_cast<const uint4*>(static_cast<const S*>(p.key) + t * p.k_st + h[j] * p.k_sh + d[j]);
+      vv[j] = *reinterpret_cast<const uint4*>(static_cast<const S*>(p.value) + t * p.v_st + h[j] * p.v_sh + d[j]);
+      slot[j] = load_idx(p.slots, t);
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (slot[j] < 0 || slot[j] >= slots) continue;  // padding tokens (negative), out of range
+      const int64_t blk = slot[j] / p.block_size, off = slot[j] - blk * p.block_size;
+      *reinterpret_cast<uint4*>(static_cast<S*>(p.key_cache) + blk * p.kc_sb + off * p.kc_so + h[j] * p.kc_sh + d[j]) = kv[j];
+      *reinterpret_cast<uint4*>(static_cast<S*>(p.value_cache) + blk * p.vc_sb + off * p.vc_so + h[j] * p.vc_sh + d[j]) =
+          vv[j];
+    }
+  }
+}
+
 // Any strides / dtypes: one thread per element of K and V.
 __global__ void cache_write_generic(CacheWriteParams p) {
   const int64_t per_token = p.num_heads * p.head_size;
@@ -108,6 +152,18 @@ int grid_for(int64_t total, int threads) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// KVATTN_CACHE_WRITE_V=0: same-dtype writes on cache_write_vec (one vector per thread, the
+// previous kernel) instead of cache_write_vec_multi<2> (default 1); a measurement knob
+std::atomic<int> g_cache_write_v{-1};
+int cache_write_variant_now() {
+  int v = g_cache_write_v.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  const char* e = std::getenv("KVATTN_CACHE_WRITE_V");
+  v = e != nullptr && std::atoi(e) == 0 ? 0 : 1;
+  g_cache_write_v.store(v, std::memory_order_relaxed);
+  return v;
+}
 
 // ---- zero_kv_blocks ---------------------------------------------------------------------------------
 // grid (blocks, segments, chunks of 4096 words); 16-byte stores where the run is aligned.
@@ -193,6 +249,12 @@ int launch_reshape_and_cache(const CacheWriteParams& p) {
   if (vec) {
     const int64_t total = p.num_tokens * p.num_heads * (p.head_size / N);
     const int grid = grid_for(total, threads);
+    if (!fp8 && cache_write_variant_now() == 1 && total < (int64_t(1) << 31)) {
+      const int g = (grid + 1) / 2;
+      if (ssz == 4) cache_write_vec_multi<float, 2><<<g, threads>>>(p);
+      else cache_write_vec_multi<uint16_t, 2><<<g, threads>>>(p);
+      return static_cast<int>(cudaGetLastError());
+    }
     if (ssz == 4) {
       if (fp8) cache_write_vec<float, true><<<grid, threads>>>(p);
       else cache_write_vec<float, false><<<grid, threads>>>(p);
@@ -206,6 +268,9 @@ int launch_reshape_and_cache(const CacheWriteParams& p) {
   }
   return static_cast<int>(cudaGetLastError());
 }
+
+void set_cache_write_variant(int v) { g_cache_write_v.store(v == 0 ? 0 : 1, std::memory_order_relaxed); }
+int cache_write_variant() { return cache_write_variant_now(); }
 
 int launch_zero_kv_blocks(const int64_t* addrs, const int64_t* strides, const int64_t* pages, int64_t num_segs,
                           Idx block_ids, int64_t num_ids, int64_t max_page_words) {

@@ -20,6 +20,30 @@ __device__ __forceinline__ int64_t load_idx2(const Idx& x, int64_t r, int64_t c)
   if (x.is64) return static_cast<const int64_t*>(x.ptr)[r * x.s0 + c * x.s1];
   return static_cast<const int32_t*>(x.ptr)[r * x.s0 + c * x.s1];
 }
+// An index word loaded ahead of its use (the decode loader's page ids, one tile ahead): the load
+// is only issued here, and idx_word_value() converts it where it is used.  load_idx() converts
+// the word to int64 at once, so the warp waits for the load right there: in the decode kernel
+// that wait drew 14 % of all stall samples (ncu, docs/cuda-notes.md "Session 8").  Both widths
+// load into the same registers (no move after the load that would wait for it).  elem: element
+// offset (index times strides); valid = false: no load, the value reads -1.
+struct IdxWord {
+  uint32_t lo, hi;  // hi: 64-bit indices only
+};
+__device__ __forceinline__ IdxWord load_idx_word(const Idx& x, int64_t elem, bool valid) {
+  IdxWord w{0xffffffffu, 0xffffffffu};
+  if (valid) {
+    const char* a = static_cast<const char*>(x.ptr) + elem * (x.is64 ? 8 : 4);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.u32 p, %3, 0;\n @p ld.global.v2.u32 {%0, %1}, [%2];\n"
+        " @!p ld.global.u32 %0, [%2];\n}\n"
+        : "+r"(w.lo), "+r"(w.hi)
+        : "l"(a), "r"(static_cast<uint32_t>(x.is64)));
+  }
+  return w;
+}
+__device__ __forceinline__ int64_t idx_word_value(const Idx& x, IdxWord w) {
+  return x.is64 ? static_cast<int64_t>((uint64_t(w.hi) << 32) | w.lo) : int64_t(static_cast<int32_t>(w.lo));
+}
 __device__ __forceinline__ void store_idx(const Idx& x, int64_t i, int64_t v) {
   if (x.is64) const_cast<int64_t*>(static_cast<const int64_t*>(x.ptr))[i * x.s0] = v;
   else const_cast<int32_t*>(static_cast<const int32_t*>(x.ptr))[i * x.s0] = static_cast<int32_t>(v);

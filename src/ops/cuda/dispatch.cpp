@@ -124,7 +124,7 @@ std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnP
                            k::prefill_v6() ? 1 : 0});
   } else {
     key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,
-                           shape->small, shape->mixed_kv_lens ? 1 : 0, k::decode_options(), k::decode_splits()});
+                           shape->small, shape->mixed_kv_lens ? 1 : 0, k::decode_options(), k::decode_splits(), k::decode_chunk()});
   }
   return key;
 }
@@ -453,6 +453,9 @@ int64_t fp8_fast_launches() noexcept { return k::fp8_fast_launches(); }
 int64_t rem_split_plans() noexcept { return k::rem_split_plans(); }
 int64_t streamk_launches() noexcept { return k::streamk_launches(); }
 void set_decode_splits(int n) { k::set_decode_splits(n); }
+void set_decode_chunk(int tiles) { k::set_decode_chunk(tiles); }
+void set_cache_write_variant(int v) { k::set_cache_write_variant(v); }
+int cache_write_variant() noexcept { return k::cache_write_variant(); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
 void copy_(const Tensor& dst, const Tensor& src, float scale) {

@@ -38,6 +38,11 @@ struct CacheWriteParams {
   bool per_head_scale = false;
 };
 int launch_reshape_and_cache(const CacheWriteParams& p);
+// the vectorised same-dtype KV write: 1 = two vectors per thread, every load before the stores
+// (default), 0 = one vector per thread, the slot loaded first (previous kernel); initial value
+// from KVATTN_CACHE_WRITE_V
+void set_cache_write_variant(int v);
+int cache_write_variant();
 
 // ---- small ops -----------------------------------------------------------------------------
 int launch_zero_kv_blocks(const int64_t* addrs, const int64_t* strides, const int64_t* pages,
@@ -199,10 +204,14 @@ int64_t rem_split_plans();
 // KVATTN_DECODE_STREAMK=1); bit 32: stream-K for fp8 caches when batch x KV heads >= grid (default
 // on, KVATTN_DECODE_STREAMK_FP8=0 off); bit 64: stream-K for calls the caller marks
 // KvLengthsHint::mixed (AttnPlanShape::mixed_kv_lens) when batch x KV heads >= grid (default on,
-// KVATTN_DECODE_STREAMK_MIXED=0 off); streamk_launches() counts its calls.
+// KVATTN_DECODE_STREAMK_MIXED=0 off); streamk_launches() counts its calls.  Bit 512: the decode
+// loader issues tile t + stages into tile t's slot after its use (KVATTN_DECODE_LATE_ISSUE=1).
 int64_t streamk_launches();
 void set_decode_splits(int n);
 int decode_splits();  // the forced split count now (0 = the plan kernel's rule)
+// forced chunk of the remainder rule in tiles (0 = the plan kernel's model; KVATTN_DECODE_CHUNK_TILES)
+void set_decode_chunk(int tiles);
+int decode_chunk();
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the

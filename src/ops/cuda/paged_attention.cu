@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -183,9 +184,9 @@ constexpr int kOptStreamKFp8 = 32;
 // Measured with plans kept (call S7-2): bf16 128 x U[256, 8192] 532.2-533.2 vs 544.3-545.0 us.
 constexpr int kOptStreamKMixed = 64;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
-// (start, first tile ready, tile loop done, end, meta).
+// (start, first tile ready, tile loop done, end, meta, ns thread 0 spent waiting for tiles).
 constexpr int kTlHeader = 8;      // plan start, plan end, merge first start, merge last end, plan phase stamps (2)
-constexpr int kTlUnitWords = 5;
+constexpr int kTlUnitWords = 6;
 __device__ __forceinline__ uint64_t gtimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -258,7 +259,7 @@ __device__ __forceinline__ void warp_sum2_max(int64_t& a, int64_t& b, int32_t& m
 template <int ROWS, int TILE>
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan plan, int max_splits,
                                                             int64_t max_items, int target_ctas,
-                                                            bool write_map, int force_splits) {
+                                                            bool write_map, int force_splits, int force_chunk) {
   __shared__ int64_t s_red[32];
   __shared__ int64_t s_red2[32];
   __shared__ int32_t s_max[32];
@@ -397,6 +398,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
           }
           const int64_t c_now = step == 1 ? s_rcost[chunk_tiles - 1] : rem_cost(chunk_tiles);
           if (rbest != kNoCost && (c_now == kNoCost || rbest * 50 < c_now * 49)) chunk_tiles = rbest_ct;
+          // measurement knob (KVATTN_DECODE_CHUNK_TILES): this chunk instead of the model's,
+          // within the partial-state slots
+          if (force_chunk > 0) chunk_tiles = max(min(int64_t(force_chunk), max_tiles), cdiv(max_tiles, max_splits));
           lpt = cdiv(max_tiles, chunk_tiles) * chunk_tiles != max_tiles;
         }
       }
@@ -718,7 +722,9 @@ struct Cfg {
   static constexpr int kQBytes = kRows * (D + 4) * 4;
   static constexpr int kSmemMain0 = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
   static constexpr int kSmemMain = ((kSmemMain0 > kQBytes ? kSmemMain0 : kQBytes) + 127) / 128 * 128;
-  static constexpr int kSmem = kSmemMain + kStages * 2 * kTile * 8;
+  // page-id ring of the tile loop: three tiles' index words (8 bytes) per offset slot and thread
+  static constexpr int kPgRingBytes = 3 * ((2 * kTile + kThreads - 1) / kThreads) * kThreads * 8;  // kOffPer below
+  static constexpr int kSmem = kSmemMain + kStages * 2 * kTile * 8 + kPgRingBytes;
   static_assert(kNT % 16 == 0, "keys per warp must be a multiple of 16");
   static_assert((kTile * kCPR) % kThreads == 0, "tile chunks must divide evenly");
   static_assert(kThreads % kCPR == 0, "threads must cover whole rows");
@@ -901,6 +907,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   unsigned char* sK = smem;
   unsigned char* sV = smem + kStages * C::kStageBytes;
   int64_t* sOff = reinterpret_cast<int64_t*>(smem + C::kSmemMain);  // [kStages][2][kTile]
+  // [3][kOffPer][kThreads] index words of the page ids of tiles t + kStages .. t + kStages + 2
+  uint64_t* const sPg = reinterpret_cast<uint64_t*>(smem + C::kSmemMain + kStages * 2 * C::kTile * 8);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WN, wn = warp % WN;
@@ -1093,10 +1101,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     int64_t pbase;
     if constexpr (SMALL) pbase = s_sm.pbase[it.req];
     else pbase = plan.page_base[it.req];
-    auto page_of = [&](int blk) -> int64_t {
-      if (p.paged_form) return load_idx(p.kv_indices, pbase + blk);
-      return load_idx2(p.block_table, it.req, blk);
-    };
 
     // ---- loader ----
     // Row offsets (bytes from p.k / p.v) of each key row of a tile are computed once per
@@ -1112,16 +1116,52 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // page ids per thread: the fast variant loads one per key row (thread = row) and derives both
     // the K and the V offset from it; the others one per offset slot (K rows, then V rows)
     constexpr int kPgPer = kFast ? 1 : kOffPer;
-    auto load_page = [&](int tile, int k) -> int64_t {
+    // The page-id word of tile `tile`'s offset slot k, loaded ahead (load_idx_word: nothing waits
+    // for it here) and turned into a checked page id by page_id() where it is used (-1: the row
+    // is zero-filled: a key outside the unit, or a page id outside [0, num_pages)).
+    auto load_page = [&](int tile, int k) -> IdxWord {
       const int idx = tid + k * C::kThreads;
       const int which = kFast ? 0 : idx / kTile, row = kFast ? tid : idx % kTile;
-      if (which > 1 || tile >= n_tiles) return -1;
       const int j = tile0 + tile * kTile + row;
-      if (j < kstart || j >= kend) return -1;
+      const bool valid = which <= 1 && tile < n_tiles && j >= kstart && j < kend;
       const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      const int64_t pg = page_of(blk);
+      if (p.paged_form) return load_idx_word(p.kv_indices, (pbase + blk) * p.kv_indices.s0, valid);
+      return load_idx_word(p.block_table, int64_t(it.req) * p.block_table.s0 + int64_t(blk) * p.block_table.s1, valid);
+    };
+    auto page_id = [&](IdxWord w) -> int64_t {
+      const int64_t pg = idx_word_value(p.paged_form ? p.kv_indices : p.block_table, w);
       return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
     };
+    // In the tile loop the page ids come two iterations ahead through shared memory: a cp.async of
+    // the index word into this thread's slot of the ring sPg (kept in flight across the barriers,
+    // which would wait for a load into a register: ncu put 10 % of the stall samples there), read
+    // back by the same thread once its copy group has been waited for.  Slot of tile t: t % 3.
+    auto pg_slot = [&](int tile, int k) -> uint64_t* {
+      return sPg + ((tile % 3) * C::kOffPer + k) * C::kThreads + tid;
+    };
+    auto copy_page = [&](int tile, int k) {
+      const int idx = tid + k * C::kThreads;
+      const int which = kFast ? 0 : idx / kTile, row = kFast ? tid : idx % kTile;
+      const int j = tile0 + tile * kTile + row;
+      uint64_t* dst = pg_slot(tile, k);
+      if (!(which <= 1 && tile < n_tiles && j >= kstart && j < kend)) {
+        *dst = ~uint64_t(0);  // reads as page -1 (its earlier copy, 3 tiles back, is complete)
+        return;
+      }
+      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+      const Idx& x = p.paged_form ? p.kv_indices : p.block_table;
+      const int64_t elem = p.paged_form ? (pbase + blk) * x.s0 : int64_t(it.req) * x.s0 + int64_t(blk) * x.s1;
+      cp_async_idx(smem_u32(dst), static_cast<const char*>(x.ptr) + elem * (x.is64 ? 8 : 4), x.is64);
+    };
+    auto ring_page = [&](int tile, int k) -> int64_t {
+      const uint64_t v = *pg_slot(tile, k);
+      return page_id(IdxWord{static_cast<uint32_t>(v), static_cast<uint32_t>(v >> 32)});
+    };
+    // The copy of tile t + kStages + 2's page ids, made at iteration t, must be complete at the top
+    // of iteration t + 2, where the wait leaves the last kStages - 2 groups pending: with 2 stages
+    // it joins the group committed at iteration t + 1, with 3 the one committed at iteration t.
+    static_assert(kStages == 2 || kStages == 3, "page-id ring: 2 or 3 stages");
+    constexpr bool kPgCopyAfterCommit = kStages == 2;
     auto store_off = [&](int tile, int k, int64_t pg) {
       if constexpr (kFast) {
         // row tid: the addresses of its K and V rows side by side (one 16-byte store, one load
@@ -1185,7 +1225,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     };
 
     // SMALL: the prologue's page ids are requested before Q (one round trip less per piece)
-    int64_t pgs[kStages][kOffPer];
+    IdxWord pgs[kStages][kOffPer];
     if constexpr (SMALL) {
       if (n_tiles > 0) {
 #pragma unroll
@@ -1278,9 +1318,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     for (int n = 0; n < kNTilesO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
-    int64_t pg_pref[kOffPer];
-#pragma unroll
-    for (int k = 0; k < kOffPer; ++k) pg_pref[k] = -1;
     if (n_tiles > 0) {
       // prologue: offsets of tiles 0..S-1, issue tiles 0..S-2
       if constexpr (!SMALL) {
@@ -1292,9 +1329,12 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 #pragma unroll
       for (int t = 0; t < kStages; ++t)
 #pragma unroll
-        for (int k = 0; k < kPgPer; ++k) store_off(t, k, pgs[t][k]);
+        for (int k = 0; k < kPgPer; ++k) store_off(t, k, page_id(pgs[t][k]));
 #pragma unroll
-      for (int k = 0; k < kPgPer; ++k) pg_pref[k] = load_page(kStages, k);
+      for (int k = 0; k < kPgPer; ++k) {  // tiles kStages and kStages + 1: in the first group
+        copy_page(kStages, k);
+        copy_page(kStages + 1, k);
+      }
       __syncthreads();
 #pragma unroll
       for (int t = 0; t < kStages - 1; ++t) {
@@ -1303,20 +1343,28 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       }
     }
 
+    uint64_t wait_ns = 0;  // timeline only
     for (int tile = 0; tile < n_tiles; ++tile) {
+      // timeline: thread 0's time in the wait and barrier below, summed over the unit's tiles
+      const uint64_t t_wait = (!SMALL && tl != nullptr && tid == 0) ? gtimer() : 0;
       cp_async_wait<kStages - 2>();
       __syncthreads();
+      if (t_wait != 0) wait_ns += gtimer() - t_wait;
       if (!SMALL && tl != nullptr && tile == 0) {
         if (uint64_t* r = tl_unit()) r[1] = gtimer();
       }
       {
+        if constexpr (!kPgCopyAfterCommit) {
+#pragma unroll
+          for (int k = 0; k < kPgPer; ++k) copy_page(tile + kStages + 2, k);
+        }
         const int nt = tile + kStages - 1;
         if (nt < n_tiles) issue(nt);
         cp_async_commit();
 #pragma unroll
         for (int k = 0; k < kPgPer; ++k) {
-          store_off(tile + kStages, k, pg_pref[k]);  // slot of `tile`, issued long ago
-          pg_pref[k] = load_page(tile + kStages + 1, k);
+          store_off(tile + kStages, k, ring_page(tile + kStages, k));  // offset slot of `tile`, issued long ago
+          if constexpr (kPgCopyAfterCommit) copy_page(tile + kStages + 2, k);
         }
       }
       const int st = tile % kStages;
@@ -1620,6 +1668,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
         r[3] = gtimer();
         r[4] = uint64_t(smid) | (uint64_t(blockIdx.x) << 16) | (uint64_t(n_tiles) << 40);
+        r[5] = wait_ns;
       }
     }
     if constexpr (SMALL) {
@@ -1819,17 +1868,25 @@ int decode_opts_now() {
   g_decode_opts.store(m, std::memory_order_relaxed);
   return m;
 }
+// A non-negative count knob: the setter's value, else the environment variable's (read once;
+// unset, negative or not a number: 0).  -1 in `g` = not read yet.
+int count_knob(std::atomic<int>& g, const char* env) {
+  int m = g.load(std::memory_order_relaxed);
+  if (m >= 0) return m;
+  m = 0;
+  if (const char* e = std::getenv(env)) m = std::max(0, std::atoi(e));
+  g.store(m, std::memory_order_relaxed);
+  return m;
+}
 // KVATTN_DECODE_SPLITS: cut every request of a v6-path call into this many KV chunks (0 = the
 // plan kernel's rule).  A measurement knob: how the time depends on the unit count.
 std::atomic<int> g_decode_splits{-1};
-int decode_splits_now() {
-  int m = g_decode_splits.load(std::memory_order_relaxed);
-  if (m >= 0) return m;
-  m = 0;
-  if (const char* e = std::getenv("KVATTN_DECODE_SPLITS")) m = std::max(0, std::atoi(e));
-  g_decode_splits.store(m, std::memory_order_relaxed);
-  return m;
-}
+int decode_splits_now() { return count_knob(g_decode_splits, "KVATTN_DECODE_SPLITS"); }
+// KVATTN_DECODE_CHUNK_TILES: uniform-length calls under the remainder rule (option bit 8) take
+// units of this many tiles (the last one per request shorter, handed out after all long ones)
+// instead of the model's choice (0 = the model).  A measurement knob for the tail.
+std::atomic<int> g_decode_chunk{-1};
+int decode_chunk_now() { return count_knob(g_decode_chunk, "KVATTN_DECODE_CHUNK_TILES"); }
 
 // KVATTN_DECODE_TIMELINE=N: the Nth v6-path call (of the process, or since the last knob setter) records %globaltimer stamps (plan kernel
 // start/end, each CTA's entry/exit, each unit's start / first tile ready / tile loop done / end,
@@ -1859,7 +1916,7 @@ uint64_t* timeline_buffer(int grid) {
   cudaMemcpy(buf, init, sizeof(init), cudaMemcpyHostToDevice);
   return buf;
 }
-void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* dbuf) {
+void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* dbuf, double tile_bytes) {
   cudaDeviceSynchronize();
   int32_t items = 0, chunk = 0;
   cudaMemcpy(&items, plan.num_items, 4, cudaMemcpyDeviceToHost);
@@ -1933,6 +1990,50 @@ void timeline_report(const AttnParams& p, const Plan& plan, int grid, uint64_t* 
                nt > 0 ? tiles / nt : 0.0, tiles > 0 ? loop / tiles : 0.0, n > 0 ? epi / n : 0.0,
                ngap > 0 ? gap / ngap : 0.0, pc_min, pc_max, 100.0 * busy / (grid * span),
                100.0 * loop / (grid * span), 100.0 * (grid * ex_max - ex_sum) / (grid * span));
+  // K/V read rate over the attention span, in 20 bins: each unit's tiles spread evenly over its
+  // tile loop (first tile ready .. loop done), with the CTAs in a tile loop per bin (where the
+  // call falls under the loop rate: the start, the tail)
+  constexpr int kBins = 20;
+  if (span > 0) {
+    double tl_tiles[kBins] = {}, tl_ctas[kBins] = {};
+    const double bw = span / kBins;
+    for (int64_t w = 0; w < units; ++w) {
+      const uint64_t* r = u + w * kTlUnitWords;
+      const int64_t ntl = int64_t(r[4] >> 40);
+      if (r[0] == 0 || r[1] == 0 || r[2] == 0 || ntl <= 0) continue;
+      const double a = us(r[1]) - ent_min, b = us(r[2]) - ent_min;
+      if (b <= a) continue;
+      for (int i = std::max(0, int(a / bw)); i < kBins && i * bw < b; ++i) {
+        const double ov = std::min(b, (i + 1) * bw) - std::max(a, i * bw);
+        if (ov <= 0) continue;
+        tl_tiles[i] += double(ntl) * ov / (b - a);
+        tl_ctas[i] += ov / bw;
+      }
+    }
+    std::string rates, ctas;
+    for (int i = 0; i < kBins; ++i) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), " %.2f", tl_tiles[i] * tile_bytes / (bw * 1e-6) / 1e12);
+      rates += buf;
+      std::snprintf(buf, sizeof(buf), " %.0f", tl_ctas[i]);
+      ctas += buf;
+    }
+    std::fprintf(stderr, "[timeline]   TB/s by 5 %% of the span:%s\n[timeline]   CTAs in tile loops:   %s\n",
+                 rates.c_str(), ctas.c_str());
+    // thread 0's wait for each tile (cp.async wait + barrier), of all units and of the units whose
+    // tile loop ends in the last 10 % of the span (few CTAs streaming: a tile's own latency)
+    double w_all = 0, t_all = 0, w_end = 0, t_end = 0;
+    for (int64_t w = 0; w < units; ++w) {
+      const uint64_t* r = u + w * kTlUnitWords;
+      const int64_t ntl = int64_t(r[4] >> 40);
+      if (r[0] == 0 || r[2] == 0 || ntl <= 0) continue;
+      w_all += double(r[5]) * 1e-3;
+      t_all += double(ntl);
+      if (us(r[2]) - ent_min > 0.9 * span) { w_end += double(r[5]) * 1e-3; t_end += double(ntl); }
+    }
+    std::fprintf(stderr, "[timeline]   wait per tile %.3f us (all units), %.3f us (loops ending in the last 10 %%)\n",
+                 t_all > 0 ? w_all / t_all : 0.0, t_end > 0 ? w_end / t_end : 0.0);
+  }
 }
 std::atomic<int64_t> g_v6_calls{0};
 
@@ -2009,7 +2110,7 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
   cudaError_t e = cudaSuccess;
   if (!s.reuse_plan) {  // a kept plan (PagedAttentionPlan) holds the tables already
     plan_kernel<C::kRows, C::kTile><<<1, kPlanThreads>>>(p, plan, s.max_splits, s.max_items, s.target_ctas,
-                                                        s.max_splits > 1, decode_splits_now());
+                                                        s.max_splits > 1, decode_splits_now(), decode_chunk_now());
     e = cudaGetLastError();
     if (e != cudaSuccess) return static_cast<int>(e);
   }
@@ -2023,7 +2124,7 @@ int run_kernel(const AttnParams& p, const AttnPlanShape& s, Plan plan, float lf,
     if (blocks > 0) merge_splits_kernel<<<static_cast<unsigned>(blocks), threads>>>(p, plan, of);
     e = cudaGetLastError();
   }
-  if (plan.tl != nullptr && e == cudaSuccess) timeline_report(p, plan, s.grid, plan.tl);
+  if (plan.tl != nullptr && e == cudaSuccess) timeline_report(p, plan, s.grid, plan.tl, 2.0 * C::kStageBytes);
   return static_cast<int>(e);
 }
 
@@ -2247,6 +2348,11 @@ void set_decode_splits(int n) {
   g_v6_calls.store(0, std::memory_order_relaxed);
 }
 int decode_splits() { return decode_splits_now(); }
+void set_decode_chunk(int tiles) {
+  g_decode_chunk.store(std::max(0, tiles), std::memory_order_relaxed);
+  g_v6_calls.store(0, std::memory_order_relaxed);
+}
+int decode_chunk() { return decode_chunk_now(); }
 void set_small_decode_mode(SmallDecodeMode m) { g_small_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
 SmallDecodeMode small_decode_mode() { return static_cast<SmallDecodeMode>(small_mode_now()); }
 int64_t small_decode_launches() { return g_small_launches.load(std::memory_order_relaxed); }

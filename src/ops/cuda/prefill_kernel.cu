@@ -411,12 +411,17 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
     cp_async_commit();
 
     // ---- K/V loader ----
-    auto load_page = [&](int tile) -> int64_t {
-      if (tid >= 2 * kTile || tile >= n_tiles) return -1;
+    // page-id word of tile `tile` for this thread's row, loaded ahead (load_idx_word: nothing
+    // waits for it here); page_id() checks it where it is used (-1: zero-filled row)
+    auto load_page = [&](int tile) -> IdxWord {
       const int j = tile0 + tile * kTile + (tid & (kTile - 1));
-      if (j >= hi) return -1;
+      const bool valid = tid < 2 * kTile && tile < n_tiles && j < hi;
       const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      const int64_t pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, it.x, blk);
+      if (p.paged_form) return load_idx_word(p.kv_indices, (pbase + blk) * p.kv_indices.s0, valid);
+      return load_idx_word(p.block_table, int64_t(it.x) * p.block_table.s0 + int64_t(blk) * p.block_table.s1, valid);
+    };
+    auto page_id = [&](IdxWord w) -> int64_t {
+      const int64_t pg = idx_word_value(p.paged_form ? p.kv_indices : p.block_table, w);
       return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
     };
     auto store_off = [&](int tile, int64_t pg) {
@@ -478,13 +483,13 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       }
     };
 
-    int64_t pg_pref = -1;
+    IdxWord pg_pref{0xffffffffu, 0xffffffffu};
     if (n_tiles > 0) {
-      int64_t pgs[kS];
+      IdxWord pgs[kS];
 #pragma unroll
       for (int t = 0; t < kS; ++t) pgs[t] = load_page(t);
 #pragma unroll
-      for (int t = 0; t < kS; ++t) store_off(t, pgs[t]);
+      for (int t = 0; t < kS; ++t) store_off(t, page_id(pgs[t]));
       pg_pref = load_page(kS);
     }
     __syncthreads();
@@ -520,7 +525,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
         const int nt = tile + kS - 1;
         if (nt < n_tiles) issue(nt);
         cp_async_commit();
-        store_off(tile + kS, pg_pref);  // slot of `tile`, whose copies were issued long ago
+        store_off(tile + kS, page_id(pg_pref));  // slot of `tile`, whose copies were issued long ago
         pg_pref = load_page(tile + kS + 1);
       }
       const int kt0 = tile0 + tile * kTile;

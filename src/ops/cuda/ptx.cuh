@@ -18,6 +18,16 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+// 4- or 8-byte global -> shared copy of one index word (cp.async.ca: sizes below 16 go through
+// L1); like every cp.async it is waited for by cp.async.wait_group, not by a block barrier, so
+// an index loaded ahead stays in flight across __syncthreads() (a load into a register would be
+// waited for at the barrier).
+__device__ __forceinline__ void cp_async_idx(uint32_t dst, const void* src, bool is64) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n @p cp.async.ca.shared.global [%0], [%1], 8;\n"
+      " @!p cp.async.ca.shared.global [%0], [%1], 4;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<uint32_t>(is64)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N committed groups are pending.  The kernels that follow it with
 // __syncthreads() use this form; cp_async_wait_mem also orders the compiler's shared-memory
