@@ -50,9 +50,9 @@ struct AttnCase {
   double k_scale = 1.0, v_scale = 1.0;
   int64_t pad_rows = 2;
   int repeats = 1;  // calls on the same inputs (each re-poisoned and checked)
-  // index tensors (qo_indptr, page-table form) as int64, and the page ids / block table as
-  // strided views (every other element of a wider tensor): the kernels' page-id loads of both
-  // widths and of any stride
+  // idx64: qo_indptr and the page ids (or block table) as int64; idx_strided: the page ids (or
+  // block table) as a strided view, every other element of a wider tensor — the kernels' page-id
+  // loads of both widths and of any stride
   bool idx64 = false;
   bool idx_strided = false;
   bool xqa_random_bits = true;  // clear some mask bits below the diagonal at random

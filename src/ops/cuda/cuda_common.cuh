@@ -20,8 +20,9 @@ __device__ __forceinline__ int64_t load_idx2(const Idx& x, int64_t r, int64_t c)
   if (x.is64) return static_cast<const int64_t*>(x.ptr)[r * x.s0 + c * x.s1];
   return static_cast<const int32_t*>(x.ptr)[r * x.s0 + c * x.s1];
 }
-// An index word loaded ahead of its use (the decode loader's page ids, one tile ahead): the load
-// is only issued here, and idx_word_value() converts it where it is used.  load_idx() converts
+// An index word loaded ahead of its use (the prefill loader's page ids, one tile ahead; the decode
+// loader's first tiles): the load is only issued here, and idx_word_value() converts it where it
+// is used.  load_idx() converts
 // the word to int64 at once, so the warp waits for the load right there: in the decode kernel
 // that wait drew 14 % of all stall samples (ncu, docs/cuda-notes.md "Session 8").  Both widths
 // load into the same registers (no move after the load that would wait for it).  elem: element
