@@ -1110,7 +1110,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
     const int my_chunk = tid % kCPR;
     const int my_row0 = tid / kCPR;
-    [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;  // fast variant: row not loaded
+    [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;  // fp8 fast / kAbsLoader: row not loaded
     // Offset slot k of this thread: index tid + k * kThreads over [K rows | V rows].
     constexpr int kOffPer = C::kOffPer;
     // page ids per thread: the fast variant loads one per key row (thread = row) and derives both
@@ -1162,6 +1162,10 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // it joins the group committed at iteration t + 1, with 3 the one committed at iteration t.
     static_assert(kStages == 2 || kStages == 3, "page-id ring: 2 or 3 stages");
     constexpr bool kPgCopyAfterCommit = kStages == 2;
+    // 16-bit decode config (D 64 / 128): the offset ring holds each row's K and V addresses side by
+    // side as in the fp8 fast variant (absolute, bit 63 = zero-fill), written by the row's K and V
+    // threads, so issue() reads both with one 16-byte load and needs no per-chunk select
+    constexpr bool kAbsLoader = !kFast && WN > 1 && C::kRowStepPerChunk % 8 == 0;
     auto store_off = [&](int tile, int k, int64_t pg) {
       if constexpr (kFast) {
         // row tid: the addresses of its K and V rows side by side (one 16-byte store, one load
@@ -1184,11 +1188,17 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
       const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
                                      : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+      if constexpr (kAbsLoader) {
+        const uint64_t base = reinterpret_cast<uint64_t>(which == 0 ? p.k : p.v);
+        reinterpret_cast<uint64_t*>(sOff)[((tile % kStages) * kTile + row) * 2 + which] =
+            pg < 0 ? (base | kZeroFill) : base + static_cast<uint64_t>(off);
+        return;
+      }
       sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
     };
     auto issue = [&](int tile) {
       const int st = tile % kStages;
-      if constexpr (kFast) {
+      if constexpr (kFast || kAbsLoader) {
         // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
         // swizzle: constant shared-memory offsets from the first chunk's address; both offsets
         // of a row in one 16-byte load
