@@ -1162,9 +1162,10 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // it joins the group committed at iteration t + 1, with 3 the one committed at iteration t.
     static_assert(kStages == 2 || kStages == 3, "page-id ring: 2 or 3 stages");
     constexpr bool kPgCopyAfterCommit = kStages == 2;
-    // 16-bit decode config (D 64 / 128): the offset ring holds each row's K and V addresses side by
-    // side as in the fp8 fast variant (absolute, bit 63 = zero-fill), written by the row's K and V
-    // threads, so issue() reads both with one 16-byte load and needs no per-chunk select
+    // Decode config without the fp8 fast variant (16-bit pages, and the previous fp8 kernel) when a
+    // thread's rows share a swizzle (D <= 128): the offset ring holds each row's K and V addresses
+    // side by side as in the fp8 fast variant (absolute, bit 63 = zero-fill), written by the row's
+    // K and V threads, so issue() reads both with one 16-byte load and needs no per-chunk select
     constexpr bool kAbsLoader = !kFast && WN > 1 && C::kRowStepPerChunk % 8 == 0;
     auto store_off = [&](int tile, int k, int64_t pg) {
       if constexpr (kFast) {
