@@ -9,14 +9,7 @@
 #   DECODE_VARIANTS_<n>    the opts/splits lists of each shape
 #   .devbin/kvattn_base    when present, each shape is also run with this binary (same-run baseline)
 set -uo pipefail
-OUTDIR="${1:-${OUT:-build/device-out}}"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-mkdir -p "$OUTDIR"
-cd "$ROOT"
-. "$ROOT/scripts/device-deps.sh" > /dev/null
-K="$ROOT/.devbin/kvattn"
-T="$ROOT/.devbin/test_ops_cuda"
-t0=$(date +%s)
+. "$(dirname "$0")/device-prebuilt.sh"  # OUTDIR ROOT K T CS NCU t0
 stamp() { echo "[decode-ab +$(( $(date +%s) - t0 ))s] $*"; }
 if [ "${DECODE_TESTS:-1}" = 1 ]; then
   stamp "decode tests -> tests.log"
@@ -24,7 +17,6 @@ if [ "${DECODE_TESTS:-1}" = 1 ]; then
   stamp "tests rc=$?"; grep -E "^\[  (PASSED|FAILED) |FAILED" "$OUTDIR/tests.log" | head -12
 fi
 if [ -n "${DECODE_MEMCHECK:-}" ]; then
-  CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   stamp "memcheck $DECODE_MEMCHECK -> sanitizer.log"
   timeout "${DECODE_MEMCHECK_TIMEOUT:-90}" "$CS" --tool memcheck --print-limit 20 "$T" --gtest_filter="$DECODE_MEMCHECK" > "$OUTDIR/sanitizer.log" 2>&1
   stamp "memcheck rc=$?"; grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$OUTDIR/sanitizer.log" | tail -4
@@ -44,7 +36,6 @@ run_shape "--batch 128 --kv-len 8192 --mixed" "${DECODE_VARIANTS_MIX:-0/0,1/0,0/
 run_shape "--batch 256 --kv-len 8192" "${DECODE_VARIANTS_256:-0/0,1/0,0/1,0/0,1/0}"
 run_shape "--batch 256 --kv-len 8192 --fp8" "${DECODE_VARIANTS_FP8:-0/0,1/0,0/1}"
 if [ "${DECODE_NCU:-0}" = 1 ]; then
-  NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
   for a in ${DECODE_NCU_ARGS:---fp8}; do
     stamp "ncu 256x8192 $a"
     timeout 90 "$NCU" --clock-control none -k regex:attn_kernel -s 4 -c 1 --section SpeedOfLight \

@@ -10,13 +10,7 @@
 #   NCU_AB_LIST one bench-cuda argument set per line: when .devbin/kvattn_base exists, its
 #               kept-plan rows on both binaries, alternated (a same-machine baseline)
 set -uo pipefail
-OUTDIR="${1:-${OUT:-build/device-out}}"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-mkdir -p "$OUTDIR"
-cd "$ROOT"
-. "$ROOT/scripts/device-deps.sh" > /dev/null
-K="$ROOT/.devbin/kvattn"
-t0=$(date +%s)
+. "$(dirname "$0")/device-prebuilt.sh"  # OUTDIR ROOT K T CS NCU t0
 stamp() { echo "[ncu-src +$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUTDIR/summary.txt"; }
 if [ -x "$ROOT/.devbin/kvattn_base" ]; then
   while IFS= read -r a; do
@@ -27,7 +21,6 @@ if [ -x "$ROOT/.devbin/kvattn_base" ]; then
     done
   done <<< "${NCU_AB_LIST:-$'--batch 64 --kv-len 4096\n--batch 128 --kv-len 4096\n--batch 256 --kv-len 8192 --fp8'}"
 fi
-NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
 stamp "ncu: $NCU; shape ${NCU_SHAPE:---batch 64 --kv-len 4096}"
 timeout 240 "$NCU" --clock-control none -k regex:attn_kernel -s "${NCU_SKIP:-20}" -c 1 \
   --section SpeedOfLight --section WarpStateStats --section SourceCounters --section InstructionStats \

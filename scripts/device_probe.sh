@@ -17,17 +17,8 @@
 #          set, and the same bench without it, alternated twice (for a helper's knob)
 # Every step has its own time limit; results go to OUT_DIR/probe.txt (and per-step logs).
 set -uo pipefail
-OUTDIR="${1:-${OUT:-build/device-out}}"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-mkdir -p "$OUTDIR"
-cd "$ROOT"
-. "$ROOT/scripts/device-deps.sh" > /dev/null
-K="$ROOT/.devbin/kvattn"
-T="$ROOT/.devbin/test_ops_cuda"
-CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-NCU="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)"
+. "$(dirname "$0")/device-prebuilt.sh"  # OUTDIR ROOT K T CS NCU t0
 P="$OUTDIR/probe.txt"
-t0=$(date +%s)
 stamp() { echo "[probe +$(( $(date +%s) - t0 ))s] $*" | tee -a "$P"; }
 # name, seconds, command... -> OUTDIR/name.log; the gtest / sanitizer summary lines into probe.txt
 step() {

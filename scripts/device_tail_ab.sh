@@ -10,14 +10,7 @@
 #   timeline variants; TAIL_SEQ=1 the 64 / 128 x 4096 rows and timelines with sequential pages too
 #   TAIL_WRITE the KV-write kernel list (e.g. 1,0,1,0; empty: skipped)
 set -uo pipefail
-OUTDIR="${1:-${OUT:-build/device-out}}"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-mkdir -p "$OUTDIR"
-cd "$ROOT"
-. "$ROOT/scripts/device-deps.sh" > /dev/null
-K="$ROOT/.devbin/kvattn"
-T="$ROOT/.devbin/test_ops_cuda"
-t0=$(date +%s)
+. "$(dirname "$0")/device-prebuilt.sh"  # OUTDIR ROOT K T CS NCU t0
 stamp() { echo "[tail-ab +$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUTDIR/ab.txt"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$OUTDIR/ab.txt" 2>&1
 if [ "${TAIL_TESTS:-1}" = 1 ]; then
@@ -27,13 +20,11 @@ if [ "${TAIL_TESTS:-1}" = 1 ]; then
   tp=$!
 fi
 if [ -n "${TAIL_MEMCHECK:-}" ]; then
-  CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   timeout "${TAIL_MEMCHECK_TIMEOUT:-150}" "$CS" --tool memcheck --print-limit 20 "$T" --gtest_filter="$TAIL_MEMCHECK" \
     > "$OUTDIR/memcheck.log" 2>&1 &
   mp=$!
 fi
 if [ -n "${TAIL_RACECHECK:-}" ]; then
-  CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   timeout "${TAIL_MEMCHECK_TIMEOUT:-150}" "$CS" --tool racecheck --racecheck-report hazard --print-limit 20 "$T" \
     --gtest_filter="$TAIL_RACECHECK" > "$OUTDIR/racecheck.log" 2>&1 &
   rp=$!
