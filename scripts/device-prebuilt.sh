@@ -4,7 +4,7 @@
 # unpacked (scripts/device-deps.sh), K / T (kvattn, test_ops_cuda), CS / NCU (compute-sanitizer,
 # Nsight Compute) and t0 (the start, for each script's stamp()).
 OUTDIR="${1:-${OUT:-build/device-out}}"
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"  # this file's repository (also when sourced from bash -c)
 mkdir -p "$OUTDIR"
 cd "$ROOT"
 . "$ROOT/scripts/device-deps.sh" > /dev/null

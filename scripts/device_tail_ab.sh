@@ -5,7 +5,9 @@
 # the span, the wait per tile), random vs sequential page order (TAIL_SEQ=1), the KV-write
 # kernels, and the tests of the knobs (plus memcheck / racecheck).  Runs the binaries carried in
 # .devbin/ (built on the dev machine for sm_90a).
-#   TAIL_TESTS=0 skip the tests; TAIL_TEST_FILTER / TAIL_MEMCHECK / TAIL_RACECHECK gtest filters
+#   TAIL_TESTS=0 skip the tests; TAIL_TEST_FILTER / TAIL_MEMCHECK / TAIL_RACECHECK gtest filters;
+#   TAIL_TEST_ENV environment assignments for the test, memcheck and racecheck processes (e.g.
+#   KVATTN_DECODE_NEXT=1: the option's default for every test that does not set its own)
 #   TAIL_V_<shape> the variant lists (64, 128, MIX, 256, FP8; empty: shape skipped); TAIL_TL the
 #   timeline variants; TAIL_SEQ=1 the 64 / 128 x 4096 rows and timelines with sequential pages too
 #   TAIL_WRITE the KV-write kernel list (e.g. 1,0,1,0; empty: skipped)
@@ -15,17 +17,17 @@ stamp() { echo "[tail-ab +$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUTDIR/ab.txt
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$OUTDIR/ab.txt" 2>&1
 if [ "${TAIL_TESTS:-1}" = 1 ]; then
   stamp "tests ${TAIL_TEST_FILTER:-CudaDecodeV6.*:CudaOps.ReshapeAndCache*:CudaPlanReuse.*} -> tests.log"
-  timeout "${TAIL_TEST_TIMEOUT:-150}" "$T" --gtest_filter="${TAIL_TEST_FILTER:-CudaDecodeV6.*:CudaOps.ReshapeAndCache*:CudaPlanReuse.*}" \
+  env ${TAIL_TEST_ENV:-} timeout "${TAIL_TEST_TIMEOUT:-150}" "$T" --gtest_filter="${TAIL_TEST_FILTER:-CudaDecodeV6.*:CudaOps.ReshapeAndCache*:CudaPlanReuse.*}" \
     > "$OUTDIR/tests.log" 2>&1 &
   tp=$!
 fi
 if [ -n "${TAIL_MEMCHECK:-}" ]; then
-  timeout "${TAIL_MEMCHECK_TIMEOUT:-150}" "$CS" --tool memcheck --print-limit 20 "$T" --gtest_filter="$TAIL_MEMCHECK" \
+  env ${TAIL_TEST_ENV:-} timeout "${TAIL_MEMCHECK_TIMEOUT:-150}" "$CS" --tool memcheck --print-limit 20 "$T" --gtest_filter="$TAIL_MEMCHECK" \
     > "$OUTDIR/memcheck.log" 2>&1 &
   mp=$!
 fi
 if [ -n "${TAIL_RACECHECK:-}" ]; then
-  timeout "${TAIL_MEMCHECK_TIMEOUT:-150}" "$CS" --tool racecheck --racecheck-report hazard --print-limit 20 "$T" \
+  env ${TAIL_TEST_ENV:-} timeout "${TAIL_MEMCHECK_TIMEOUT:-150}" "$CS" --tool racecheck --racecheck-report hazard --print-limit 20 "$T" \
     --gtest_filter="$TAIL_RACECHECK" > "$OUTDIR/racecheck.log" 2>&1 &
   rp=$!
 fi

@@ -204,8 +204,7 @@ int64_t rem_split_plans();
 // KVATTN_DECODE_STREAMK=1); bit 32: stream-K for fp8 caches when batch x KV heads >= grid (default
 // on, KVATTN_DECODE_STREAMK_FP8=0 off); bit 64: stream-K for calls the caller marks
 // KvLengthsHint::mixed (AttnPlanShape::mixed_kv_lens) when batch x KV heads >= grid (default on,
-// KVATTN_DECODE_STREAMK_MIXED=0 off); streamk_launches() counts its calls.  Bit 512: the decode
-// loader issues tile t + stages into tile t's slot after its use (KVATTN_DECODE_LATE_ISSUE=1).
+// KVATTN_DECODE_STREAMK_MIXED=0 off); streamk_launches() counts its calls.
 int64_t streamk_launches();
 void set_decode_splits(int n);
 int decode_splits();  // the forced split count now (0 = the plan kernel's rule)
