@@ -293,6 +293,27 @@ Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool qui
   return r;
 }
 
+// The read ceiling of decode's access pattern: the K / V rows of B uniform requests of L keys
+// on the pages bench_decode gives its first set (same permutation), loaded and discarded in
+// the decode's unit order (k::measure_kv_gather_tbps).
+Row bench_gather(const Pool& pool, int64_t B, int64_t L) {
+  const int64_t n = L / kPage;
+  std::mt19937 rng(7);
+  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
+  std::iota(perm.begin(), perm.end(), 1);
+  if (!g_sequential_pages) std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> ind(perm.begin(), perm.begin() + B * n);
+  const Tensor indices = Tensor::from_vector(ind).to(Device::cuda(0));
+  const int64_t es = pool.k.element_size();
+  Row r;
+  r.name = fmt::format("ceiling: K/V gather {}x{} (decode's pages, loads only)", B, L);
+  r.value = k::measure_kv_gather_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * es, pool.k.stride(1) * es,
+                                      pool.k.stride(2) * es, indices.data_ptr<int32_t>(), static_cast<int>(B),
+                                      static_cast<int>(L / 64), static_cast<int>(kHkv));
+  r.unit = "TB/s";
+  return r;
+}
+
 Row bench_merge(int64_t T, const std::string& target, bool quick) {
   const int sets = 4;
   struct Set { Tensor po, so, pl, sl, out; };
@@ -338,6 +359,8 @@ int run(const Opts& o) {
   print_row(copy);
   Row mma{"ceiling: mma.sync bf16 m16n8k16, registers", 0, k::measure_mma_tflops(), "TFLOP/s", "(cuBLAS 8192^3 ~790)"};
   print_row(mma);
+  print_row(Row{"ceiling: stream 2 reads + 1 write, 3 x 64 MiB", 0, k::measure_stream3_tbps(int64_t(64) << 20), "TB/s",
+                "(merge's pattern)"});
   // floor of a one-launch op's event time: empty kernels timed back to back as the ops are
   print_row(Row{"ceiling: empty launch, 1 CTA", k::measure_empty_launch_us(1, 1), 0, "", "(launch floor)"});
   print_row(Row{"ceiling: empty launch, 128 CTAs", k::measure_empty_launch_us(128, 1), 0, "", ""});
@@ -433,7 +456,9 @@ int run(const Opts& o) {
       print_row(kept);
       return kept;
     };
+    print_row(bench_gather(pool, 64, 4096));
     both("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s");
+    print_row(bench_gather(pool, 128, 4096));
     both("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s");
     std::mt19937 rng(99);
     std::uniform_int_distribution<int64_t> u(256, 8192);

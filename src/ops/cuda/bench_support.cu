@@ -31,7 +31,103 @@ __global__ void mma_peak_kernel(float* out, int iters) {
   if (s == 12345.f) out[0] = s;
 }
 
+// out = a + b over 16-byte vectors (32-bit lane adds), one vector per thread, a full grid of
+// 256-thread CTAs: the memory pattern of merge_attn_states' vector kernel (two streams read, one
+// written, same addresses) without its arithmetic or LSE loads.
+__global__ void stream3_kernel(const uint4* a, const uint4* b, uint4* out, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const uint4 x = __ldcs(a + i), y = __ldcs(b + i);
+  __stcs(out + i, make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
+}
+
+// Reads the K and V rows the decode kernel reads for uniform requests of `tiles` 64-key tiles
+// (16-key pages, one KV head per unit, 256-byte rows), with nothing else: CTA = (request, chunk
+// of 8 tiles, KV head) in the decode's unit order (the heads of a chunk adjacent); per tile each
+// of the 128 threads loads 8 K and 8 V 16-byte chunks, two tiles unrolled (32 loads in flight).
+// Small CTAs, so many are resident: the access pattern's read ceiling.
+__global__ void kv_gather_kernel(const char* k, const char* v, int64_t page_b, int64_t slot_b, int64_t head_b,
+                                 const int32_t* indices, int tiles, int hkv, uint32_t* sink) {
+  constexpr int kChunkTiles = 8;
+  const int chunks = tiles / kChunkTiles;
+  const int w = blockIdx.x;
+  const int hk = w % hkv, item = w / hkv;
+  const int req = item / chunks, chunk = item % chunks;
+  const int tid = threadIdx.x, c = tid & 15, r0 = tid >> 4;  // chunk of a row, first of 8 rows
+  uint32_t acc = 0;
+  for (int t = chunk * kChunkTiles; t < (chunk + 1) * kChunkTiles; t += 2) {
+    uint4 x[2][16];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int key = (t + u) * 64 + r0 + 8 * i;
+        const int64_t pg = indices[int64_t(req) * tiles * 4 + key / 16];
+        const int64_t off = pg * page_b + int64_t(key % 16) * slot_b + int64_t(hk) * head_b + c * 16;
+        x[u][i] = __ldcs(reinterpret_cast<const uint4*>(k + off));
+        x[u][8 + i] = __ldcs(reinterpret_cast<const uint4*>(v + off));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc ^= x[u][i].x ^ x[u][i].y ^ x[u][i].z ^ x[u][i].w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+}
+
 }  // namespace
+
+double measure_stream3_tbps(int64_t bytes) {
+  const int sets = 4;
+  std::vector<void*> buf(3 * sets, nullptr);
+  for (auto& b : buf) {
+    if (cudaMalloc(&b, bytes) != cudaSuccess) {
+      for (auto& f : buf) cudaFree(f);
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cudaMemset(b, 1, bytes);
+  }
+  struct Ctx { std::vector<void*>* buf; int64_t n; int sets; } ctx{&buf, bytes / 16, sets};
+  const double us = time_median_us(
+      [](void* c, int i) {
+        auto* x = static_cast<Ctx*>(c);
+        const int s = i % x->sets;
+        void** b = x->buf->data() + 3 * s;
+        const int64_t blocks = (x->n + 255) / 256;
+        stream3_kernel<<<static_cast<unsigned>(blocks), 256>>>(static_cast<const uint4*>(b[0]),
+                                                               static_cast<const uint4*>(b[1]), static_cast<uint4*>(b[2]),
+                                                               x->n);
+      },
+      &ctx, 4, 20);
+  for (auto& b : buf) cudaFree(b);
+  return 3.0 * bytes / (us * 1e-6) / 1e12;
+}
+
+double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
+                              const int32_t* indices, int batch, int tiles, int hkv) {
+  if (tiles % 8 != 0 || batch <= 0) return 0;
+  uint32_t* sink = nullptr;
+  cudaMalloc(&sink, 16);
+  struct Ctx {
+    const char *k, *v;
+    int64_t page_b, slot_b, head_b;
+    const int32_t* indices;
+    int batch, tiles, hkv;
+    uint32_t* sink;
+  } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, slot_b, head_b, indices, batch, tiles, hkv, sink};
+  const double us = time_median_us(
+      [](void* c, int) {
+        auto* x = static_cast<Ctx*>(c);
+        const unsigned blocks = static_cast<unsigned>(x->batch * (x->tiles / 8) * x->hkv);
+        kv_gather_kernel<<<blocks, 128>>>(x->k, x->v, x->page_b, x->slot_b, x->head_b, x->indices, x->tiles, x->hkv,
+                                          x->sink);
+      },
+      &ctx, 4, 20);
+  cudaFree(sink);
+  return double(batch) * tiles * 64 * hkv * 256 * 2 / (us * 1e-6) / 1e12;
+}
 
 double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) fn(ctx, i);
