@@ -378,6 +378,8 @@ int run(const Opts& o) {
     const std::string name = fmt::format("decode {} {}x{}{}", o.fp8 ? "fp8" : "bf16", o.batch, o.mixed ? "U[256," : "",
                                          o.kv_len) + (o.mixed ? "]" : "") + (o.sequential_pages ? " [sequential pages]" : "");
     if (o.variants.empty()) {
+      // bf16 uniform lengths of whole 512-key chunks: the loads-only kernel over the same pages first
+      if (!o.fp8 && !o.mixed && o.kv_len % 512 == 0) print_row(bench_gather(one, o.batch, o.kv_len));
       print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
       return 0;
     }
