@@ -293,11 +293,18 @@ Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool qui
   return r;
 }
 
-// The read ceiling of decode's access pattern: the K / V rows of B uniform requests of L keys
-// on the pages bench_decode gives its first set (same permutation), loaded and discarded in
-// the decode's unit order (k::measure_kv_gather_tbps).
+// A lower bound of the read ceiling of decode's access pattern: the K / V rows of B uniform
+// requests of L keys on the pages bench_decode gives its first set (same permutation), loaded
+// and discarded in the decode's unit order (k::measure_kv_gather_tbps).
 Row bench_gather(const Pool& pool, int64_t B, int64_t L) {
   const int64_t n = L / kPage;
+  Row r;
+  r.name = fmt::format("ceiling: K/V gather {}x{} (decode's pages, loads only)", B, L);
+  r.unit = "TB/s";
+  if (B * n > pool.pages - 1) {
+    r.target = "(pool too small: not measured)";
+    return r;
+  }
   std::mt19937 rng(7);
   std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
   std::iota(perm.begin(), perm.end(), 1);
@@ -305,12 +312,9 @@ Row bench_gather(const Pool& pool, int64_t B, int64_t L) {
   std::vector<int32_t> ind(perm.begin(), perm.begin() + B * n);
   const Tensor indices = Tensor::from_vector(ind).to(Device::cuda(0));
   const int64_t es = pool.k.element_size();
-  Row r;
-  r.name = fmt::format("ceiling: K/V gather {}x{} (decode's pages, loads only)", B, L);
   r.value = k::measure_kv_gather_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * es, pool.k.stride(1) * es,
                                       pool.k.stride(2) * es, indices.data_ptr<int32_t>(), static_cast<int>(B),
                                       static_cast<int>(L / 64), static_cast<int>(kHkv));
-  r.unit = "TB/s";
   return r;
 }
 

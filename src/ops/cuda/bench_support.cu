@@ -45,7 +45,8 @@ __global__ void stream3_kernel(const uint4* a, const uint4* b, uint4* out, int64
 // (16-key pages, one KV head per unit, 256-byte rows), with nothing else: CTA = (request, chunk
 // of 8 tiles, KV head) in the decode's unit order (the heads of a chunk adjacent); per tile each
 // of the 128 threads loads 8 K and 8 V 16-byte chunks, two tiles unrolled (32 loads in flight).
-// Small CTAs, so many are resident: the access pattern's read ceiling.
+// Small CTAs, so many are resident.  A simple kernel with a start and a tail of its own: a lower
+// bound of the access pattern's read ceiling, not a proof of it.
 __global__ void kv_gather_kernel(const char* k, const char* v, int64_t page_b, int64_t slot_b, int64_t head_b,
                                  const int32_t* indices, int tiles, int hkv, uint32_t* sink) {
   constexpr int kChunkTiles = 8;

@@ -270,8 +270,9 @@ double measure_empty_launch_us(int ctas, int cluster);
 double measure_stream3_tbps(int64_t bytes);
 // The K and V rows (256 bytes: bf16, D 128) that decode reads for `batch` requests of `tiles`
 // 64-key tiles each (page ids: indices, 4 pages of 16 keys per tile, request-major), KV heads
-// hkv, in the decode's unit order, loads only (TB/s of bytes read): the read ceiling of that
-// access pattern.  Byte strides of a page, a slot and a head of the K / V views; tiles % 8 == 0.
+// hkv, in the decode's unit order, loads only (TB/s of bytes read): a lower bound of that access
+// pattern's read ceiling.  Byte strides of a page, a slot and a head of the K / V views;
+// tiles % 8 == 0 (else 0 is returned).
 double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
                               const int32_t* indices, int batch, int tiles, int hkv);
 }  // namespace kvattn::ops::cuda_impl::k
