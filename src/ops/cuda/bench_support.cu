@@ -77,6 +77,40 @@ __global__ void kv_gather_kernel(const char* k, const char* v, int64_t page_b, i
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
 }
 
+// The same loads, the grid resident and every CTA given one contiguous range of the call's
+// tiles (units in the decode's order, tiles within a unit): equal bytes per CTA, no tail from
+// unit sizes and no CTA starts after the first (what a stream-K schedule would read).
+__global__ void kv_gather_ranges_kernel(const char* k, const char* v, int64_t page_b, int64_t slot_b, int64_t head_b,
+                                        const int32_t* indices, int tiles, int hkv, int64_t total, uint32_t* sink) {
+  const int64_t G = gridDim.x, c = blockIdx.x;
+  const int64_t x0 = c * total / G, x1 = (c + 1) * total / G;
+  const int tid = threadIdx.x, ch = tid & 15, r0 = tid >> 4;
+  uint32_t acc = 0;
+  for (int64_t x = x0; x < x1; x += 2) {
+    uint4 d[2][16];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t xx = min(x + u, x1 - 1);  // an odd range re-reads its last tile (cached)
+      const int64_t unit = xx / tiles;
+      const int t = static_cast<int>(xx - unit * tiles);
+      const int req = static_cast<int>(unit / hkv), hk = static_cast<int>(unit % hkv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int key = t * 64 + r0 + 8 * i;
+        const int64_t pg = indices[int64_t(req) * tiles * 4 + key / 16];
+        const int64_t off = pg * page_b + int64_t(key % 16) * slot_b + int64_t(hk) * head_b + ch * 16;
+        d[u][i] = __ldcs(reinterpret_cast<const uint4*>(k + off));
+        d[u][8 + i] = __ldcs(reinterpret_cast<const uint4*>(v + off));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) acc ^= d[u][i].x ^ d[u][i].y ^ d[u][i].z ^ d[u][i].w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 }  // namespace
 
 double measure_stream3_tbps(int64_t bytes) {
@@ -107,20 +141,34 @@ double measure_stream3_tbps(int64_t bytes) {
 }
 
 double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
-                              const int32_t* indices, int batch, int tiles, int hkv) {
+                              const int32_t* indices, int batch, int tiles, int hkv, bool ranges) {
   if (tiles % 8 != 0 || batch <= 0) return 0;
   uint32_t* sink = nullptr;
   cudaMalloc(&sink, 16);
+  int grid = 0;  // ranges: every CTA resident at once
+  if (ranges) {
+    int sms = 0, per = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kv_gather_ranges_kernel, 128, 0);
+    grid = std::max(sms * per, 1);
+  }
   struct Ctx {
     const char *k, *v;
     int64_t page_b, slot_b, head_b;
     const int32_t* indices;
-    int batch, tiles, hkv;
+    int batch, tiles, hkv, grid;
     uint32_t* sink;
-  } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, slot_b, head_b, indices, batch, tiles, hkv, sink};
+  } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, slot_b, head_b, indices, batch, tiles, hkv,
+        grid, sink};
   const double us = time_median_us(
       [](void* c, int) {
         auto* x = static_cast<Ctx*>(c);
+        if (x->grid > 0) {
+          const int64_t total = int64_t(x->batch) * x->hkv * x->tiles;
+          kv_gather_ranges_kernel<<<x->grid, 128>>>(x->k, x->v, x->page_b, x->slot_b, x->head_b, x->indices, x->tiles,
+                                                    x->hkv, total, x->sink);
+          return;
+        }
         const unsigned blocks = static_cast<unsigned>(x->batch * (x->tiles / 8) * x->hkv);
         kv_gather_kernel<<<blocks, 128>>>(x->k, x->v, x->page_b, x->slot_b, x->head_b, x->indices, x->tiles, x->hkv,
                                           x->sink);
