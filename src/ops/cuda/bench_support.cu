@@ -41,6 +41,21 @@ __global__ void stream3_kernel(const uint4* a, const uint4* b, uint4* out, int64
   __stcs(out + i, make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
 }
 
+// This thread's share of 64-key tile t of (request req, KV head hk): 16-byte chunk c of rows
+// r0, r0 + 8, ..., r0 + 56 of K (d[0..7]) and of V (d[8..15]); 16-key pages, request-major ids.
+__device__ __forceinline__ void load_tile_rows(const char* k, const char* v, int64_t page_b, int64_t slot_b,
+                                               int64_t head_b, const int32_t* indices, int tiles, int req, int hk,
+                                               int t, int r0, int c, uint4 (&d)[16]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int key = t * 64 + r0 + 8 * i;
+    const int64_t pg = indices[int64_t(req) * tiles * 4 + key / 16];
+    const int64_t off = pg * page_b + int64_t(key % 16) * slot_b + int64_t(hk) * head_b + c * 16;
+    d[i] = __ldcs(reinterpret_cast<const uint4*>(k + off));
+    d[8 + i] = __ldcs(reinterpret_cast<const uint4*>(v + off));
+  }
+}
+
 // Reads the K and V rows the decode kernel reads for uniform requests of `tiles` 64-key tiles
 // (16-key pages, one KV head per unit, 256-byte rows), with nothing else: CTA = (request, chunk
 // of 8 tiles, KV head) in the decode's unit order (the heads of a chunk adjacent); per tile each
@@ -59,16 +74,7 @@ __global__ void kv_gather_kernel(const char* k, const char* v, int64_t page_b, i
   for (int t = chunk * kChunkTiles; t < (chunk + 1) * kChunkTiles; t += 2) {
     uint4 x[2][16];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int key = (t + u) * 64 + r0 + 8 * i;
-        const int64_t pg = indices[int64_t(req) * tiles * 4 + key / 16];
-        const int64_t off = pg * page_b + int64_t(key % 16) * slot_b + int64_t(hk) * head_b + c * 16;
-        x[u][i] = __ldcs(reinterpret_cast<const uint4*>(k + off));
-        x[u][8 + i] = __ldcs(reinterpret_cast<const uint4*>(v + off));
-      }
-    }
+    for (int u = 0; u < 2; ++u) load_tile_rows(k, v, page_b, slot_b, head_b, indices, tiles, req, hk, t + u, r0, c, x[u]);
 #pragma unroll
     for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -94,14 +100,7 @@ __global__ void kv_gather_ranges_kernel(const char* k, const char* v, int64_t pa
       const int64_t unit = xx / tiles;
       const int t = static_cast<int>(xx - unit * tiles);
       const int req = static_cast<int>(unit / hkv), hk = static_cast<int>(unit % hkv);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int key = t * 64 + r0 + 8 * i;
-        const int64_t pg = indices[int64_t(req) * tiles * 4 + key / 16];
-        const int64_t off = pg * page_b + int64_t(key % 16) * slot_b + int64_t(hk) * head_b + ch * 16;
-        d[u][i] = __ldcs(reinterpret_cast<const uint4*>(k + off));
-        d[u][8 + i] = __ldcs(reinterpret_cast<const uint4*>(v + off));
-      }
+      load_tile_rows(k, v, page_b, slot_b, head_b, indices, tiles, req, hk, t, r0, ch, d[u]);
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u)
