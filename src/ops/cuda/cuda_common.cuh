@@ -22,8 +22,8 @@ __device__ __forceinline__ int64_t load_idx2(const Idx& x, int64_t r, int64_t c)
 }
 // An index word loaded ahead of its use (the prefill loader's page ids, one tile ahead; the decode
 // loader's first tiles): the load is only issued here, and idx_word_value() converts it where it
-// is used.  load_idx() converts
-// the word to int64 at once, so the warp waits for the load right there: in the decode kernel
+// is used.  load_idx() converts the word to int64 at once, so the warp waits for the load right
+// there: in the decode kernel
 // that wait drew 14 % of all stall samples (ncu, docs/cuda-notes.md "Session 8").  Both widths
 // load into the same registers (no move after the load that would wait for it).  elem: element
 // offset (index times strides); valid = false: no load, the value reads -1.
@@ -44,6 +44,15 @@ __device__ __forceinline__ IdxWord load_idx_word(const Idx& x, int64_t elem, boo
 }
 __device__ __forceinline__ int64_t idx_word_value(const Idx& x, IdxWord w) {
   return x.is64 ? static_cast<int64_t>((uint64_t(w.hi) << 32) | w.lo) : int64_t(static_cast<int32_t>(w.lo));
+}
+// The index tensor holding the attention call's page ids (FlashInfer's kv_indices or vLLM's block
+// table) and the element offset of page `blk` of request `req` in it (pbase: the request's first
+// entry in kv_indices, from the plan).
+__device__ __forceinline__ const Idx& page_index(const AttnParams& p) {
+  return p.paged_form ? p.kv_indices : p.block_table;
+}
+__device__ __forceinline__ int64_t page_elem(const AttnParams& p, int64_t pbase, int req, int blk) {
+  return p.paged_form ? (pbase + blk) * p.kv_indices.s0 : int64_t(req) * p.block_table.s0 + int64_t(blk) * p.block_table.s1;
 }
 __device__ __forceinline__ void store_idx(const Idx& x, int64_t i, int64_t v) {
   if (x.is64) const_cast<int64_t*>(static_cast<const int64_t*>(x.ptr))[i * x.s0] = v;

@@ -1119,17 +1119,23 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // The page-id word of tile `tile`'s offset slot k, loaded ahead (load_idx_word: nothing waits
     // for it here) and turned into a checked page id by page_id() where it is used (-1: the row
     // is zero-filled: a key outside the unit, or a page id outside [0, num_pages)).
-    auto load_page = [&](int tile, int k) -> IdxWord {
+    // Element offset (in page_index(p)) of the page-id word of tile `tile`'s offset slot k; false
+    // when the slot holds no key of the unit.
+    auto slot_page_elem = [&](int tile, int k, int64_t& elem) -> bool {
       const int idx = tid + k * C::kThreads;
       const int which = kFast ? 0 : idx / kTile, row = kFast ? tid : idx % kTile;
       const int j = tile0 + tile * kTile + row;
-      const bool valid = which <= 1 && tile < n_tiles && j >= kstart && j < kend;
       const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      if (p.paged_form) return load_idx_word(p.kv_indices, (pbase + blk) * p.kv_indices.s0, valid);
-      return load_idx_word(p.block_table, int64_t(it.req) * p.block_table.s0 + int64_t(blk) * p.block_table.s1, valid);
+      elem = page_elem(p, pbase, it.req, blk);
+      return which <= 1 && tile < n_tiles && j >= kstart && j < kend;
+    };
+    auto load_page = [&](int tile, int k) -> IdxWord {
+      int64_t elem;
+      const bool valid = slot_page_elem(tile, k, elem);
+      return load_idx_word(page_index(p), elem, valid);
     };
     auto page_id = [&](IdxWord w) -> int64_t {
-      const int64_t pg = idx_word_value(p.paged_form ? p.kv_indices : p.block_table, w);
+      const int64_t pg = idx_word_value(page_index(p), w);
       return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
     };
     // In the tile loop the page ids come two iterations ahead through shared memory: a cp.async of
@@ -1140,17 +1146,13 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       return sPg + ((tile % 3) * C::kOffPer + k) * C::kThreads + tid;
     };
     auto copy_page = [&](int tile, int k) {
-      const int idx = tid + k * C::kThreads;
-      const int which = kFast ? 0 : idx / kTile, row = kFast ? tid : idx % kTile;
-      const int j = tile0 + tile * kTile + row;
       uint64_t* dst = pg_slot(tile, k);
-      if (!(which <= 1 && tile < n_tiles && j >= kstart && j < kend)) {
+      int64_t elem;
+      if (!slot_page_elem(tile, k, elem)) {
         *dst = ~uint64_t(0);  // reads as page -1 (its earlier copy, 3 tiles back, is complete)
         return;
       }
-      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      const Idx& x = p.paged_form ? p.kv_indices : p.block_table;
-      const int64_t elem = p.paged_form ? (pbase + blk) * x.s0 : int64_t(it.req) * x.s0 + int64_t(blk) * x.s1;
+      const Idx& x = page_index(p);
       cp_async_idx(smem_u32(dst), static_cast<const char*>(x.ptr) + elem * (x.is64 ? 8 : 4), x.is64);
     };
     auto ring_page = [&](int tile, int k) -> int64_t {

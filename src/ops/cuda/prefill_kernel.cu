@@ -417,11 +417,10 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       const int j = tile0 + tile * kTile + (tid & (kTile - 1));
       const bool valid = tid < 2 * kTile && tile < n_tiles && j < hi;
       const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      if (p.paged_form) return load_idx_word(p.kv_indices, (pbase + blk) * p.kv_indices.s0, valid);
-      return load_idx_word(p.block_table, int64_t(it.x) * p.block_table.s0 + int64_t(blk) * p.block_table.s1, valid);
+      return load_idx_word(page_index(p), page_elem(p, pbase, it.x, blk), valid);
     };
     auto page_id = [&](IdxWord w) -> int64_t {
-      const int64_t pg = idx_word_value(p.paged_form ? p.kv_indices : p.block_table, w);
+      const int64_t pg = idx_word_value(page_index(p), w);
       return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
     };
     auto store_off = [&](int tile, int64_t pg) {
