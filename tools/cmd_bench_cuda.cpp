@@ -29,6 +29,7 @@
 #include "kvattn/ops/ops.h"
 #if defined(KVATTN_WITH_CUDA)
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/small_decode.h"
 #endif
 
 namespace kvattn::tools {
@@ -417,6 +418,31 @@ int run(const Opts& o) {
   // pool: 140k pages of 64 KiB (bf16) = 9.2 GB
   const int64_t pool_pages = o.quick ? 40000 : 140000;
   Pool pool = make_pool(pool_pages, DType::bf16);
+  if (o.only == "small") {
+    // the small-call path's measurement set (not part of the default run): what a launch and its
+    // drain add to a spinning grid, the cluster kernel on 1 x 1024 (three rows), 1 x 8192 and
+    // 8 x 1024, then one stage timeline of a 1 x 1024 call (stderr)
+    for (const auto& [ctas, cl, sm] : {std::tuple{128, 1, 0}, std::tuple{128, 16, 98304}, std::tuple{128, 8, 98304}})
+      print_row(Row{fmt::format("launch + drain: {} CTAs, cluster {}, smem {} (8 us spin)", ctas, cl, sm),
+                    k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
+    auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };
+    for (int round = 0; round < 3; ++round)
+      print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
+    print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
+    print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
+    k::small_timeline_after(20);
+    print_row(bench_decode("decode bf16 1x1024 (timeline)", pool, uni(1, 1024), DType::bf16, "", true));
+    // pieces per unit (the cluster size) against the keys per piece
+    const int c0 = k::small_cluster_max();
+    for (int64_t len : {1024, 2048, 4096, 8192})
+      for (int cmax : {4, 8, 16}) {
+        k::set_small_cluster_max(cmax);
+        print_row(bench_decode(fmt::format("decode bf16 1x{} [pieces <= {}]", len, cmax), pool, uni(1, len), DType::bf16,
+                               "", o.quick));
+      }
+    k::set_small_cluster_max(c0);
+    return 0;
+  }
   if (all || o.only == "decode") {
     auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };
     print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
@@ -552,7 +578,7 @@ int run(const Opts& o) {
 std::function<int()> setup(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_flag("--quick", o->quick, "fewer repetitions and a smaller pool");
-  app.add_option("--only", o->only, "decode, prefill, write or merge");
+  app.add_option("--only", o->only, "decode, prefill, write or merge; small: the small-call measurement set");
   app.add_option("--batch", o->batch, "with --kv-len: time one decode shape only");
   app.add_option("--kv-len", o->kv_len, "kv length of the --batch decode case");
   app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");

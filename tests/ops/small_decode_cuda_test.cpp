@@ -3,7 +3,8 @@
 // on the same inputs, with the launch counters showing which kernel ran.  Random inputs,
 // NaN-poisoned outputs and LSE, permuted page tables with page 0 reserved (NaN), odd lengths
 // (shorter than one 16-key slice, not multiples of 16, fewer keys than pieces), batches 1 to 32,
-// every cache layout, both page-table forms, GQA 1/4/8, head dims 64/128, bf16 and f16, sinks,
+// every cache layout, page sizes 1 to 48 (both instantiations: whole 16-key slices per page or
+// not), both page-table forms, GQA 1/4/8, head dims 64/128, bf16 and f16, sinks,
 // soft cap, sliding window, LSE in both bases, multi-token rows (several 16-row tiles per unit),
 // cluster sizes 1 to 16; calls the kernel does not cover must stay on the v8 path.
 // Skips on devices before sm_90 (no thread-block clusters: the v8 path runs there).
@@ -49,13 +50,18 @@ class CudaClusterDecode : public ::testing::Test {
   }
 };
 
+// Page sizes: multiples of 16 keys (16, 32, 48: one page id per 16-key slice, 48 not a power of
+// two) run the SIMPLE instantiation; 1 and 8 walk one page id per key on the general one.
 TEST_F(CudaClusterDecode, GqaEveryLayoutOddLengths) {
   std::mt19937 rng(1901);
   uint32_t seed = 1910;
+  const int64_t pages[] = {16, 8, 48, 1, 32};
   for (int64_t group : {1, 4, 8}) {
     for (int layout = 0; layout < kNumLayouts; ++layout) {
       AttnCase c;
-      c.name = "cluster gqa" + std::to_string(group) + " layout " + layout_name(layout);
+      c.page = pages[(layout + group) % 5];
+      c.name = "cluster gqa" + std::to_string(group) + " layout " + layout_name(layout) + " page " +
+               std::to_string(c.page);
       c.layout = layout;
       c.paged_form = (layout + group) % 2 == 1;
       c.hkv = 1 + layout % 4;
@@ -128,13 +134,15 @@ TEST_F(CudaClusterDecode, MultiTokenRows) {
   c.kv_lens = {901, 40, 17, 300, 2, 1000};
   c.sinks = true;
   both_kernels(c, 2100);
-  c.name = "cluster multi-token window lse-e";
+  c.name = "cluster multi-token window lse-e page 8";
   c.sinks = false;
   c.window_left = 33;
+  c.page = 8;
   c.base = LseBase::E;
   both_kernels(c, 2101);
-  c.name = "cluster multi-token non-causal";
+  c.name = "cluster multi-token non-causal page 48";
   c.window_left = -1;
+  c.page = 48;
   c.causal = false;
   both_kernels(c, 2102);
 }

@@ -14,9 +14,14 @@
 //     (ld.shared::cluster) and stores them — no global workspace, no counters, nothing to reset
 //     between launches (CUDA-graph safe by construction);
 //   * each warp streams its own 16-key slice of every 64-key tile (kStages deep, all of a short
-//     piece in flight at once), so the main loop has warp barriers only; page ids come one
-//     per lane and are passed between lanes by shuffles; Q goes straight from global memory into
-//     the mma fragments.
+//     piece in flight at once), so the main loop has warp barriers only; Q goes straight from
+//     global memory into the mma fragments;
+//   * a call this small waits on each warp's instruction stream (one or two warps per scheduler),
+//     so the serial path is kept short: one page id per slice when pages hold whole slices (else
+//     one per key row, passed by shuffles), K/V addresses as per-lane offsets plus a step, masks
+//     only on slices that cross a bound, no O rescale on a warp's first tile, only valid rows
+//     written and loaded, (m, l) in the partial row's padding (one DSMEM load with O), and the
+//     SIMPLE instantiation without the per-key page walk and tanh (half the SASS fetched).
 // Chain per piece: launch -> index words -> (page ids || Q) -> K/V -> mma / softmax -> one
 // shared-memory pass -> cluster barrier -> DSMEM loads -> store -> cluster barrier (exit).
 //
@@ -101,9 +106,9 @@ __device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
   return r;
 }
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+__device__ __forceinline__ float2 ld_cluster_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
   return v;
 }
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
@@ -121,32 +126,62 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
 // instantiation is launched only for that call, so the default kernel carries no stamping code.
 enum TlPoint : int {
   kTlEntry,       // kernel entry
+  kTlBounds,      // the request's index words have arrived (the stamp waits for kv_len)
+  kTlPages,       // this lane's first page id has arrived (waits for it)
   kTlIssued,      // the first tiles' cp.async issued (index words and page ids have arrived)
   kTlTile0,       // warp 0's first tile landed
   kTlLoop,        // every warp's tile loop done (barrier)
   kTlPartial,     // this CTA's partial combined in shared memory (before the cluster barrier)
   kTlSync,        // after the cluster barrier
+  kTlRemote,      // the first pass's DSMEM loads have arrived (waits for them)
+  kTlCombined,    // the first pass's group combine (shuffles) done (waits for its sum)
   kTlStored,      // this CTA's slice of the outputs combined over DSMEM and stored
   kTlExit,        // after the final cluster barrier
+  kTlSm,          // not a time: the SM the CTA ran on
+  kTlClk0,        // not a time: clock64 at entry
+  kTlClk1,        // not a time: clock64 at exit (with the two timer stamps: the SM clock)
   kTlStamps
 };
+// This CTA's row of stamps.
+__device__ __forceinline__ uint64_t* tl_row(uint64_t* tl) {
+  return tl + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kTlStamps;
+}
 template <bool TL>
 __device__ __forceinline__ void tl_stamp(uint64_t* tl, int point) {
   if constexpr (TL) {
     if (threadIdx.x == 0) {
       uint64_t t;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-      tl[(int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kTlStamps + point] = t;
+      tl_row(tl)[point] = t;
     }
   } else {
     (void)tl;
     (void)point;
   }
 }
+// The same stamp taken only once `dep` is available (the asm reads it), so it times the arrival
+// of a load rather than its issue.
+template <bool TL>
+__device__ __forceinline__ void tl_stamp_after(uint64_t* tl, int point, uint32_t dep) {
+  if constexpr (TL) {
+    if (threadIdx.x == 0) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep) : "memory");
+      tl_row(tl)[point] = t;
+    }
+  } else {
+    (void)tl;
+    (void)point;
+    (void)dep;
+  }
+}
 
 // One CTA = piece blockIdx.x (cluster rank) of unit blockIdx.y = request * hkv + KV head.
-template <bool BF16, int D, bool TL = false>
-__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, uint64_t* tl) {
+// SIMPLE: the call's pages hold whole 16-key slices and it has no soft cap (the host decides,
+// simple_call()): the per-key page walk and tanh are compiled out, which halves the code a
+// launch fetches (60 vs 120 KB of SASS for bf16 D 128; measured 1 x 1024 11.8-11.9 vs 12.2 us).
+template <bool BF16, int D, bool SIMPLE, bool TL = false>
+__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(const __grid_constant__ AttnParams p, uint64_t* tl) {
 #ifdef KVATTN_CLUSTER_KERNEL
   using C = SCfg<D>;
   constexpr int kKSteps = D / 16;
@@ -155,7 +190,6 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
   constexpr int kC4 = D / 4;  // float4 columns of an output row
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float s_wm[kWarps][kRows], s_wl[kWarps][kRows];  // per-warp row max / sum
-  __shared__ float s_cm[kRows], s_cl[kRows];                  // this CTA's partial, per row
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -164,6 +198,14 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
   const int r = static_cast<int>(blockIdx.y) / p.hkv;
   const int hk = static_cast<int>(blockIdx.y) - r * p.hkv;
   tl_stamp<TL>(tl, kTlEntry);
+  if constexpr (TL) {
+    if (tid == 0) {
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      tl_row(tl)[kTlSm] = sm;
+      tl_row(tl)[kTlClk0] = clock64();
+    }
+  }
 
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
   const RequestBounds rb = load_request_bounds(p, r);
@@ -171,21 +213,36 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
   const int q_start = static_cast<int>(rb.q_begin), q_len = static_cast<int>(rb.q_end - rb.q_begin);
   const int kv_len = static_cast<int>(rb.kv_len);
   const int rows_r = q_len * p.group;
+  tl_stamp_after<TL>(tl, kTlBounds, static_cast<uint32_t>(kv_len));
 
   const float scale_log2 = p.sm_scale * kLog2e;
   const float scale_lin = p.sm_scale;
-  const bool softcap = p.soft_cap > 0.f;
+  const bool softcap = !SIMPLE && p.soft_cap > 0.f;
 
   unsigned char* wbuf = smem + warp * C::kWarpBytes;  // this warp's stages: [K slice | V slice] x kStages
   const int my_chunk = lane % kCPR, my_row0 = lane / kCPR;
   const unsigned char* kb = static_cast<const unsigned char*>(p.k);
   const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+  // Instructions on each warp's serial path are what a small call waits for (1 x 1024: one or two
+  // warps per scheduler, ~7 cycles per instruction; ncu counted 2019 instructions per warp before
+  // the measures below, 1638 after): when pages hold whole 16-key slices (every slice starts at a
+  // multiple of 16) one page id serves a slice and this lane's chunks sit at a fixed offset plus
+  // i * step from the slice's page row; the general walk (one page id per key) is kept for pages
+  // of fewer than 16 keys.
+  const bool one_page = SIMPLE || p.page_size % kSlice == 0;
+  const int64_t k_lane = int64_t(hk) * p.k_sh + int64_t(my_row0) * p.k_so + my_chunk * 16;
+  const int64_t v_lane = int64_t(hk) * p.v_sh + int64_t(my_row0) * p.v_so + my_chunk * 16;
+  const int64_t k_step = int64_t(C::kRowStep) * p.k_so, v_step = int64_t(C::kRowStep) * p.v_so;
+  // group divisions (row -> query token, head of the group) as shifts for power-of-two groups
+  const int gshift = (p.group & (p.group - 1)) == 0 ? __ffs(p.group) - 1 : -1;
+  auto gdiv = [&](int rr) { return gshift >= 0 ? rr >> gshift : rr / p.group; };
+  auto gmod = [&](int rr) { return gshift >= 0 ? rr & (p.group - 1) : rr % p.group; };
 
   for (int row0 = 0; row0 < rows_r; row0 += kRows) {
     // ---- key range of this row tile, cut into P pieces of a multiple of 16 keys ----
     const int last_row = min(rows_r, row0 + kRows) - 1;
-    const int qpos_first = kv_len - q_len + row0 / p.group;
-    const int qpos_last = kv_len - q_len + last_row / p.group;
+    const int qpos_first = kv_len - q_len + gdiv(row0);
+    const int qpos_last = kv_len - q_len + gdiv(last_row);
     int hi = kv_len;
     if (p.causal) hi = min(hi, qpos_last + 1);
     int lo = 0;
@@ -199,10 +256,11 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
     const int first = kstart + warp * kSlice;
     const int n_tiles = kend > first ? (kend - first + kTile - 1) / kTile : 0;
 
-    // page id of key `first + tile * 64 + lane` (lanes 0..15), -1 when outside the piece
+    // page id of key `first + tile * 64 + lane` (lanes 0..15), -1 when outside the piece; with
+    // one_page every lane holds the page id of the slice's first key
     auto load_page = [&](int tile) -> int64_t {
-      const int j = first + tile * kTile + lane;
-      if (lane >= kSlice || tile >= n_tiles || j >= kend) return -1;
+      const int j = first + tile * kTile + (one_page ? 0 : lane);
+      if ((!one_page && lane >= kSlice) || tile >= n_tiles || j >= kend) return -1;
       const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
       const int64_t pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, r, blk);
       return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
@@ -211,18 +269,37 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
       const int st = tile % kStages;
       const uint32_t sk = smem_u32(wbuf + st * 2 * C::kSliceBytes);
       const uint32_t sv = sk + C::kSliceBytes;
+      if (one_page) {
+        const int key0 = first + tile * kTile;
+        const int slot0 = p.page_shift >= 0 ? (key0 & (p.page_size - 1)) : (key0 % p.page_size);
+        const bool okp = pg_lane >= 0;
+        const unsigned char* ka = kb + (okp ? pg_lane * p.k_sb + int64_t(slot0) * p.k_so + k_lane : 0);
+        const unsigned char* va = vb + (okp ? pg_lane * p.v_sb + int64_t(slot0) * p.v_so + v_lane : 0);
+        const int nvalid = okp ? kend - key0 : 0;  // rows of this slice inside the piece
 #pragma unroll
-      for (int i = 0; i < C::kChunks; ++i) {
-        const int row = my_row0 + i * C::kRowStep;
-        const int64_t pg = __shfl_sync(0xffffffffu, pg_lane, row);
-        const int j = first + tile * kTile + row;
-        const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-        const int off = swz<kCPR>(row, my_chunk);
-        const bool ok = pg >= 0;
-        const int64_t ko = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh + my_chunk * 16;
-        const int64_t vo = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh + my_chunk * 16;
-        cp_async16(sk + off, ok ? kb + ko : kb, ok ? 16 : 0);
-        cp_async16(sv + off, ok ? vb + vo : vb, ok ? 16 : 0);
+        for (int i = 0; i < C::kChunks; ++i) {
+          const int row = my_row0 + i * C::kRowStep;
+          const bool ok = row < nvalid;
+          const int off = swz<kCPR>(row, my_chunk);
+          cp_async16(sk + off, ok ? ka + i * k_step : kb, ok ? 16 : 0);
+          cp_async16(sv + off, ok ? va + i * v_step : vb, ok ? 16 : 0);
+        }
+        return;
+      }
+      if constexpr (!SIMPLE) {  // pages of fewer than 16 keys: one page id per key row
+#pragma unroll
+        for (int i = 0; i < C::kChunks; ++i) {
+          const int row = my_row0 + i * C::kRowStep;
+          const int64_t pg = __shfl_sync(0xffffffffu, pg_lane, row);
+          const int j = first + tile * kTile + row;
+          const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+          const int off = swz<kCPR>(row, my_chunk);
+          const bool ok = pg >= 0;
+          const int64_t ko = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh + my_chunk * 16;
+          const int64_t vo = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh + my_chunk * 16;
+          cp_async16(sk + off, ok ? kb + ko : kb, ok ? 16 : 0);
+          cp_async16(sv + off, ok ? vb + vo : vb, ok ? 16 : 0);
+        }
       }
     };
 
@@ -231,6 +308,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
 #pragma unroll
     for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
     int64_t pg_pref = load_page(kStages);
+    tl_stamp_after<TL>(tl, kTlPages, static_cast<uint32_t>(pgs[0]));
 
     int rvalid[2], rqpos[2];
     uint32_t qf[kKSteps][4];
@@ -238,15 +316,18 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
     for (int h = 0; h < 2; ++h) {
       const int rr = row0 + g + 8 * h;
       rvalid[h] = rr < rows_r;
-      const int tq = rvalid[h] ? rr / p.group : 0;
+      const int tq = rvalid[h] ? gdiv(rr) : 0;
       rqpos[h] = kv_len - q_len + tq;
-      const int head = hk * p.group + (rvalid[h] ? rr % p.group : 0);
+      const int head = hk * p.group + (rvalid[h] ? gmod(rr) : 0);
       const uint16_t* qrow = static_cast<const uint16_t*>(p.q) + int64_t(q_start + tq) * p.q_st + int64_t(head) * p.q_sh;
+      // rows g + 8 exist only when the tile has more than 8 rows (warp-uniform: no loads issued
+      // for a 1-token GQA-4 tile's upper half)
+      const bool any = h == 0 || row0 + 8 < rows_r;
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
         // a0 / a2 (row g): dims 16s + 2t4 (+8); a1 / a3: the same for row g + 8
-        qf[s][h] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
-        qf[s][h + 2] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
+        qf[s][h] = any && rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
+        qf[s][h + 2] = any && rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
       }
     }
 
@@ -289,6 +370,20 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
         }
       }
       // ---- scale, soft cap, mask (piece range, causal, window) ----
+      // a slice inside the piece, at or before every row's position and inside every row's
+      // window needs no mask (rows past the tile's end are never stored)
+      const bool no_mask = key0 + kSlice <= kend && (!p.causal || key0 + kSlice - 1 <= qpos_first) &&
+                           (p.window_left < 0 || int64_t(key0) >= int64_t(qpos_last) - p.window_left);
+      if (no_mask) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = s[j][e];
+            s[j][e] = softcap ? p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e : x * scale_log2;
+          }
+        }
+      } else {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
@@ -303,6 +398,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
           if (p.window_left >= 0 && int64_t(key) < int64_t(rqpos[h]) - p.window_left) vis = false;
           s[j][e] = vis ? x : -INFINITY;
         }
+      }
       }
       // ---- online softmax (rows g and g + 8) ----
       float alpha[2];
@@ -324,12 +420,14 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
         }
         l_r[h] = l_r[h] * alpha[h] + sum;
       }
+      if (tile > 0) {  // o is still zero before the first tile
 #pragma unroll
-      for (int n = 0; n < kNTilesO; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
+        for (int n = 0; n < kNTilesO; ++n) {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
       }
       // ---- O += P V ----
       {
@@ -368,10 +466,17 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
     }
     {
       float* myO = sO + warp * kRows * C::kPitch;
+      // only the rows the combine reads (a 1-token GQA-4 unit has 4 of 16)
+      const int vrows = min(kRows, rows_r - row0);
+      if (g < vrows) {
 #pragma unroll
-      for (int n = 0; n < kNTilesO; ++n) {
-        *reinterpret_cast<float2*>(myO + g * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][0], o[n][1]);
-        *reinterpret_cast<float2*>(myO + (g + 8) * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][2], o[n][3]);
+        for (int n = 0; n < kNTilesO; ++n)
+          *reinterpret_cast<float2*>(myO + g * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][0], o[n][1]);
+      }
+      if (g + 8 < vrows) {
+#pragma unroll
+        for (int n = 0; n < kNTilesO; ++n)
+          *reinterpret_cast<float2*>(myO + (g + 8) * C::kPitch + 8 * n + 2 * t4) = make_float2(o[n][2], o[n][3]);
       }
       if (t4 == 0) {
         s_wm[warp][g] = m_r[0];
@@ -402,7 +507,9 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
         acc.w += f * x.w;
       }
       *reinterpret_cast<float4*>(sO + row * C::kPitch + 4 * c) = acc;  // only this thread touches (row, c)
-      if (c == 0) { s_cm[row] = M; s_cl[row] = L; }
+      // the row's (max, sum) in its padding columns: one 8-byte DSMEM load with the row's O
+      // (measured: 3 -> 2 remote loads per lane took 1 x 1024 from 12.5-12.8 to 11.7-11.9 us)
+      if (c == 0) *reinterpret_cast<float2*>(sO + row * C::kPitch + D) = make_float2(M, L);
     }
     tl_stamp<TL>(tl, kTlPartial);
     cluster_sync();  // every CTA's partial is complete and visible to the cluster
@@ -420,24 +527,25 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
     const int jp = lane & (PP - 1);  // the piece this lane reads
     const int n_items = nrows * kC4;
     const int my_items = n_items > static_cast<int>(rank) ? (n_items - static_cast<int>(rank) + P - 1) / P : 0;
-    const uint32_t a_cm = smem_u32(s_cm), a_cl = smem_u32(s_cl), a_o = smem_u32(sO);
+    const uint32_t a_o = smem_u32(sO);
     for (int k0 = 0; k0 < my_items; k0 += groups) {
       const int k = k0 + tid / PP;
       const bool have = k < my_items;
       const int item = static_cast<int>(rank) + P * (have ? k : 0);
       const int row = item / kC4, c = item - row * kC4;
-      float mj = -INFINITY, lj = 0.f;
+      float2 ml = make_float2(-INFINITY, 0.f);
       float4 oj = make_float4(0.f, 0.f, 0.f, 0.f);
       if (have && jp < P) {
-        mj = ld_cluster_f32(map_rank(a_cm + row * 4, jp));
-        lj = ld_cluster_f32(map_rank(a_cl + row * 4, jp));
+        ml = ld_cluster_f2(map_rank(a_o + (row * C::kPitch + D) * 4, jp));
         oj = ld_cluster_f4(map_rank(a_o + (row * C::kPitch + 4 * c) * 4, jp));
       }
+      const float mj = ml.x, lj = ml.y;
+      if (k0 == 0) tl_stamp_after<TL>(tl, kTlRemote, __float_as_uint(oj.x) ^ __float_as_uint(mj));
       float M = mj;
       for (int off = PP >> 1; off > 0; off >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off, PP));
       const int rr = row0 + row;
-      const int64_t tok = q_start + rr / p.group;
-      const int head = hk * p.group + rr % p.group;
+      const int64_t tok = q_start + gdiv(rr);
+      const int head = hk * p.group + gmod(rr);
       float s2 = -INFINITY;
       if (p.sinks != nullptr) s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
       const float Mf = fmaxf(M, s2);
@@ -452,6 +560,7 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
         acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off, PP);
         acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off, PP);
       }
+      if (k0 == 0) tl_stamp_after<TL>(tl, kTlCombined, __float_as_uint(acc.x) ^ __float_as_uint(denom));
       if (have && jp == 0) {
         if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
         const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
@@ -466,6 +575,9 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
     // no CTA may leave (or overwrite its partial in the next row tile) while another reads it
     cluster_sync();
     tl_stamp<TL>(tl, kTlExit);
+    if constexpr (TL) {
+      if (tid == 0) tl_row(tl)[kTlClk1] = clock64();
+    }
   }
 #else
   (void)p;  // sm_80 builds: never launched (cluster_decode_pieces returns 0 before sm_90)
@@ -474,6 +586,18 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(AttnParams p, 
 }
 
 __global__ void empty_kernel() {}
+
+// Thread 0 of every CTA spins `ns` nanoseconds of %globaltimer, then the CTA exits.
+__global__ void spin_kernel(uint64_t ns) {
+  if (threadIdx.x == 0) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0)::"memory");
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+    } while (t - t0 < ns);
+  }
+  __syncthreads();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Host side.
@@ -543,10 +667,11 @@ int prepare(int dev) {
   std::lock_guard<std::mutex> lock(ki.mu);
   const int d = dev & 63;
   if (ki.ready[d]) return 0;
-  auto kern = cluster_decode_kernel<BF16, D>;
+  auto kern = cluster_decode_kernel<BF16, D, false>;  // the general kernel's figures bound both
   constexpr int smem = SCfg<D>::kSmem;
   cudaError_t e = cudaSuccess;
-  for (auto k : {kern, cluster_decode_kernel<BF16, D, true>}) {
+  for (auto k : {kern, cluster_decode_kernel<BF16, D, false, true>, cluster_decode_kernel<BF16, D, true>,
+                 cluster_decode_kernel<BF16, D, true, true>}) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
@@ -588,9 +713,10 @@ int pieces_for(const AttnParams& p, int num_sms) {
 }
 
 // Runs one launch of the TL instantiation with a stamp buffer, waits for it and prints, per point
-// of TlPoint, the median and the largest time after the first CTA's entry over all CTAs (µs).
+// of TlPoint, the median and the largest time over all CTAs (µs), after the first CTA's entry and
+// after each CTA's own entry, and how the CTAs were placed on SMs.
 int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams, uint64_t*), const AttnParams& p,
-                         int64_t call) {
+                         int64_t call, bool simple) {
   const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
   uint64_t* tl = nullptr;
   cudaError_t e = cudaMalloc(&tl, sizeof(uint64_t) * ctas * kTlStamps);
@@ -601,50 +727,83 @@ int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams,
   if (e == cudaSuccess) e = cudaMemcpy(h.data(), tl, sizeof(uint64_t) * h.size(), cudaMemcpyDeviceToHost);
   cudaFree(tl);
   if (e != cudaSuccess) return static_cast<int>(e);
+  auto at = [&](int64_t c, int k) { return h[static_cast<size_t>(c * kTlStamps + k)]; };
   uint64_t t0 = UINT64_MAX;
-  for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, h[static_cast<size_t>(c * kTlStamps + kTlEntry)]);
-  static const char* const kNames[kTlStamps] = {"entry", "tiles issued", "tile 0 landed", "loop done",
-                                                "partial", "cluster sync", "stored", "exit"};
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "[small timeline] call %lld: %lld CTAs in clusters of %u, us after the first entry "
-                "(median / max over CTAs):", static_cast<long long>(call), static_cast<long long>(ctas), cfg.gridDim.x);
+  for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, at(c, kTlEntry));
+  static const char* const kNames[kTlSm] = {"entry", "bounds", "page ids", "tiles issued", "tile 0 landed",
+                                            "loop done", "partial", "cluster sync", "remote loaded", "combined",
+                                            "stored", "exit"};
+  std::vector<int> per_sm(1024, 0);
+  for (int64_t c = 0; c < ctas; ++c) ++per_sm[static_cast<size_t>(at(c, kTlSm) & 1023)];
+  int sms = 0, most = 0;
+  for (int n : per_sm) { sms += n > 0; most = std::max(most, n); }
+  std::vector<double> mhz;
+  for (int64_t c = 0; c < ctas; ++c)
+    if (at(c, kTlExit) > at(c, kTlEntry) && at(c, kTlClk1) > at(c, kTlClk0))
+      mhz.push_back(double(at(c, kTlClk1) - at(c, kTlClk0)) * 1e3 / double(at(c, kTlExit) - at(c, kTlEntry)));
+  std::sort(mhz.begin(), mhz.end());
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "[small timeline] call %lld (%s kernel), smem %u: %lld CTAs in clusters of %u on %d SMs "
+                "(<= %d per SM), SM clock ~%.0f MHz, us (median / max over CTAs)", static_cast<long long>(call),
+                simple ? "simple" : "general",
+                static_cast<unsigned>(cfg.dynamicSmemBytes), static_cast<long long>(ctas), cfg.gridDim.x, sms, most,
+                mhz.empty() ? 0.0 : mhz[mhz.size() / 2]);
   std::string line = buf;
-  for (int k = 0; k < kTlStamps; ++k) {
-    std::vector<double> v;
-    for (int64_t c = 0; c < ctas; ++c) {
-      const uint64_t t = h[static_cast<size_t>(c * kTlStamps + k)];
-      if (t >= t0) v.push_back(double(t - t0) * 1e-3);
+  for (int own = 0; own < 2; ++own) {
+    line += own ? "\n  after its own entry:   " : "\n  after the first entry: ";
+    for (int k = own; k < kTlSm; ++k) {
+      std::vector<double> v;
+      for (int64_t c = 0; c < ctas; ++c) {
+        const uint64_t t = at(c, k), base = own ? at(c, kTlEntry) : t0;
+        if (t >= base && t != 0) v.push_back(double(t - base) * 1e-3);
+      }
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      std::snprintf(buf, sizeof buf, " | %s %.2f / %.2f", kNames[k], v[v.size() / 2], v.back());
+      line += buf;
     }
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::snprintf(buf, sizeof buf, " | %s %.2f / %.2f", kNames[k], v[v.size() / 2], v.back());
-    line += buf;
   }
   std::fprintf(stderr, "%s\n", line.c_str());
   return 0;
 }
 
+// The launch that records a timeline (KVATTN_SMALL_TIMELINE=N: the N-th launch of the process;
+// small_timeline_after() from bench-cuda --only small).
+std::atomic<int64_t> g_tl_call{-1};
+int64_t timeline_call_now() {
+  int64_t v = g_tl_call.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("KVATTN_SMALL_TIMELINE");
+    g_tl_call.store(v = e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0), std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// Calls the SIMPLE instantiation covers.
+bool simple_call(const AttnParams& p) { return p.page_size % kSlice == 0 && !(p.soft_cap > 0.f); }
+
+template <bool BF16, int D, bool TL>
+auto kernel_for(bool simple) {
+  return simple ? cluster_decode_kernel<BF16, D, true, TL> : cluster_decode_kernel<BF16, D, false, TL>;
+}
+
 template <bool BF16, int D>
 int launch(const AttnParams& p, int P) {
-  auto kern = cluster_decode_kernel<BF16, D>;
   int dev = 0;
   cudaGetDevice(&dev);
   if (int e = prepare<BF16, D>(dev)) return e;
+  const bool simple = simple_call(p);
+  // the counter counts launches that were accepted (a failed launch is not counted)
+  const int64_t call = g_launches.load(std::memory_order_relaxed) + 1;
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(
       dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
-  static const int64_t timeline_call = [] {
-    const char* e = std::getenv("KVATTN_SMALL_TIMELINE");
-    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0);
-  }();
-  // the counter counts launches that were accepted (a failed launch is not counted)
-  const int64_t call = g_launches.load(std::memory_order_relaxed) + 1;
-  if (timeline_call > 0 && call == timeline_call) {
-    const int rc = launch_with_timeline(cfg, cluster_decode_kernel<BF16, D, true>, p, call);
+  if (call == timeline_call_now()) {
+    const int rc = launch_with_timeline(cfg, kernel_for<BF16, D, true>(simple), p, call, simple);
     if (rc == 0) g_launches.fetch_add(1, std::memory_order_relaxed);
     return rc;
   }
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, p, static_cast<uint64_t*>(nullptr));
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel_for<BF16, D, false>(simple), p, static_cast<uint64_t*>(nullptr));
   if (e != cudaSuccess) return static_cast<int>(e);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
@@ -697,6 +856,9 @@ SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
 void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }
 int small_cluster_max() { return cmax_now(); }
 int64_t cluster_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
+void small_timeline_after(int launches) {
+  g_tl_call.store(g_launches.load(std::memory_order_relaxed) + std::max(launches, 1), std::memory_order_relaxed);
+}
 
 double measure_empty_launch_us(int ctas, int cluster) {
   struct Ctx { int ctas, cluster; } ctx{ctas, std::max(cluster, 1)};
@@ -717,6 +879,27 @@ double measure_empty_launch_us(int ctas, int cluster) {
         const cudaLaunchConfig_t cfg = cluster_config(
             dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster, 0, at);
         (void)cudaLaunchKernelEx(&cfg, empty_kernel);
+      },
+      &ctx, 10, 60);
+}
+
+double measure_spin_launch_us(int ctas, int cluster, int smem_bytes, double spin_us) {
+  struct Ctx { int ctas, cluster, smem; uint64_t ns; } ctx{ctas, std::max(cluster, 1), std::max(smem_bytes, 0),
+                                                          static_cast<uint64_t>(spin_us * 1e3)};
+  if (cudaFuncSetAttribute(spin_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+      cudaFuncSetAttribute(spin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ctx.smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return time_median_us(
+      [](void* c, int) {
+        auto* x = static_cast<Ctx*>(c);
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = cluster_config(
+            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster,
+            static_cast<size_t>(x->smem), at);
+        if (x->cluster <= 1) cfg.numAttrs = 0;
+        (void)cudaLaunchKernelEx(&cfg, spin_kernel, x->ns);
       },
       &ctx, 10, 60);
 }

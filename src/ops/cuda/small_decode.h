@@ -22,4 +22,12 @@ int launch_cluster_decode(const AttnParams& p, int pieces);
 // The sm_90-only kernels (this one, the fp8 fast decode variant) are chosen on the host by it.
 int device_cc_major();
 
+// Measurement only (bench-cuda --only small, docs/cuda-notes.md): the cluster kernel's launch
+// `launches` from now records a stage timeline (printed to stderr).
+void small_timeline_after(int launches);
+// Event time per launch of `ctas` CTAs (clusters of `cluster`, 1 = none, `smem_bytes` dynamic
+// shared memory) whose thread 0 spins `spin_us` of %globaltimer: minus spin_us, what a launch
+// and its drain add when the kernel, not the host, sets the pace.
+double measure_spin_launch_us(int ctas, int cluster, int smem_bytes, double spin_us);
+
 }  // namespace kvattn::ops::cuda_impl::k
