@@ -252,6 +252,7 @@ void paged_attention(const PagedAttentionArgs& a) {
     p.kv_indptr = idx_of(a.paged_kv_indptr);
     p.kv_indices = idx_of(a.paged_kv_indices);
     p.last_page_len = idx_of(a.paged_kv_last_page_len);
+    p.kv_entries = a.paged_kv_indices.size(0);
   } else {
     p.block_table = idx_of(a.block_table);
     p.seq_lens = idx_of(a.seq_lens);

@@ -118,6 +118,7 @@ struct AttnParams {
   Idx kv_indptr, kv_indices, last_page_len;  // form A
   Idx block_table, seq_lens;                 // form B
   int64_t max_blocks = 0;                    // form B row width
+  int64_t kv_entries = 0;  // form A: rows of kv_indices (host decisions only: the small path's average length)
 
   int batch = 0;
   int64_t num_tokens = 0;
