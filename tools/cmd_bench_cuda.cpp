@@ -5,7 +5,7 @@
 // random permutation of a ~9 GB pool; calls rotate over disjoint page sets when one call's
 // KV is under 256 MB, so the data is not L2-resident.
 //
-//   kvattn bench-cuda [--quick] [--only decode|prefill|write|merge]
+//   kvattn bench-cuda [--quick] [--only decode|prefill|write|merge|small]
 //
 // The target decode and prefill shapes run twice: "[plan per call]" (every call runs its plan
 // kernel) and "[plan kept]" (an ops::PagedAttentionPlan planned before the timing: what the
@@ -421,7 +421,8 @@ int run(const Opts& o) {
   if (o.only == "small") {
     // the small-call path's measurement set (not part of the default run): what a launch and its
     // drain add to a spinning grid, the cluster kernel on 1 x 1024 (three rows), 1 x 8192 and
-    // 8 x 1024, then one stage timeline of a 1 x 1024 call (stderr)
+    // 8 x 1024, one stage timeline of a 1 x 1024 call (stderr), then one request of 1024 to 8192
+    // keys at a bound of 4, 8 and 16 pieces per unit
     for (const auto& [ctas, cl, sm] : {std::tuple{128, 1, 0}, std::tuple{128, 16, 98304}, std::tuple{128, 8, 98304}})
       print_row(Row{fmt::format("launch + drain: {} CTAs, cluster {}, smem {} (8 us spin)", ctas, cl, sm),
                     k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
@@ -578,7 +579,8 @@ int run(const Opts& o) {
 std::function<int()> setup(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   app.add_flag("--quick", o->quick, "fewer repetitions and a smaller pool");
-  app.add_option("--only", o->only, "decode, prefill, write or merge; small: the small-call measurement set");
+  app.add_option("--only", o->only, "decode, prefill, write or merge; small: the small-call measurement set")
+      ->check(CLI::IsMember({"decode", "prefill", "write", "merge", "small"}));
   app.add_option("--batch", o->batch, "with --kv-len: time one decode shape only");
   app.add_option("--kv-len", o->kv_len, "kv length of the --batch decode case");
   app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");
