@@ -418,6 +418,7 @@ int run(const Opts& o) {
   // pool: 140k pages of 64 KiB (bf16) = 9.2 GB
   const int64_t pool_pages = o.quick ? 40000 : 140000;
   Pool pool = make_pool(pool_pages, DType::bf16);
+  auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };  // b requests of l keys
   if (o.only == "small") {
     // the small-call path's measurement set (not part of the default run): what a launch and its
     // drain add to a spinning grid, the cluster kernel on 1 x 1024 (three rows), 1 x 8192 and
@@ -426,7 +427,6 @@ int run(const Opts& o) {
     for (const auto& [ctas, cl, sm] : {std::tuple{128, 1, 0}, std::tuple{128, 16, 98304}, std::tuple{128, 8, 98304}})
       print_row(Row{fmt::format("launch + drain: {} CTAs, cluster {}, smem {} (8 us spin)", ctas, cl, sm),
                     k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
-    auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };
     for (int round = 0; round < 3; ++round)
       print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
     print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
@@ -445,7 +445,6 @@ int run(const Opts& o) {
     return 0;
   }
   if (all || o.only == "decode") {
-    auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };
     print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
     print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
     print_row(bench_decode("decode bf16 16x4096", pool, uni(16, 4096), DType::bf16, "(FI 3.4-3.5)", o.quick));
