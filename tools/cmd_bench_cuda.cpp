@@ -429,6 +429,19 @@ int run(const Opts& o) {
                     k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
     for (int round = 0; round < 3; ++round)
       print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
+    // the page-id window off and on, alternated (A/B in one process)
+    {
+      const bool w0 = k::small_page_window();
+      for (int round = 0; round < 2; ++round)
+        for (const bool w : {false, true}) {
+          k::set_small_page_window(w);
+          const std::string tag = w ? " [page window]" : " [no page window]";
+          print_row(bench_decode("decode bf16 1x1024" + tag, pool, uni(1, 1024), DType::bf16, "", o.quick));
+          print_row(bench_decode("decode bf16 1x8192" + tag, pool, uni(1, 8192), DType::bf16, "", o.quick));
+          print_row(bench_decode("decode bf16 8x1024" + tag, pool, uni(8, 1024), DType::bf16, "", o.quick));
+        }
+      k::set_small_page_window(w0);
+    }
     print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
     print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
     k::small_timeline_after(20);

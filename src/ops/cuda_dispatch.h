@@ -78,6 +78,9 @@ void set_small_decode_kernel(int kernel);
 int64_t small_cluster_launches() noexcept;
 void set_small_cluster_max(int pieces);
 int small_cluster_max() noexcept;
+// The cluster kernel's page-id window (small_decode.h; default on, KVATTN_SMALL_PAGE_WINDOW=0 off).
+void set_small_page_window(bool on);
+bool small_page_window() noexcept;
 // Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
 // set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
 // KVATTN_DECODE_SPLIT_RULE=waves|v6) and a forced split count per request

@@ -27,12 +27,14 @@ class CudaClusterDecode : public ::testing::Test {
     cuda_impl::set_small_decode_mode(2);  // force: every decode call of <= 32 requests
     cuda_impl::set_small_decode_kernel(0);
     cuda_impl::set_small_cluster_max(16);
+    cuda_impl::set_small_page_window(true);
   }
   void TearDown() override {
     if (!kvattn::cuda::available()) return;
     cuda_impl::set_small_decode_mode(0);
     cuda_impl::set_small_decode_kernel(0);
     cuda_impl::set_small_cluster_max(16);
+    cuda_impl::set_small_page_window(true);
   }
   // The case on the cluster kernel (expected to take it when `covered`), then on the v8 kernel.
   static void both_kernels(const AttnCase& c, uint32_t seed, bool covered = true) {
@@ -168,6 +170,45 @@ TEST_F(CudaClusterDecode, EveryClusterSize) {
   }
   cuda_impl::set_small_cluster_max(16);
   std::printf("[ cluster size bound now %d ]\n", cuda_impl::small_cluster_max());
+}
+
+// The page-id window (the first 2 KB of the page index staged in shared memory per CTA): page
+// ids past it — kv_indices of more than 512 int32 / 256 int64 rows, block-table rows wider than
+// that — come from global memory; int32 and int64 indices, strided views, both page-table forms,
+// a later request whose first pages sit past the window; every case with the window off too.
+TEST_F(CudaClusterDecode, PageWindowEdges) {
+  uint32_t seed = 2400;
+  for (bool window : {true, false}) {
+    cuda_impl::set_small_page_window(window);
+    ASSERT_EQ(cuda_impl::small_page_window(), window);
+    for (int form = 0; form < 2; ++form) {
+      for (int idx = 0; idx < 3; ++idx) {  // int32, int64, int64 strided
+        AttnCase c;
+        c.paged_form = form == 0;
+        c.idx64 = idx > 0;
+        c.idx_strided = idx == 2;
+        c.hq = 8; c.hkv = 2;
+        c.q_lens = {1, 1, 1};
+        // (page size, request 0's keys): kv_indices 313 + 238 + 8 = 559 int32 rows (> 512),
+        // 19 + 282 + 4 = 305 and 38 + 238 + 8 = 284 int64 rows (> 256); block-table rows 1901 int32
+        // and 282 int64 wide (past the window), 238 (inside); pages of 16 run the SIMPLE kernel
+        static const int64_t kPage[2][3] = {{8, 16, 8}, {1, 16, 8}};
+        c.page = kPage[form][idx];
+        c.kv_lens = {idx == 0 && c.paged_form ? 2500 : 300, c.page == 16 ? 4500 : 1901, 57};
+        c.name = std::string("page window ") + (window ? "on" : "off") + (c.paged_form ? " kv_indices" : " block table") +
+                 (c.idx64 ? " int64" : " int32") + (c.idx_strided ? " strided" : "");
+        both_kernels(c, seed++);
+      }
+    }
+    // inside the window: 1 x 1024 at page 16 (64 rows), repeated calls
+    AttnCase c;
+    c.q_lens = {1};
+    c.kv_lens = {1024};
+    c.repeats = 2;
+    c.name = std::string("page window ") + (window ? "on" : "off") + " 1x1024";
+    both_kernels(c, seed++);
+  }
+  cuda_impl::set_small_page_window(true);
 }
 
 // Automatic routing: 1 request (8 units at 32 / 8 heads: 16 pieces per unit on the H200) takes

@@ -15,6 +15,7 @@
 #include "ops/common.h"
 #include "ops/cuda/dcp_kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/small_decode.h"
 #include "ops/cuda_dispatch.h"
 #include "ops/plan_state.h"
 
@@ -448,6 +449,8 @@ void set_small_decode_kernel(int kernel) { k::set_small_kernel(static_cast<k::Sm
 int64_t small_cluster_launches() noexcept { return k::cluster_decode_launches(); }
 void set_small_cluster_max(int pieces) { k::set_small_cluster_max(pieces); }
 int small_cluster_max() noexcept { return k::small_cluster_max(); }
+void set_small_page_window(bool on) { k::set_small_page_window(on); }
+bool small_page_window() noexcept { return k::small_page_window(); }
 void set_decode_options(int opts) { k::set_decode_options(opts); }
 int decode_options() noexcept { return k::decode_options(); }
 int64_t fp8_fast_launches() noexcept { return k::fp8_fast_launches(); }

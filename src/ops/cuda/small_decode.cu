@@ -63,6 +63,7 @@ constexpr int kSlice = 16;   // keys per warp per tile
 constexpr int kTile = kWarps * kSlice;
 constexpr int kStages = 3;   // tiles in flight per warp: 96 KB for D 128, 2 CTAs / SM
 constexpr int kMaxPieces = 16;  // cluster size bound (16 needs the non-portable attribute)
+constexpr int kWinBytes = 2048; // page-id window in shared memory: 512 int32 or 256 int64 entries
 
 template <int D>
 struct SCfg {
@@ -181,7 +182,8 @@ __device__ __forceinline__ void tl_stamp_after(uint64_t* tl, int point, uint32_t
 // simple_call()): the per-key page walk and tanh are compiled out, which halves the code a
 // launch fetches (60 vs 120 KB of SASS for bf16 D 128; measured 1 x 1024 11.8-11.9 vs 12.2 us).
 template <bool BF16, int D, bool SIMPLE, bool TL = false>
-__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(const __grid_constant__ AttnParams p, uint64_t* tl) {
+__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(const __grid_constant__ AttnParams p, uint64_t* tl,
+                                                                   int win_n) {
 #ifdef KVATTN_CLUSTER_KERNEL
   using C = SCfg<D>;
   constexpr int kKSteps = D / 16;
@@ -207,8 +209,25 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(const __grid_c
     }
   }
 
+  // ---- the page-id window: the first win_n entries of the page index (all of kv_indices, or the
+  // first columns of this request's block-table row; win_n <= kWinBytes / entry size, chosen on
+  // the host) are copied into shared memory while the index words load, so the page ids are read
+  // from shared memory, not fetched by a second global round trip after kv_indptr ----
+  __shared__ __align__(16) unsigned char s_win[kWinBytes];
+  const Idx& pix = page_index(p);
+  const int esh = pix.is64 ? 3 : 2;
+  for (int i = tid; i < win_n; i += kThreads) {
+    const int64_t e = p.paged_form ? int64_t(i) * pix.s0 : int64_t(r) * pix.s0 + int64_t(i) * pix.s1;
+    cp_async_idx(smem_u32(s_win + (i << esh)), static_cast<const char*>(pix.ptr) + (e << esh), pix.is64);
+  }
+  cp_async_commit();
+
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
   const RequestBounds rb = load_request_bounds(p, r);
+  if (win_n > 0) {  // uniform over the grid
+    cp_async_wait_mem<0>();
+    __syncthreads();  // every thread's window entries have landed
+  }
   const int64_t pbase = rb.page_base;
   const int q_start = static_cast<int>(rb.q_begin), q_len = static_cast<int>(rb.q_end - rb.q_begin);
   const int kv_len = static_cast<int>(rb.kv_len);
@@ -262,7 +281,12 @@ __global__ void __launch_bounds__(kThreads) cluster_decode_kernel(const __grid_c
       const int j = first + tile * kTile + (one_page ? 0 : lane);
       if ((!one_page && lane >= kSlice) || tile >= n_tiles || j >= kend) return -1;
       const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      const int64_t pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, r, blk);
+      const int64_t w = p.paged_form ? pbase + blk : int64_t(blk);  // entry of the window
+      int64_t pg;
+      if (w >= 0 && w < win_n)
+        pg = pix.is64 ? reinterpret_cast<const int64_t*>(s_win)[w] : int64_t(reinterpret_cast<const int32_t*>(s_win)[w]);
+      else
+        pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, r, blk);
       return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
     };
     auto issue = [&](int tile, int64_t pg_lane) {
@@ -715,13 +739,13 @@ int pieces_for(const AttnParams& p, int num_sms) {
 // Runs one launch of the TL instantiation with a stamp buffer, waits for it and prints, per point
 // of TlPoint, the median and the largest time over all CTAs (µs), after the first CTA's entry and
 // after each CTA's own entry, and how the CTAs were placed on SMs.
-int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams, uint64_t*), const AttnParams& p,
-                         int64_t call, bool simple) {
+int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams, uint64_t*, int), const AttnParams& p,
+                         int win_n, int64_t call, bool simple) {
   const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
   uint64_t* tl = nullptr;
   cudaError_t e = cudaMalloc(&tl, sizeof(uint64_t) * ctas * kTlStamps);
   if (e == cudaSuccess) e = cudaMemset(tl, 0, sizeof(uint64_t) * ctas * kTlStamps);
-  if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, kern, p, tl);
+  if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, kern, p, tl, win_n);
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   std::vector<uint64_t> h(static_cast<size_t>(ctas * kTlStamps));
   if (e == cudaSuccess) e = cudaMemcpy(h.data(), tl, sizeof(uint64_t) * h.size(), cudaMemcpyDeviceToHost);
@@ -779,6 +803,25 @@ int64_t timeline_call_now() {
   return v;
 }
 
+// Entries of the page index the kernel stages in shared memory (its win_n): every row of
+// kv_indices (paged form; kv_entries, known on the host) or the first columns of each request's
+// block-table row, up to kWinBytes (entries past the window are loaded from global memory after
+// the index words, as all of them are with the knob off: KVATTN_SMALL_PAGE_WINDOW=0).
+std::atomic<int> g_window{-1};  // -1 = not read from the environment yet
+bool window_now() {
+  int v = g_window.load(std::memory_order_relaxed);
+  if (v >= 0) return v != 0;
+  const char* e = std::getenv("KVATTN_SMALL_PAGE_WINDOW");
+  v = (e != nullptr && std::strcmp(e, "0") == 0) ? 0 : 1;
+  g_window.store(v, std::memory_order_relaxed);
+  return v != 0;
+}
+int page_window(const AttnParams& p) {
+  if (!window_now()) return 0;
+  const int64_t cap = kWinBytes / ((p.paged_form ? p.kv_indices : p.block_table).is64 ? 8 : 4);
+  return static_cast<int>(std::clamp<int64_t>(p.paged_form ? p.kv_entries : p.max_blocks, 0, cap));
+}
+
 // Calls the SIMPLE instantiation covers.
 bool simple_call(const AttnParams& p) { return p.page_size % kSlice == 0 && !(p.soft_cap > 0.f); }
 
@@ -798,12 +841,14 @@ int launch(const AttnParams& p, int P) {
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(
       dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
+  const int win_n = page_window(p);
   if (call == timeline_call_now()) {
-    const int rc = launch_with_timeline(cfg, kernel_for<BF16, D, true>(simple), p, call, simple);
+    const int rc = launch_with_timeline(cfg, kernel_for<BF16, D, true>(simple), p, win_n, call, simple);
     if (rc == 0) g_launches.fetch_add(1, std::memory_order_relaxed);
     return rc;
   }
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel_for<BF16, D, false>(simple), p, static_cast<uint64_t*>(nullptr));
+  const cudaError_t e =
+      cudaLaunchKernelEx(&cfg, kernel_for<BF16, D, false>(simple), p, static_cast<uint64_t*>(nullptr), win_n);
   if (e != cudaSuccess) return static_cast<int>(e);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
@@ -863,6 +908,8 @@ int launch_cluster_decode(const AttnParams& p, int pieces) {
   return bf ? launch<true, 128>(p, pieces) : launch<false, 128>(p, pieces);
 }
 
+void set_small_page_window(bool on) { g_window.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool small_page_window() { return window_now(); }
 void set_small_kernel(SmallKernel k) { g_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
 SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
 void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }

@@ -24,6 +24,12 @@ int launch_cluster_decode(const AttnParams& p, int pieces);
 // The sm_90-only kernels (this one, the fp8 fast decode variant) are chosen on the host by it.
 int device_cc_major();
 
+// The page-id window (default on; KVATTN_SMALL_PAGE_WINDOW=0 off): each CTA copies the first
+// entries of the page index (up to 2 KB) into shared memory alongside the index words, so its
+// page ids cost no second dependent global round trip.  Setter for same-process A/Bs.
+void set_small_page_window(bool on);
+bool small_page_window();
+
 // Measurement only (bench-cuda --only small, docs/cuda-notes.md): the cluster kernel's launch
 // `launches` from now records a stage timeline (printed to stderr).
 void small_timeline_after(int launches);
