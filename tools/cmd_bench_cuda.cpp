@@ -429,18 +429,20 @@ int run(const Opts& o) {
                     k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
     for (int round = 0; round < 3; ++round)
       print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
-    // the page-id window off and on, alternated (A/B in one process)
+    // warps per CTA of the cluster kernel: 4, then automatic (8 where they fit), alternated twice
+    // in one process
     {
-      const bool w0 = k::small_page_window();
+      const int w0 = k::small_warps();
       for (int round = 0; round < 2; ++round)
-        for (const bool w : {false, true}) {
-          k::set_small_page_window(w);
-          const std::string tag = w ? " [page window]" : " [no page window]";
-          print_row(bench_decode("decode bf16 1x1024" + tag, pool, uni(1, 1024), DType::bf16, "", o.quick));
-          print_row(bench_decode("decode bf16 1x8192" + tag, pool, uni(1, 8192), DType::bf16, "", o.quick));
-          print_row(bench_decode("decode bf16 8x1024" + tag, pool, uni(8, 1024), DType::bf16, "", o.quick));
+        for (const int w : {4, 0}) {
+          k::set_small_warps(w);
+          const std::string tag = fmt::format(" [warps {}]", w == 0 ? "auto" : std::to_string(w));
+          for (const auto& [b, l] : {std::pair{1, 1024}, std::pair{1, 2048}, std::pair{1, 4096}, std::pair{1, 8192},
+                                     std::pair{2, 1024}, std::pair{4, 1024}, std::pair{8, 1024}})
+            print_row(bench_decode(fmt::format("decode bf16 {}x{}{}", b, l, tag), pool, uni(b, l), DType::bf16, "",
+                                   o.quick));
         }
-      k::set_small_page_window(w0);
+      k::set_small_warps(w0);
     }
     print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
     print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));

@@ -81,6 +81,10 @@ int small_cluster_max() noexcept;
 // The cluster kernel's page-id window (small_decode.h; default on, KVATTN_SMALL_PAGE_WINDOW=0 off).
 void set_small_page_window(bool on);
 bool small_page_window() noexcept;
+// Its warps per CTA (small_decode.h): 0 automatic (8 where they fit), 4 always (KVATTN_SMALL_WARPS=4).
+void set_small_warps(int warps);
+int small_warps() noexcept;
+int64_t small_cluster_launches_8warps() noexcept;  // of small_cluster_launches()
 // Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
 // set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
 // KVATTN_DECODE_SPLIT_RULE=waves|v6) and a forced split count per request

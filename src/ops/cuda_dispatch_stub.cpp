@@ -56,6 +56,9 @@ void set_small_cluster_max(int) {}
 int small_cluster_max() noexcept { return 16; }
 void set_small_page_window(bool) {}
 bool small_page_window() noexcept { return false; }
+void set_small_warps(int) {}
+int small_warps() noexcept { return 0; }
+int64_t small_cluster_launches_8warps() noexcept { return 0; }
 void set_decode_options(int) {}
 int decode_options() noexcept { return 0; }
 int64_t fp8_fast_launches() noexcept { return 0; }

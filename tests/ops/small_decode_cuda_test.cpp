@@ -28,6 +28,7 @@ class CudaClusterDecode : public ::testing::Test {
     cuda_impl::set_small_decode_kernel(0);
     cuda_impl::set_small_cluster_max(16);
     cuda_impl::set_small_page_window(true);
+    cuda_impl::set_small_warps(0);
   }
   void TearDown() override {
     if (!kvattn::cuda::available()) return;
@@ -35,12 +36,16 @@ class CudaClusterDecode : public ::testing::Test {
     cuda_impl::set_small_decode_kernel(0);
     cuda_impl::set_small_cluster_max(16);
     cuda_impl::set_small_page_window(true);
+    cuda_impl::set_small_warps(0);
   }
-  // The case on the cluster kernel (expected to take it when `covered`), then on the v8 kernel.
+  // The case on the cluster kernel with 4 warps per CTA and with the automatic choice (8 warps
+  // wherever their clusters hold the call in one wave, else 4), then on the v8 kernel.
   static void both_kernels(const AttnCase& c, uint32_t seed, bool covered = true) {
-    for (int kernel : {0, 1}) {
-      SCOPED_TRACE(kernel == 0 ? "cluster kernel" : "v8 small kernel");
+    for (int run : {0, 1, 2}) {
+      const int kernel = run == 2 ? 1 : 0;
+      SCOPED_TRACE(run == 0 ? "cluster kernel, 4 warps" : run == 1 ? "cluster kernel, automatic warps" : "v8 small kernel");
       cuda_impl::set_small_decode_kernel(kernel);
+      cuda_impl::set_small_warps(run == 0 ? 4 : 0);
       const int64_t small0 = cuda_impl::small_decode_launches();
       const int64_t cl0 = cuda_impl::small_cluster_launches();
       run_attn_case(c, seed);
@@ -49,6 +54,7 @@ class CudaClusterDecode : public ::testing::Test {
           << "cluster kernel routing";
     }
     cuda_impl::set_small_decode_kernel(0);
+    cuda_impl::set_small_warps(0);
   }
 };
 
@@ -230,6 +236,25 @@ TEST_F(CudaClusterDecode, AutomaticRoutingByPieces) {
     EXPECT_EQ(cuda_impl::small_decode_launches() - small0, 1) << "small path";
     EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, B == 1 ? 1 : 0) << "cluster kernel";
   }
+}
+
+// Warps per CTA: one request of 1024 keys (8 units of <= 8 pieces: one 8-warp CTA per SM holds
+// them on any sm_90 part) runs 8 warps automatically and 4 when asked; 32 requests (256 units:
+// too many for one 8-warp CTA per SM) run 4 warps even automatically.
+TEST_F(CudaClusterDecode, WarpsPerCtaChoice) {
+  for (const auto& [warps, batch, expect8] : {std::tuple{0, 1, 1}, std::tuple{4, 1, 0}, std::tuple{0, 32, 0}}) {
+    cuda_impl::set_small_warps(warps);
+    AttnCase c;
+    c.name = "warps " + std::to_string(warps) + " batch " + std::to_string(batch);
+    c.q_lens.assign(static_cast<size_t>(batch), 1);
+    c.kv_lens.assign(static_cast<size_t>(batch), 1024);
+    const int64_t cl0 = cuda_impl::small_cluster_launches();
+    const int64_t w80 = cuda_impl::small_cluster_launches_8warps();
+    run_attn_case(c, 2350 + static_cast<uint32_t>(batch + warps));
+    EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, 1) << c.name;
+    EXPECT_EQ(cuda_impl::small_cluster_launches_8warps() - w80, expect8) << c.name;
+  }
+  cuda_impl::set_small_warps(0);
 }
 
 // Calls the cluster kernel does not cover stay on attn_kernel<..., SMALL>, and are right.

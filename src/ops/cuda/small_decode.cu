@@ -57,23 +57,25 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
+// Warps per CTA, W: 4 (96 KB for D 128, 2 CTAs / SM) or 8 (192 KB, 1 CTA / SM; a piece's tiles
+// are twice as wide, so each warp walks half as many of them — for calls whose clusters all fit
+// with one CTA per SM, where a warp's serial instruction stream sets the time).
+constexpr int kFloorThreads = 128;  // CTA size of the launch-floor kernels (empty, spin)
 constexpr int kRows = 16;    // query rows (token, head of the group) per row tile
 constexpr int kSlice = 16;   // keys per warp per tile
-constexpr int kTile = kWarps * kSlice;
-constexpr int kStages = 3;   // tiles in flight per warp: 96 KB for D 128, 2 CTAs / SM
+constexpr int kStages = 3;   // tiles in flight per warp
 constexpr int kMaxPieces = 16;  // cluster size bound (16 needs the non-portable attribute)
 constexpr int kWinBytes = 2048; // page-id window in shared memory: 512 int32 or 256 int64 entries
 
-template <int D>
+template <int D, int W>
 struct SCfg {
   static constexpr int kRowBytes = D * 2;
   static constexpr int kCPR = kRowBytes / 16;               // 16-byte chunks per key row
   static constexpr int kSliceBytes = kSlice * kRowBytes;     // K (or V) of one warp, one stage
   static constexpr int kWarpBytes = kStages * 2 * kSliceBytes;
-  static constexpr int kPipeBytes = kWarps * kWarpBytes;
+  static constexpr int kPipeBytes = W * kWarpBytes;
   static constexpr int kPitch = D + 4;                       // f32 row pitch of the partials
-  static constexpr int kEpiBytes = kWarps * kRows * kPitch * 4;
+  static constexpr int kEpiBytes = W * kRows * kPitch * 4;
   static constexpr int kSmem = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
   static constexpr int kChunks = kSlice * kCPR / 32;         // chunks per lane per K (or V) slice
   static constexpr int kRowStep = 32 / kCPR;                 // key rows between a lane's chunks
@@ -181,11 +183,13 @@ __device__ __forceinline__ void tl_stamp_after(uint64_t* tl, int point, uint32_t
 // SIMPLE: the call's pages hold whole 16-key slices and it has no soft cap (the host decides,
 // simple_call()): the per-key page walk and tanh are compiled out, which halves the code a
 // launch fetches (60 vs 120 KB of SASS for bf16 D 128; measured 1 x 1024 11.8-11.9 vs 12.2 us).
-template <bool BF16, int D, bool SIMPLE, bool TL = false>
-__global__ void __launch_bounds__(kThreads) cluster_decode_kernel(const __grid_constant__ AttnParams p, uint64_t* tl,
-                                                                   int win_n) {
+template <bool BF16, int D, bool SIMPLE, int W, bool TL = false>
+__global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_constant__ AttnParams p, uint64_t* tl,
+                                                                 int win_n) {
 #ifdef KVATTN_CLUSTER_KERNEL
-  using C = SCfg<D>;
+  using C = SCfg<D, W>;
+  constexpr int kWarps = W, kThreads = 32 * W;
+  constexpr int kTile = W * kSlice;  // keys per tile: one 16-key slice per warp
   constexpr int kKSteps = D / 16;
   constexpr int kNTilesO = D / 8;
   constexpr int kCPR = C::kCPR;
@@ -628,6 +632,7 @@ __global__ void spin_kernel(uint64_t ns) {
 std::atomic<int> g_kernel{-1};   // SmallKernel, -1 = not read from the environment yet
 std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
 std::atomic<int64_t> g_launches{0};
+std::atomic<int64_t> g_launches8{0};  // of which with 8 warps per CTA
 
 int kernel_now() {
   int m = g_kernel.load(std::memory_order_relaxed);
@@ -651,7 +656,7 @@ int cmax_now() {
   return m;
 }
 
-template <bool BF16, int D>
+template <bool BF16, int D, int W>
 struct KernInfo {
   // per device: attributes set, CTAs per SM, clusters of each size that fit at once (-1 unknown)
   std::mutex mu;
@@ -660,19 +665,19 @@ struct KernInfo {
   int max_clusters[64][kMaxPieces + 1] = {};
 };
 
-template <bool BF16, int D>
-KernInfo<BF16, D>& kern_info() {
-  static KernInfo<BF16, D> k;
+template <bool BF16, int D, int W>
+KernInfo<BF16, D, W>& kern_info() {
+  static KernInfo<BF16, D, W> k;
   return k;
 }
 
 // Attributes and the occupancy figures of one instantiation on device `dev` (once).
 // Launch configuration (legacy stream) of `grid` in clusters of P CTAs along x; `at` holds the
 // cluster attribute the configuration points to, so it must outlive the launch or query.
-cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute& at) {
+cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute& at, int threads = kFloorThreads) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = nullptr;
   at = {};
@@ -685,28 +690,28 @@ cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttri
   return cfg;
 }
 
-template <bool BF16, int D>
+template <bool BF16, int D, int W>
 int prepare(int dev) {
-  auto& ki = kern_info<BF16, D>();
+  auto& ki = kern_info<BF16, D, W>();
   std::lock_guard<std::mutex> lock(ki.mu);
   const int d = dev & 63;
   if (ki.ready[d]) return 0;
-  auto kern = cluster_decode_kernel<BF16, D, false>;  // the general kernel's figures bound both
-  constexpr int smem = SCfg<D>::kSmem;
+  auto kern = cluster_decode_kernel<BF16, D, false, W>;  // the general kernel's figures bound both
+  constexpr int smem = SCfg<D, W>::kSmem;
   cudaError_t e = cudaSuccess;
-  for (auto k : {kern, cluster_decode_kernel<BF16, D, false, true>, cluster_decode_kernel<BF16, D, true>,
-                 cluster_decode_kernel<BF16, D, true, true>}) {
+  for (auto k : {kern, cluster_decode_kernel<BF16, D, false, W, true>, cluster_decode_kernel<BF16, D, true, W>,
+                 cluster_decode_kernel<BF16, D, true, W, true>}) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
   if (e != cudaSuccess) return static_cast<int>(e);
   int n = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kThreads, smem);
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, 32 * W, smem);
   if (e != cudaSuccess) return static_cast<int>(e);
   ki.per_sm[d] = n;
   for (int P = 1; P <= kMaxPieces; ++P) {
     cudaLaunchAttribute at;
-    const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), 1, 1), P, smem, at);
+    const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), 1, 1), P, smem, at, 32 * W);
     int c = 0;
     if (cudaOccupancyMaxActiveClusters(&c, kern, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -718,15 +723,15 @@ int prepare(int dev) {
   return 0;
 }
 
-template <bool BF16, int D>
+template <bool BF16, int D, int W>
 int pieces_for(const AttnParams& p, int num_sms) {
   int dev = 0;
   cudaGetDevice(&dev);
-  if (prepare<BF16, D>(dev) != 0) {
+  if (prepare<BF16, D, W>(dev) != 0) {
     (void)cudaGetLastError();
     return 0;
   }
-  auto& ki = kern_info<BF16, D>();
+  auto& ki = kern_info<BF16, D, W>();
   const int d = dev & 63;
   const int64_t units = int64_t(p.batch) * p.hkv;
   const int64_t slots = int64_t(num_sms) * std::max(ki.per_sm[d], 1);
@@ -740,7 +745,7 @@ int pieces_for(const AttnParams& p, int num_sms) {
 // of TlPoint, the median and the largest time over all CTAs (µs), after the first CTA's entry and
 // after each CTA's own entry, and how the CTAs were placed on SMs.
 int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams, uint64_t*, int), const AttnParams& p,
-                         int win_n, int64_t call, bool simple) {
+                         int win_n, int64_t call, bool simple, int warps) {
   const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
   uint64_t* tl = nullptr;
   cudaError_t e = cudaMalloc(&tl, sizeof(uint64_t) * ctas * kTlStamps);
@@ -767,9 +772,9 @@ int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams,
       mhz.push_back(double(at(c, kTlClk1) - at(c, kTlClk0)) * 1e3 / double(at(c, kTlExit) - at(c, kTlEntry)));
   std::sort(mhz.begin(), mhz.end());
   char buf[200];
-  std::snprintf(buf, sizeof buf, "[small timeline] call %lld (%s kernel), smem %u: %lld CTAs in clusters of %u on %d SMs "
-                "(<= %d per SM), SM clock ~%.0f MHz, us (median / max over CTAs)", static_cast<long long>(call),
-                simple ? "simple" : "general",
+  std::snprintf(buf, sizeof buf, "[small timeline] call %lld (%s kernel, %d warps), smem %u: %lld CTAs in clusters of %u "
+                "on %d SMs (<= %d per SM), SM clock ~%.0f MHz, us (median / max over CTAs)", static_cast<long long>(call),
+                simple ? "simple" : "general", warps,
                 static_cast<unsigned>(cfg.dynamicSmemBytes), static_cast<long long>(ctas), cfg.gridDim.x, sms, most,
                 mhz.empty() ? 0.0 : mhz[mhz.size() / 2]);
   std::string line = buf;
@@ -822,36 +827,102 @@ int page_window(const AttnParams& p) {
   return static_cast<int>(std::clamp<int64_t>(p.paged_form ? p.kv_entries : p.max_blocks, 0, cap));
 }
 
+// Warps per CTA (set_small_warps; KVATTN_SMALL_WARPS=4): 0 = automatic, 8 warps wherever one
+// 8-warp CTA per SM holds every unit's cluster at once (see pieces_and_warps), else 4; 4 = always 4.
+std::atomic<int> g_warps{-1};
+int warps_mode_now() {
+  int v = g_warps.load(std::memory_order_relaxed);
+  if (v >= 0) return v;
+  v = 0;
+  if (const char* e = std::getenv("KVATTN_SMALL_WARPS")) {
+    if (!std::strcmp(e, "4")) v = 4;
+  }
+  g_warps.store(v, std::memory_order_relaxed);
+  return v;
+}
+
+// Whether P-piece clusters of the W-warp kernel hold every unit of the call at once.
+template <bool BF16, int D, int W>
+bool fits(const AttnParams& p, int P) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (P < 1 || P > kMaxPieces || prepare<BF16, D, W>(dev) != 0) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return kern_info<BF16, D, W>().max_clusters[dev & 63][P] >= int64_t(p.batch) * p.hkv;
+}
+
 // Calls the SIMPLE instantiation covers.
 bool simple_call(const AttnParams& p) { return p.page_size % kSlice == 0 && !(p.soft_cap > 0.f); }
 
-template <bool BF16, int D, bool TL>
+template <bool BF16, int D, int W, bool TL>
 auto kernel_for(bool simple) {
-  return simple ? cluster_decode_kernel<BF16, D, true, TL> : cluster_decode_kernel<BF16, D, false, TL>;
+  return simple ? cluster_decode_kernel<BF16, D, true, W, TL> : cluster_decode_kernel<BF16, D, false, W, TL>;
 }
 
-template <bool BF16, int D>
-int launch(const AttnParams& p, int P) {
+template <bool BF16, int D, int W>
+int launch_w(const AttnParams& p, int P) {
   int dev = 0;
   cudaGetDevice(&dev);
-  if (int e = prepare<BF16, D>(dev)) return e;
+  if (int e = prepare<BF16, D, W>(dev)) return e;
   const bool simple = simple_call(p);
   // the counter counts launches that were accepted (a failed launch is not counted)
   const int64_t call = g_launches.load(std::memory_order_relaxed) + 1;
   cudaLaunchAttribute at;
-  const cudaLaunchConfig_t cfg = cluster_config(
-      dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1), P, SCfg<D>::kSmem, at);
+  const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1),
+                                                P, SCfg<D, W>::kSmem, at, 32 * W);
   const int win_n = page_window(p);
   if (call == timeline_call_now()) {
-    const int rc = launch_with_timeline(cfg, kernel_for<BF16, D, true>(simple), p, win_n, call, simple);
+    const int rc = launch_with_timeline(cfg, kernel_for<BF16, D, W, true>(simple), p, win_n, call, simple, W);
     if (rc == 0) g_launches.fetch_add(1, std::memory_order_relaxed);
+    if (rc == 0 && W == 8) g_launches8.fetch_add(1, std::memory_order_relaxed);
     return rc;
   }
   const cudaError_t e =
-      cudaLaunchKernelEx(&cfg, kernel_for<BF16, D, false>(simple), p, static_cast<uint64_t*>(nullptr), win_n);
+      cudaLaunchKernelEx(&cfg, kernel_for<BF16, D, W, false>(simple), p, static_cast<uint64_t*>(nullptr), win_n);
   if (e != cudaSuccess) return static_cast<int>(e);
   g_launches.fetch_add(1, std::memory_order_relaxed);
+  if (W == 8) g_launches8.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
+}
+
+// Pieces per unit for the batch's average length when the host knows it (kv_indptr form: the rows
+// of kv_indices over the batch), else kMaxPieces.  Measured on the H200 (one request, bf16, D 128,
+// 32 q / 8 KV heads; bench-cuda --only small, call S10-12), event time at 4 / 8 / 16 pieces:
+// 1024 keys 12.7 / 11.1 / 11.7 us, 2048: 18.2 / 13.4 / 13.7, 4096: 28.4 / 18.4 / 16.8,
+// 8192: 48.4 / 28.6 / 23.1 — about 256 keys per piece, and never fewer than 8 pieces.
+int pieces_for_length(const AttnParams& p) {
+  if (!p.paged_form || p.kv_entries <= 0 || p.batch <= 0) return kMaxPieces;
+  const int64_t avg = p.kv_entries * p.page_size / p.batch;
+  return static_cast<int>(std::clamp<int64_t>((avg + 255) / 256, 8, kMaxPieces));
+}
+
+// Pieces per unit (see cluster_decode_pieces); the launch then runs 8 warps when P-piece clusters
+// of the 8-warp kernel hold the call (fits<.., 8>), else 4.
+template <bool BF16, int D>
+int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
+  int p4 = pieces_for<BF16, D, 4>(p, num_sms);
+  if (!force && p4 < std::min(kClusterMinAutoPieces, cmax_now())) return 0;  // routing decided on 4 warps
+  if (p4 == 0) return 0;
+  const int len = pieces_for_length(p);
+  p4 = std::min(p4, len);
+  if (warps_mode_now() == 4) return p4;
+  // 8 warps at <= 8 pieces wherever they fit: a piece's tiles are twice as wide, so each warp
+  // walks half as many, and clusters of <= 8 combine cheaper than 16.  Measured (H200,
+  // bench-cuda --only small, calls S11-2 / S11-3; 4 warps -> 8 warps, pieces by this rule):
+  // 1 x 1024 11.0-11.4 -> 10.8-11.0 us, 1 x 2048 13.5-13.8 -> 12.1-12.5, 1 x 8192 21.6-22.1 ->
+  // 19.4-20.0, 2 x 1024 12.7-13.0 -> 12.3-12.8, 4 x 1024 (8 pieces -> 3) 15.7-16.1 -> 14.4-14.6,
+  // 8 x 1024 (4 -> 2) 23.2-23.4 -> 23.4-23.7; at 8 warps, 8 pieces beat the 9-16 that fit one
+  // request of 4096 / 8192 keys (14.7 vs 15.2, 19.1 vs 19.4 us).
+  const int p8 = std::min({pieces_for<BF16, D, 8>(p, num_sms), len, 8});
+  return p8 > 0 ? p8 : p4;
+}
+
+template <bool BF16, int D>
+int launch(const AttnParams& p, int P) {
+  const bool eight = warps_mode_now() != 4 && fits<BF16, D, 8>(p, P);
+  return eight ? launch_w<BF16, D, 8>(p, P) : launch_w<BF16, D, 4>(p, P);
 }
 
 }  // namespace
@@ -875,17 +946,6 @@ int device_cc_major() {
   return v;
 }
 
-// Pieces per unit for the batch's average length when the host knows it (kv_indptr form: the rows
-// of kv_indices over the batch), else kMaxPieces.  Measured on the H200 (one request, bf16, D 128,
-// 32 q / 8 KV heads; bench-cuda --only small, call S10-12), event time at 4 / 8 / 16 pieces:
-// 1024 keys 12.7 / 11.1 / 11.7 us, 2048: 18.2 / 13.4 / 13.7, 4096: 28.4 / 18.4 / 16.8,
-// 8192: 48.4 / 28.6 / 23.1 — about 256 keys per piece, and never fewer than 8 pieces.
-static int pieces_for_length(const AttnParams& p) {
-  if (!p.paged_form || p.kv_entries <= 0 || p.batch <= 0) return kMaxPieces;
-  const int64_t avg = p.kv_entries * p.page_size / p.batch;
-  return static_cast<int>(std::clamp<int64_t>((avg + 255) / 256, 8, kMaxPieces));
-}
-
 int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (kernel_now() != 0) return 0;
   if (p.head_dim != 64 && p.head_dim != 128) return 0;
@@ -895,11 +955,8 @@ int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (p.batch <= 0 || int64_t(p.batch) * p.hkv > 65535) return 0;
   if (device_cc_major() < 9) return 0;
   const bool bf = p.kv_t == Elt::bf16;
-  int P = 0;
-  if (p.head_dim == 64) P = bf ? pieces_for<true, 64>(p, num_sms) : pieces_for<false, 64>(p, num_sms);
-  else P = bf ? pieces_for<true, 128>(p, num_sms) : pieces_for<false, 128>(p, num_sms);
-  if (!force && P < std::min(kClusterMinAutoPieces, cmax_now())) return 0;
-  return std::min(P, pieces_for_length(p));
+  if (p.head_dim == 64) return bf ? pieces_and_warps<true, 64>(p, num_sms, force) : pieces_and_warps<false, 64>(p, num_sms, force);
+  return bf ? pieces_and_warps<true, 128>(p, num_sms, force) : pieces_and_warps<false, 128>(p, num_sms, force);
 }
 
 int launch_cluster_decode(const AttnParams& p, int pieces) {
@@ -908,6 +965,8 @@ int launch_cluster_decode(const AttnParams& p, int pieces) {
   return bf ? launch<true, 128>(p, pieces) : launch<false, 128>(p, pieces);
 }
 
+void set_small_warps(int w) { g_warps.store(w == 4 ? 4 : 0, std::memory_order_relaxed); }
+int small_warps() { return warps_mode_now(); }
 void set_small_page_window(bool on) { g_window.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool small_page_window() { return window_now(); }
 void set_small_kernel(SmallKernel k) { g_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
@@ -915,6 +974,7 @@ SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
 void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }
 int small_cluster_max() { return cmax_now(); }
 int64_t cluster_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
+int64_t cluster_decode_launches_8warps() { return g_launches8.load(std::memory_order_relaxed); }
 void small_timeline_after(int launches) {
   g_tl_call.store(g_launches.load(std::memory_order_relaxed) + std::max(launches, 1), std::memory_order_relaxed);
 }
@@ -931,7 +991,7 @@ double measure_empty_launch_us(int ctas, int cluster) {
       [](void* c, int) {
         auto* x = static_cast<Ctx*>(c);
         if (x->cluster <= 1) {
-          empty_kernel<<<x->ctas, kThreads>>>();
+          empty_kernel<<<x->ctas, kFloorThreads>>>();
           return;
         }
         cudaLaunchAttribute at;

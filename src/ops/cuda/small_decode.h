@@ -29,6 +29,12 @@ int device_cc_major();
 // page ids cost no second dependent global round trip.  Setter for same-process A/Bs.
 void set_small_page_window(bool on);
 bool small_page_window();
+// Warps per CTA: 0 automatic (8, with at most 8 pieces per unit, wherever one 8-warp CTA per SM
+// holds every unit's cluster at once; else 4), 4 always (KVATTN_SMALL_WARPS=4).
+void set_small_warps(int warps);
+int small_warps();
+// Cluster-kernel launches that ran 8 warps per CTA (of cluster_decode_launches(), kernels.h).
+int64_t cluster_decode_launches_8warps();
 
 // Measurement only (bench-cuda --only small, docs/cuda-notes.md): the cluster kernel's launch
 // `launches` from now records a stage timeline (printed to stderr).
