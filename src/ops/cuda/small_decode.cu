@@ -7,8 +7,12 @@
 // merge through global memory (partial stores, __threadfence, an arrival counter, a second load
 // round trip).  Here:
 //   * grid (pieces P, batch * hkv): CTA (piece, unit) knows its request and KV head from its
-//     index — no plan; every thread loads its request's five index words itself (one round trip);
-//   * the P pieces of a unit are one thread-block cluster: each CTA combines its four warps into
+//     index — no plan; every thread loads its request's five index words itself, while the CTA
+//     copies the first 2 KB of the page index into shared memory (the page-id window), so the
+//     page ids cost no second dependent round trip (one round trip before the K/V loads);
+//   * W = 4 or 8 warps per CTA: 8 (at most 8 pieces) wherever one 8-warp CTA per SM holds every
+//     unit's cluster, so each warp walks half as many tiles; else 4 (two CTAs per SM);
+//   * the P pieces of a unit are one thread-block cluster: each CTA combines its W warps into
 //     one partial (m, l, O) in its own shared memory, one cluster barrier, then every CTA combines
 //     a slice of the unit's outputs by reading the P partials over distributed shared memory
 //     (ld.shared::cluster) and stores them — no global workspace, no counters, nothing to reset
@@ -22,8 +26,8 @@
 //     only on slices that cross a bound, no O rescale on a warp's first tile, only valid rows
 //     written and loaded, (m, l) in the partial row's padding (one DSMEM load with O), and the
 //     SIMPLE instantiation without the per-key page walk and tanh (half the SASS fetched).
-// Chain per piece: launch -> index words -> (page ids || Q) -> K/V -> mma / softmax -> one
-// shared-memory pass -> cluster barrier -> DSMEM loads -> store -> cluster barrier (exit).
+// Chain per piece: launch -> (index words || page-id window) -> Q, K/V issued -> mma / softmax ->
+// one shared-memory pass -> cluster barrier -> DSMEM loads -> store -> cluster barrier (exit).
 //
 // Covers: bf16 / f16 caches with a query of the same type in 16-byte rows, head dims 64 and 128,
 // any page size and layout (strides), both page-table forms, causal or not, multi-token rows
@@ -483,7 +487,7 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
     __syncthreads();  // every warp is done with the pipeline: the partials alias it
     tl_stamp<TL>(tl, kTlLoop);
 
-    // ---- this CTA's partial: the four warps combined, unnormalised, base-2 max ----
+    // ---- this CTA's partial: the W warps combined, unnormalised, base-2 max ----
     float* sO = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kPitch]; warp 0's slot ends as the CTA's
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -910,11 +914,11 @@ int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   if (warps_mode_now() == 4) return p4;
   // 8 warps at <= 8 pieces wherever they fit: a piece's tiles are twice as wide, so each warp
   // walks half as many, and clusters of <= 8 combine cheaper than 16.  Measured (H200,
-  // bench-cuda --only small, calls S11-2 / S11-3; 4 warps -> 8 warps, pieces by this rule):
-  // 1 x 1024 11.0-11.4 -> 10.8-11.0 us, 1 x 2048 13.5-13.8 -> 12.1-12.5, 1 x 8192 21.6-22.1 ->
-  // 19.4-20.0, 2 x 1024 12.7-13.0 -> 12.3-12.8, 4 x 1024 (8 pieces -> 3) 15.7-16.1 -> 14.4-14.6,
-  // 8 x 1024 (4 -> 2) 23.2-23.4 -> 23.4-23.7; at 8 warps, 8 pieces beat the 9-16 that fit one
-  // request of 4096 / 8192 keys (14.7 vs 15.2, 19.1 vs 19.4 us).
+  // bench-cuda --only small, call S11-4, 4 warps -> this rule, alternated twice): 1 x 1024
+  // 11.2-11.3 -> 10.9-11.0 us, 1 x 2048 13.7-14.6 -> 12.2-12.4, 1 x 4096 16.7 -> 14.7-14.9,
+  // 1 x 8192 22.1-22.2 -> 19.2-19.3, 2 x 1024 12.8-12.9 -> 12.5, 4 x 1024 (8 pieces -> 3)
+  // 15.8-16.0 -> 14.7-14.9, 8 x 1024 (4 -> 2) 23.7 -> 23.6-23.7; at 8 warps, 8 pieces beat the
+  // 9-16 that fit one request of 4096 / 8192 keys (S11-3: 14.7 vs 15.2, 19.1 vs 19.4 us).
   const int p8 = std::min({pieces_for<BF16, D, 8>(p, num_sms), len, 8});
   return p8 > 0 ? p8 : p4;
 }
