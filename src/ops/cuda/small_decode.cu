@@ -108,6 +108,12 @@ __device__ __forceinline__ uint32_t cluster_rank() {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
+// The exit barrier: it only keeps each CTA's shared memory alive until the peers' DSMEM loads of
+// it are done, and every such load's value is consumed (shuffled, stored) before the arrive, so the
+// arrive needs no release — which compiled to MEMBAR.ALL.GPU + ERRBAR behind the output stores.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ uint32_t map_rank(uint32_t addr, uint32_t rank) {
   uint32_t r;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
@@ -335,36 +341,50 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
       }
     };
 
-    // ---- page ids of the first kStages + 1 tiles, then Q, while those loads are in flight ----
+    // ---- page ids of the first kStages + 1 tiles, their K/V issued, then Q ----
     int64_t pgs[kStages];
 #pragma unroll
     for (int t = 0; t < kStages; ++t) pgs[t] = load_page(t);
     int64_t pg_pref = load_page(kStages);
     tl_stamp_after<TL>(tl, kTlPages, static_cast<uint32_t>(pgs[0]));
 
+    // the first tile's K/V, then Q, then the other stages: Q is not needed before the first tile
+    // lands (ncu S11-5: its ~130 instructions per warp delayed every K/V request when they came
+    // first), and behind all kStages tiles its loads would queue after 3x as many requests
+    if (n_tiles > 0) issue(0, pgs[0]);
+    cp_async_commit();
+    asm volatile("" ::: "memory");  // the Q loads stay below the first issue
+
     int rvalid[2], rqpos[2];
     uint32_t qf[kKSteps][4];
+    const bool upper = row0 + 8 < rows_r;  // rows g + 8 exist (warp-uniform)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rr = row0 + g + 8 * h;
       rvalid[h] = rr < rows_r;
+      rqpos[h] = kv_len - q_len + (rvalid[h] ? gdiv(rr) : 0);
+    }
+    auto load_q_rows = [&](int h) {  // a0 / a2 (h 0, row g): dims 16s + 2t4 (+8); a1 / a3 (h 1): row g + 8
+      const int rr = row0 + g + 8 * h;
       const int tq = rvalid[h] ? gdiv(rr) : 0;
-      rqpos[h] = kv_len - q_len + tq;
       const int head = hk * p.group + (rvalid[h] ? gmod(rr) : 0);
       const uint16_t* qrow = static_cast<const uint16_t*>(p.q) + int64_t(q_start + tq) * p.q_st + int64_t(head) * p.q_sh;
-      // rows g + 8 exist only when the tile has more than 8 rows (warp-uniform: no loads issued
-      // for a 1-token GQA-4 tile's upper half)
-      const bool any = h == 0 || row0 + 8 < rows_r;
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) {
-        // a0 / a2 (row g): dims 16s + 2t4 (+8); a1 / a3: the same for row g + 8
-        qf[s][h] = any && rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
-        qf[s][h + 2] = any && rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
+        qf[s][h] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
+        qf[s][h + 2] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
       }
-    }
-
+    };
+    load_q_rows(0);
+    if (upper) {
+      load_q_rows(1);
+    } else {  // a 1-token tile of <= 8 heads: no loads for the upper half
 #pragma unroll
-    for (int t = 0; t < kStages; ++t) {
+      for (int s = 0; s < kKSteps; ++s) qf[s][1] = qf[s][3] = 0u;
+    }
+    asm volatile("" ::: "memory");  // ... and above the other stages' issue
+#pragma unroll
+    for (int t = 1; t < kStages; ++t) {
       if (t < n_tiles) issue(t, pgs[t]);
       cp_async_commit();
     }
@@ -605,7 +625,7 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
     }
     tl_stamp<TL>(tl, kTlStored);
     // no CTA may leave (or overwrite its partial in the next row tile) while another reads it
-    cluster_sync();
+    cluster_sync_relaxed();
     tl_stamp<TL>(tl, kTlExit);
     if constexpr (TL) {
       if (tid == 0) tl_row(tl)[kTlClk1] = clock64();
