@@ -444,6 +444,20 @@ int run(const Opts& o) {
         }
       k::set_small_warps(w0);
     }
+    // the 8-warp route (calls below 4 pieces per unit on 4 warps, whose 8-warp clusters fill
+    // >= 3/4 of the SMs) off and on, alternated twice; off runs them on the v8 kernel
+    {
+      const bool r0 = k::small_route8();
+      for (int round = 0; round < 2; ++round)
+        for (const bool r8 : {false, true}) {
+          k::set_small_route8(r8);
+          for (const auto& [b, l] : {std::pair{8, 1024}, std::pair{12, 1024}, std::pair{16, 1024}, std::pair{8, 2048},
+                                     std::pair{8, 4096}, std::pair{12, 4096}, std::pair{16, 4096}})
+            print_row(bench_decode(fmt::format("decode bf16 {}x{} [route8 {}]", b, l, r8 ? "on" : "off"), pool,
+                                   uni(b, l), DType::bf16, "", o.quick));
+        }
+      k::set_small_route8(r0);
+    }
     print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
     print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
     k::small_timeline_after(20);

@@ -85,6 +85,9 @@ bool small_page_window() noexcept;
 void set_small_warps(int warps);
 int small_warps() noexcept;
 int64_t small_cluster_launches_8warps() noexcept;  // of small_cluster_launches()
+// Automatic routing of calls only the 8-warp cluster kernel covers well (small_decode.h; default
+// on, KVATTN_SMALL_ROUTE8=0 off).
+void set_small_route8(bool on);
 // Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
 // set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
 // KVATTN_DECODE_SPLIT_RULE=waves|v6) and a forced split count per request

@@ -59,6 +59,7 @@ bool small_page_window() noexcept { return false; }
 void set_small_warps(int) {}
 int small_warps() noexcept { return 0; }
 int64_t small_cluster_launches_8warps() noexcept { return 0; }
+void set_small_route8(bool) {}
 void set_decode_options(int) {}
 int decode_options() noexcept { return 0; }
 int64_t fp8_fast_launches() noexcept { return 0; }

@@ -29,6 +29,7 @@ class CudaClusterDecode : public ::testing::Test {
     cuda_impl::set_small_cluster_max(16);
     cuda_impl::set_small_page_window(true);
     cuda_impl::set_small_warps(0);
+    cuda_impl::set_small_route8(true);
   }
   void TearDown() override {
     if (!kvattn::cuda::available()) return;
@@ -217,25 +218,38 @@ TEST_F(CudaClusterDecode, PageWindowEdges) {
   cuda_impl::set_small_page_window(true);
 }
 
-// Automatic routing: 1 request (8 units at 32 / 8 heads: 16 pieces per unit on the H200) takes
-// the cluster kernel; 16 requests (128 units: 2 pieces per unit with 2 CTAs on each of 132 SMs)
-// stay on v8 (fewer than kClusterMinAutoPieces = 4 pieces per unit: the cluster kernel lost on
-// 16 x 4096); both are small-path calls.
+// Automatic routing: 1 request (8 units at 32 / 8 heads) takes the cluster kernel; 16 requests
+// (128 units: 2 pieces per unit with 2 four-warp CTAs on each of 132 SMs) stay on v8 under the
+// 4-warp rule alone (fewer than kClusterMinAutoPieces = 4 pieces per unit: the cluster kernel lost
+// on 16 x 4096 at 2 pieces); with the 8-warp route (default) they may move to the cluster kernel
+// (one 8-warp CTA per unit where 128 of them fit at once), never the other way; all are
+// small-path calls with outputs checked.
 TEST_F(CudaClusterDecode, AutomaticRoutingByPieces) {
   cuda_impl::set_small_decode_mode(0);
-  for (int B : {1, 16}) {
-    AttnCase c;
-    c.name = "auto cluster routing batch " + std::to_string(B);
-    for (int r = 0; r < B; ++r) {
-      c.q_lens.push_back(1);
-      c.kv_lens.push_back(1 + 37 * r);
+  for (bool route8 : {false, true}) {
+    cuda_impl::set_small_route8(route8);
+    for (int B : {1, 8, 16}) {
+      AttnCase c;
+      c.name = "auto cluster routing batch " + std::to_string(B) + (route8 ? " (8-warp route)" : "");
+      for (int r = 0; r < B; ++r) {
+        c.q_lens.push_back(1);
+        c.kv_lens.push_back(B == 8 ? 1024 : 1 + 37 * r);
+      }
+      const int64_t small0 = cuda_impl::small_decode_launches();
+      const int64_t cl0 = cuda_impl::small_cluster_launches();
+      run_attn_case(c, 2250 + static_cast<uint32_t>(B));
+      EXPECT_EQ(cuda_impl::small_decode_launches() - small0, 1) << c.name << ": small path";
+      const int64_t cl = cuda_impl::small_cluster_launches() - cl0;
+      if (B == 1) {
+        EXPECT_EQ(cl, 1) << c.name;
+      }
+      if (B == 16 && !route8) {
+        EXPECT_EQ(cl, 0) << c.name;
+      }
+      std::printf("[ %s: %s kernel ]\n", c.name.c_str(), cl == 1 ? "cluster" : "v8");
     }
-    const int64_t small0 = cuda_impl::small_decode_launches();
-    const int64_t cl0 = cuda_impl::small_cluster_launches();
-    run_attn_case(c, 2250 + static_cast<uint32_t>(B));
-    EXPECT_EQ(cuda_impl::small_decode_launches() - small0, 1) << "small path";
-    EXPECT_EQ(cuda_impl::small_cluster_launches() - cl0, B == 1 ? 1 : 0) << "cluster kernel";
   }
+  cuda_impl::set_small_route8(true);
 }
 
 // Warps per CTA: one request of 1024 keys (8 units of <= 8 pieces: one 8-warp CTA per SM holds

@@ -454,6 +454,7 @@ bool small_page_window() noexcept { return k::small_page_window(); }
 void set_small_warps(int warps) { k::set_small_warps(warps); }
 int small_warps() noexcept { return k::small_warps(); }
 int64_t small_cluster_launches_8warps() noexcept { return k::cluster_decode_launches_8warps(); }
+void set_small_route8(bool on) { k::set_small_route8(on); }
 void set_decode_options(int opts) { k::set_decode_options(opts); }
 int decode_options() noexcept { return k::decode_options(); }
 int64_t fp8_fast_launches() noexcept { return k::fp8_fast_launches(); }

@@ -865,6 +865,19 @@ int warps_mode_now() {
   return v;
 }
 
+// Automatic routing may also take calls only the 8-warp kernel covers well (KVATTN_SMALL_ROUTE8=0:
+// off; set_small_route8).
+std::atomic<int> g_route8{-1};
+bool route8_now() {
+  int v = g_route8.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("KVATTN_SMALL_ROUTE8");
+    v = (e != nullptr && std::strcmp(e, "0") == 0) ? 0 : 1;
+    g_route8.store(v, std::memory_order_relaxed);
+  }
+  return v != 0;
+}
+
 // Whether P-piece clusters of the W-warp kernel hold every unit of the call at once.
 template <bool BF16, int D, int W>
 bool fits(const AttnParams& p, int P) {
@@ -927,11 +940,20 @@ int pieces_for_length(const AttnParams& p) {
 template <bool BF16, int D>
 int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   int p4 = pieces_for<BF16, D, 4>(p, num_sms);
-  if (!force && p4 < std::min(kClusterMinAutoPieces, cmax_now())) return 0;  // routing decided on 4 warps
-  if (p4 == 0) return 0;
   const int len = pieces_for_length(p);
+  const bool four = warps_mode_now() == 4;
+  const int p8 = four ? 0 : std::min({pieces_for<BF16, D, 8>(p, num_sms), len, 8});
+  if (!force) {
+    // automatic routing: 4 warps with >= kClusterMinAutoPieces pieces per unit (16 x 4096 at 2
+    // pieces on 4 warps ran 2.5 % slower than the v8 kernel, S4), or 8 warps whose clusters fill
+    // at least 3/4 of the SMs (KVATTN_SMALL_ROUTE8=0 / set_small_route8(false): the first rule only)
+    const bool ok4 = p4 >= std::min(kClusterMinAutoPieces, cmax_now());
+    const bool ok8 = route8_now() && p8 > 0 && int64_t(p.batch) * p.hkv * p8 * 4 >= int64_t(3) * num_sms;
+    if (!ok4 && !ok8) return 0;
+  }
+  if (p4 == 0 && p8 == 0) return 0;
   p4 = std::min(p4, len);
-  if (warps_mode_now() == 4) return p4;
+  if (four) return p4;
   // 8 warps at <= 8 pieces wherever they fit: a piece's tiles are twice as wide, so each warp
   // walks half as many, and clusters of <= 8 combine cheaper than 16.  Measured (H200,
   // bench-cuda --only small, call S11-4, 4 warps -> this rule, alternated twice): 1 x 1024
@@ -939,7 +961,6 @@ int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   // 1 x 8192 22.1-22.2 -> 19.2-19.3, 2 x 1024 12.8-12.9 -> 12.5, 4 x 1024 (8 pieces -> 3)
   // 15.8-16.0 -> 14.7-14.9, 8 x 1024 (4 -> 2) 23.7 -> 23.6-23.7; at 8 warps, 8 pieces beat the
   // 9-16 that fit one request of 4096 / 8192 keys (S11-3: 14.7 vs 15.2, 19.1 vs 19.4 us).
-  const int p8 = std::min({pieces_for<BF16, D, 8>(p, num_sms), len, 8});
   return p8 > 0 ? p8 : p4;
 }
 
@@ -989,6 +1010,8 @@ int launch_cluster_decode(const AttnParams& p, int pieces) {
   return bf ? launch<true, 128>(p, pieces) : launch<false, 128>(p, pieces);
 }
 
+void set_small_route8(bool on) { g_route8.store(on ? 1 : 0, std::memory_order_relaxed); }
+bool small_route8() { return route8_now(); }
 void set_small_warps(int w) { g_warps.store(w == 4 ? 4 : 0, std::memory_order_relaxed); }
 int small_warps() { return warps_mode_now(); }
 void set_small_page_window(bool on) { g_window.store(on ? 1 : 0, std::memory_order_relaxed); }

@@ -33,6 +33,10 @@ bool small_page_window();
 // holds every unit's cluster at once; else 4), 4 always (KVATTN_SMALL_WARPS=4).
 void set_small_warps(int warps);
 int small_warps();
+// Automatic routing also takes calls whose 8-warp clusters fill >= 3/4 of the SMs, even below
+// kClusterMinAutoPieces pieces on 4 warps (default on; KVATTN_SMALL_ROUTE8=0 off).
+void set_small_route8(bool on);
+bool small_route8();
 // Cluster-kernel launches that ran 8 warps per CTA (of cluster_decode_launches(), kernels.h).
 int64_t cluster_decode_launches_8warps();
 
