@@ -26,8 +26,9 @@
 //     only on slices that cross a bound, no O rescale on a warp's first tile, only valid rows
 //     written and loaded, (m, l) in the partial row's padding (one DSMEM load with O), and the
 //     SIMPLE instantiation without the per-key page walk and tanh (half the SASS fetched).
-// Chain per piece: launch -> (index words || page-id window) -> Q, K/V issued -> mma / softmax ->
-// one shared-memory pass -> cluster barrier -> DSMEM loads -> store -> cluster barrier (exit).
+// Chain per piece: launch -> (index words || page-id window) -> tile 0's K/V, Q, the other stages
+// issued -> mma / softmax -> one shared-memory pass -> cluster barrier -> DSMEM loads -> store ->
+// cluster barrier (exit, relaxed arrive).
 //
 // Covers: bf16 / f16 caches with a query of the same type in 16-byte rows, head dims 64 and 128,
 // any page size and layout (strides), both page-table forms, causal or not, multi-token rows

@@ -10,12 +10,13 @@ namespace kvattn::ops::cuda_impl::k {
 // device — the thread-block cluster size, 1..16 — or 0 when it does not take the call (device
 // before sm_90, head dim other than 64/128, fp8 or float32 caches, a query whose type is not the
 // cache's or whose rows are not 16-byte vectors, PrefixLM / XQA masks, knob off).  `num_sms` is
-// the device's multiprocessor count.  Automatic routing (`force` false) also leaves calls with
-// fewer than kClusterMinAutoPieces pieces per unit to attn_kernel<..., SMALL>: measured on the
-// H200, 16 x 4096 (2 pieces per unit) ran 2.5 % slower on the cluster kernel, 8 x 1024 (4 pieces)
-// 6 % faster; `force` (KVATTN_SMALL_DECODE=force, tests) takes every call it covers.  Of the
-// pieces that fit, a kv_indptr-form call uses about one per 256 keys of its average request
-// length, at least 8 (measured: 1 x 1024 runs 11.1 us at 8 pieces, 11.7 at 16).
+// the device's multiprocessor count.  Automatic routing (`force` false) takes a call when the
+// 4-warp kernel fits at least kClusterMinAutoPieces pieces per unit (16 x 4096 at 2 pieces on 4
+// warps ran 2.5 % slower than attn_kernel<..., SMALL>), or when the 8-warp kernel's clusters fill
+// at least 3/4 of the SMs (8 x 1024 17.4 vs 23.7 us, 16 x 4096 73.0-73.3 vs 76.8-76.9); the rest
+// stays on attn_kernel<..., SMALL>.  `force` (KVATTN_SMALL_DECODE=force, tests) takes every call
+// it covers.  Of the pieces that fit, a kv_indptr-form call uses about one per 256 keys of its
+// average request length, at least 8; 8-warp CTAs use at most 8 pieces (pieces_and_warps).
 constexpr int kClusterMinAutoPieces = 4;
 int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force);
 // One launch: grid (pieces, batch * hkv) in clusters of `pieces` CTAs; no workspace.
