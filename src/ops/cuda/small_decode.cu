@@ -659,26 +659,26 @@ std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
 std::atomic<int64_t> g_launches{0};
 std::atomic<int64_t> g_launches8{0};  // of which with 8 warps per CTA
 
-int kernel_now() {
-  int m = g_kernel.load(std::memory_order_relaxed);
-  if (m >= 0) return m;
-  m = 0;
-  if (const char* e = std::getenv("KVATTN_SMALL_KERNEL")) {
-    if (!std::strcmp(e, "v8")) m = 1;
+// A host knob: read from the environment variable `env` once (parse gets its value or nullptr),
+// cached in `cache` (-1 = not read yet), where the set_*() functions store overrides.
+int knob(std::atomic<int>& cache, const char* env, int (*parse)(const char*)) {
+  int v = cache.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = parse(std::getenv(env));
+    cache.store(v, std::memory_order_relaxed);
   }
-  g_kernel.store(m, std::memory_order_relaxed);
-  return m;
+  return v;
+}
+bool is_zero(const char* e) { return e != nullptr && std::strcmp(e, "0") == 0; }
+
+int kernel_now() {
+  return knob(g_kernel, "KVATTN_SMALL_KERNEL", [](const char* e) { return e != nullptr && !std::strcmp(e, "v8") ? 1 : 0; });
 }
 int cmax_now() {
-  int m = g_cmax.load(std::memory_order_relaxed);
-  if (m >= 1) return m;
-  m = kMaxPieces;
-  if (const char* e = std::getenv("KVATTN_SMALL_CLUSTER_MAX")) {
-    const int x = std::atoi(e);
-    if (x >= 1) m = std::min(x, kMaxPieces);
-  }
-  g_cmax.store(m, std::memory_order_relaxed);
-  return m;
+  return knob(g_cmax, "KVATTN_SMALL_CLUSTER_MAX", [](const char* e) {
+    const int x = e != nullptr ? std::atoi(e) : 0;
+    return x >= 1 ? std::min(x, kMaxPieces) : kMaxPieces;
+  });
 }
 
 template <bool BF16, int D, int W>
@@ -839,12 +839,7 @@ int64_t timeline_call_now() {
 // the index words, as all of them are with the knob off: KVATTN_SMALL_PAGE_WINDOW=0).
 std::atomic<int> g_window{-1};  // -1 = not read from the environment yet
 bool window_now() {
-  int v = g_window.load(std::memory_order_relaxed);
-  if (v >= 0) return v != 0;
-  const char* e = std::getenv("KVATTN_SMALL_PAGE_WINDOW");
-  v = (e != nullptr && std::strcmp(e, "0") == 0) ? 0 : 1;
-  g_window.store(v, std::memory_order_relaxed);
-  return v != 0;
+  return knob(g_window, "KVATTN_SMALL_PAGE_WINDOW", [](const char* e) { return is_zero(e) ? 0 : 1; }) != 0;
 }
 int page_window(const AttnParams& p) {
   if (!window_now()) return 0;
@@ -856,27 +851,14 @@ int page_window(const AttnParams& p) {
 // 8-warp CTA per SM holds every unit's cluster at once (see pieces_and_warps), else 4; 4 = always 4.
 std::atomic<int> g_warps{-1};
 int warps_mode_now() {
-  int v = g_warps.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  v = 0;
-  if (const char* e = std::getenv("KVATTN_SMALL_WARPS")) {
-    if (!std::strcmp(e, "4")) v = 4;
-  }
-  g_warps.store(v, std::memory_order_relaxed);
-  return v;
+  return knob(g_warps, "KVATTN_SMALL_WARPS", [](const char* e) { return e != nullptr && !std::strcmp(e, "4") ? 4 : 0; });
 }
 
 // Automatic routing may also take calls only the 8-warp kernel covers well (KVATTN_SMALL_ROUTE8=0:
 // off; set_small_route8).
 std::atomic<int> g_route8{-1};
 bool route8_now() {
-  int v = g_route8.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("KVATTN_SMALL_ROUTE8");
-    v = (e != nullptr && std::strcmp(e, "0") == 0) ? 0 : 1;
-    g_route8.store(v, std::memory_order_relaxed);
-  }
-  return v != 0;
+  return knob(g_route8, "KVATTN_SMALL_ROUTE8", [](const char* e) { return is_zero(e) ? 0 : 1; }) != 0;
 }
 
 // Whether P-piece clusters of the W-warp kernel hold every unit of the call at once.
