@@ -928,7 +928,7 @@ int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   const int p8 = four ? 0 : std::min({pieces_for<BF16, D, 8>(p, num_sms), len, 8});
   if (!force) {
     // automatic routing: 4 warps with >= kClusterMinAutoPieces pieces per unit (16 x 4096 at 2
-    // pieces on 4 warps ran 2.5 % slower than the v8 kernel, S4), or 8 warps whose clusters fill
+    // pieces on 4 warps ran 2.5 % slower than the v8 kernel), or 8 warps whose clusters fill
     // at least 3/4 of the SMs (KVATTN_SMALL_ROUTE8=0 / set_small_route8(false): the first rule only)
     const bool ok4 = p4 >= std::min(kClusterMinAutoPieces, cmax_now());
     const bool ok8 = route8_now() && p8 > 0 && int64_t(p.batch) * p.hkv * p8 * 4 >= int64_t(3) * num_sms;
@@ -942,7 +942,7 @@ int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   // bench-cuda --only small, call S11-4, 4 warps -> this rule, alternated twice): 1 x 1024
   // 11.2-11.3 -> 10.9-11.0 us, 1 x 2048 13.7-14.6 -> 12.2-12.4, 1 x 4096 16.7 -> 14.7-14.9,
   // 1 x 8192 22.1-22.2 -> 19.2-19.3, 2 x 1024 12.8-12.9 -> 12.5, 4 x 1024 (8 pieces -> 3)
-  // 15.8-16.0 -> 14.7-14.9, 8 x 1024 (4 -> 2) 23.7 -> 23.6-23.7; at 8 warps, 8 pieces beat the
+  // 15.8-16.0 -> 14.7-14.9 (8 x 1024 ran the v8 kernel in both: the routing below); 8 pieces beat the
   // 9-16 that fit one request of 4096 / 8192 keys (S11-3: 14.7 vs 15.2, 19.1 vs 19.4 us).
   return p8 > 0 ? p8 : p4;
 }
