@@ -421,9 +421,10 @@ int run(const Opts& o) {
   auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };  // b requests of l keys
   if (o.only == "small") {
     // the small-call path's measurement set (not part of the default run): what a launch and its
-    // drain add to a spinning grid, the cluster kernel on 1 x 1024 (three rows), 1 x 8192 and
-    // 8 x 1024, one stage timeline of a 1 x 1024 call (stderr), then one request of 1024 to 8192
-    // keys at a bound of 4, 8 and 16 pieces per unit
+    // drain add to a spinning grid, the cluster kernel on 1 x 1024 (three rows), 4 warps against
+    // the automatic warp choice and the 8-warp route off against on (A/Bs, two rounds each),
+    // 1 x 8192 and 8 x 1024, one stage timeline of a 1 x 1024 call (stderr), then one request of
+    // 1024 to 8192 keys at a bound of 4, 8 and 16 pieces per unit
     for (const auto& [ctas, cl, sm] : {std::tuple{128, 1, 0}, std::tuple{128, 16, 98304}, std::tuple{128, 8, 98304}})
       print_row(Row{fmt::format("launch + drain: {} CTAs, cluster {}, smem {} (8 us spin)", ctas, cl, sm),
                     k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});

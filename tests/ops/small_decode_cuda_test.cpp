@@ -38,6 +38,7 @@ class CudaClusterDecode : public ::testing::Test {
     cuda_impl::set_small_cluster_max(16);
     cuda_impl::set_small_page_window(true);
     cuda_impl::set_small_warps(0);
+    cuda_impl::set_small_route8(true);
   }
   // The case on the cluster kernel with 4 warps per CTA and with the automatic choice (8 warps
   // wherever their clusters hold the call in one wave, else 4), then on the v8 kernel.
