@@ -430,35 +430,27 @@ int run(const Opts& o) {
                     k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
     for (int round = 0; round < 3; ++round)
       print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
-    // warps per CTA of the cluster kernel: 4, then automatic (8 where they fit), alternated twice
-    // in one process
-    {
-      const int w0 = k::small_warps();
+    // A/B of one host knob in this process: every arm (knob value, row tag) on every shape
+    // (requests x keys), alternated over two rounds, then the knob put back
+    using Arms = std::initializer_list<std::pair<int, const char*>>;
+    using Shapes = std::initializer_list<std::pair<int, int>>;
+    auto knob_ab = [&](void (*set)(int), int restore, Arms arms, Shapes shapes) {
       for (int round = 0; round < 2; ++round)
-        for (const int w : {4, 0}) {
-          k::set_small_warps(w);
-          const std::string tag = fmt::format(" [warps {}]", w == 0 ? "auto" : std::to_string(w));
-          for (const auto& [b, l] : {std::pair{1, 1024}, std::pair{1, 2048}, std::pair{1, 4096}, std::pair{1, 8192},
-                                     std::pair{2, 1024}, std::pair{4, 1024}, std::pair{8, 1024}})
-            print_row(bench_decode(fmt::format("decode bf16 {}x{}{}", b, l, tag), pool, uni(b, l), DType::bf16, "",
+        for (const auto& [value, tag] : arms) {
+          set(value);
+          for (const auto& [b, l] : shapes)
+            print_row(bench_decode(fmt::format("decode bf16 {}x{} [{}]", b, l, tag), pool, uni(b, l), DType::bf16, "",
                                    o.quick));
         }
-      k::set_small_warps(w0);
-    }
+      set(restore);
+    };
+    // warps per CTA of the cluster kernel: 4, then automatic (8 where they fit)
+    knob_ab([](int w) { k::set_small_warps(w); }, k::small_warps(), Arms{{4, "warps 4"}, {0, "warps auto"}},
+            Shapes{{1, 1024}, {1, 2048}, {1, 4096}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 1024}});
     // the 8-warp route (calls below 4 pieces per unit on 4 warps, whose 8-warp clusters fill
-    // >= 3/4 of the SMs) off and on, alternated twice; off runs them on the v8 kernel
-    {
-      const bool r0 = k::small_route8();
-      for (int round = 0; round < 2; ++round)
-        for (const bool r8 : {false, true}) {
-          k::set_small_route8(r8);
-          for (const auto& [b, l] : {std::pair{8, 1024}, std::pair{12, 1024}, std::pair{16, 1024}, std::pair{8, 2048},
-                                     std::pair{8, 4096}, std::pair{12, 4096}, std::pair{16, 4096}})
-            print_row(bench_decode(fmt::format("decode bf16 {}x{} [route8 {}]", b, l, r8 ? "on" : "off"), pool,
-                                   uni(b, l), DType::bf16, "", o.quick));
-        }
-      k::set_small_route8(r0);
-    }
+    // >= 3/4 of the SMs) off and on; off runs them on the v8 kernel
+    knob_ab([](int r) { k::set_small_route8(r != 0); }, k::small_route8() ? 1 : 0, Arms{{0, "route8 off"}, {1, "route8 on"}},
+            Shapes{{8, 1024}, {12, 1024}, {16, 1024}, {8, 2048}, {8, 4096}, {12, 4096}, {16, 4096}});
     print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
     print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
     k::small_timeline_after(20);
