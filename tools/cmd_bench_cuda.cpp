@@ -297,10 +297,12 @@ Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool qui
 // A lower bound of the read ceiling of decode's access pattern: the K / V rows of B uniform
 // requests of L keys on the pages bench_decode gives its first set (same permutation), loaded
 // and discarded in the decode's unit order (k::measure_kv_gather_tbps).
-Row bench_gather(const Pool& pool, int64_t B, int64_t L, bool ranges = false) {
+// mode 1: balanced ranges of tiles; 2: balanced ranges of whole pages (every KV head at once).
+Row bench_gather(const Pool& pool, int64_t B, int64_t L, int mode = 0) {
   const int64_t n = L / kPage;
   Row r;
-  r.name = fmt::format("ceiling: K/V gather {}x{}{} (decode's pages, loads only)", B, L, ranges ? ", ranges" : "");
+  r.name = fmt::format("ceiling: K/V gather {}x{}{} (decode's pages, loads only)", B, L,
+                       mode == 1 ? ", ranges" : mode == 2 ? ", pages" : "");
   r.unit = "TB/s";
   if (B * n > pool.pages - 1) {
     r.target = "(pool too small: not measured)";
@@ -315,7 +317,7 @@ Row bench_gather(const Pool& pool, int64_t B, int64_t L, bool ranges = false) {
   const int64_t es = pool.k.element_size();
   r.value = k::measure_kv_gather_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * es, pool.k.stride(1) * es,
                                       pool.k.stride(2) * es, indices.data_ptr<int32_t>(), static_cast<int>(B),
-                                      static_cast<int>(L / 64), static_cast<int>(kHkv), ranges);
+                                      static_cast<int>(L / 64), static_cast<int>(kHkv), mode);
   return r;
 }
 
@@ -385,8 +387,7 @@ int run(const Opts& o) {
     if (o.variants.empty()) {
       // bf16 uniform lengths of whole 512-key chunks: the loads-only kernel over the same pages first
       if (!o.fp8 && !o.mixed && o.kv_len % 512 == 0) {
-        print_row(bench_gather(one, o.batch, o.kv_len));
-        print_row(bench_gather(one, o.batch, o.kv_len, true));
+        for (int mode : {0, 1, 2}) print_row(bench_gather(one, o.batch, o.kv_len, mode));
       }
       print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
       return 0;
@@ -513,11 +514,9 @@ int run(const Opts& o) {
       print_row(kept);
       return kept;
     };
-    print_row(bench_gather(pool, 64, 4096));
-    print_row(bench_gather(pool, 64, 4096, true));
+    for (int mode : {0, 1, 2}) print_row(bench_gather(pool, 64, 4096, mode));
     both("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s");
-    print_row(bench_gather(pool, 128, 4096));
-    print_row(bench_gather(pool, 128, 4096, true));
+    for (int mode : {0, 1, 2}) print_row(bench_gather(pool, 128, 4096, mode));
     both("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s");
     std::mt19937 rng(99);
     std::uniform_int_distribution<int64_t> u(256, 8192);

@@ -110,6 +110,34 @@ __global__ void kv_gather_ranges_kernel(const char* k, const char* v, int64_t pa
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+// The same bytes read as whole pages: the grid resident, every CTA one contiguous range of the
+// call's (request, page) pairs, each page's K rows of every KV head (16 slots x hkv x 256 bytes,
+// contiguous in the NHD pool) and its V rows, 16 chunks of each per thread in flight.  What a
+// decode that read each page once for all its KV heads would read, balanced as the ranges above.
+__global__ void kv_gather_pages_kernel(const char* k, const char* v, int64_t page_b, const int32_t* indices,
+                                       int64_t total, int page_chunks, uint32_t* sink) {
+  const int64_t G = gridDim.x, c = blockIdx.x;
+  const int64_t x0 = c * total / G, x1 = (c + 1) * total / G;
+  uint32_t acc = 0;
+  for (int64_t x = x0; x < x1; ++x) {
+    const int64_t pg = indices[x];
+    const uint4* kp = reinterpret_cast<const uint4*>(k + pg * page_b);
+    const uint4* vp = reinterpret_cast<const uint4*>(v + pg * page_b);
+    for (int i0 = threadIdx.x; i0 < page_chunks; i0 += 16 * blockDim.x) {
+      uint4 d[32];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        const int i = min(i0 + u * static_cast<int>(blockDim.x), page_chunks - 1);
+        d[u] = __ldcs(kp + i);
+        d[16 + u] = __ldcs(vp + i);
+      }
+#pragma unroll
+      for (int u = 0; u < 32; ++u) acc ^= d[u].x ^ d[u].y ^ d[u].z ^ d[u].w;
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 }  // namespace
 
 double measure_stream3_tbps(int64_t bytes) {
@@ -140,28 +168,38 @@ double measure_stream3_tbps(int64_t bytes) {
 }
 
 double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
-                              const int32_t* indices, int batch, int tiles, int hkv, bool ranges) {
+                              const int32_t* indices, int batch, int tiles, int hkv, int mode) {
   if (tiles % 8 != 0 || batch <= 0) return 0;
+  const bool ranges = mode != 0;
   uint32_t* sink = nullptr;
   cudaMalloc(&sink, 16);
   int grid = 0;  // ranges: every CTA resident at once
   if (ranges) {
     int sms = 0, per = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kv_gather_ranges_kernel, 128, 0);
+    if (mode == 2)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kv_gather_pages_kernel, 128, 0);
+    else
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kv_gather_ranges_kernel, 128, 0);
     grid = std::max(sms * per, 1);
   }
   struct Ctx {
     const char *k, *v;
     int64_t page_b, slot_b, head_b;
     const int32_t* indices;
-    int batch, tiles, hkv, grid;
+    int batch, tiles, hkv, grid, mode;
     uint32_t* sink;
   } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, slot_b, head_b, indices, batch, tiles, hkv,
-        grid, sink};
+        grid, mode, sink};
   const double us = time_median_us(
       [](void* c, int) {
         auto* x = static_cast<Ctx*>(c);
+        if (x->mode == 2) {
+          const int page_chunks = static_cast<int>(16 * x->slot_b / 16);  // 16 slots of every head
+          kv_gather_pages_kernel<<<x->grid, 128>>>(x->k, x->v, x->page_b, x->indices, int64_t(x->batch) * x->tiles * 4,
+                                                   page_chunks, x->sink);
+          return;
+        }
         if (x->grid > 0) {
           const int64_t total = int64_t(x->batch) * x->hkv * x->tiles;
           kv_gather_ranges_kernel<<<x->grid, 128>>>(x->k, x->v, x->page_b, x->slot_b, x->head_b, x->indices, x->tiles,
