@@ -2,7 +2,8 @@
 # scripts/device_check.sh — the whole device validation of a tree in one call (about 6-8
 # minutes on one H200; the NCCL parts skip on one GPU):
 #   binaries (built here by scripts/device-build.sh, or carried in .devbin/)
-#   -> every CUDA test (ops + backend, incl. NCCL DCP), the ops suite in parallel shards
+#   -> every CUDA test (ops + backend, incl. NCCL DCP), the ops suite in parallel shards (the
+#      tests a shard's time limit cut off are listed and run again in a short extra phase)
 #   -> compute-sanitizer memcheck and racecheck on filters, also in parallel
 #   -> `kvattn run` on CUDA (default with lazy and eager module loading, fp8, DCP over NCCL)
 #   -> `kvattn bench-dcp` -> `kvattn bench-cuda` (alone on the GPU: nothing else runs then).
@@ -23,7 +24,9 @@
 #        KVATTN_SHARDS (parallel test_ops_cuda processes, default 4; memcheck runs 1.5x as many),
 #        KVATTN_RACECHECK_SHARDS (default 2), KVATTN_TEST_LIMIT / KVATTN_SANITIZER_LIMIT (seconds
 #        per process, default 150 / 130), KVATTN_CHECK_ONE_PHASE=1 (tests and sanitizers in one
-#        parallel phase: shorter, the timings of the tests are then not meaningful).
+#        parallel phase: shorter, the timings of the tests are then not meaningful),
+#        KVATTN_CHECK_RERUN_CUT=0 (a shard cut by its limit: only list the ops tests it did not
+#        finish; by default they run again, spread over KVATTN_SHARDS processes, after the phase).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUTDIR="${1:-${OUT:-$ROOT/build/device-out}}"
@@ -124,11 +127,41 @@ sanitizer_jobs() {
     echo "ab_${n}_memcheck $ST env $kv $CS --tool memcheck --require-cuda-init no --print-limit 20 $TOPS --gtest_filter='$filt'"
   done
 }
+# The ops tests a shard cut by its limit never finished: gtest gives test j of the list (in
+# --gtest_list_tests order) to shard j % SH, and a finished test logs "[       OK ]" or
+# "[  FAILED  ]".  Prints "Suite.Name" lines.
+unfinished_tests() {
+  local i rc
+  "$TOPS" --gtest_list_tests 2>/dev/null |
+    awk '/^Running/ {next} /^[^ ]/ {suite=$1; next} /^  [^ ]/ {print suite $1}' > "$LOGS/all_tests.txt"
+  for i in $(seq 0 $((SH - 1))); do
+    rc=$(cat "$LOGS/test_ops_cuda_$i.rc" 2>/dev/null || echo 0)
+    [ "$rc" = 124 ] || continue
+    awk -v n="$SH" -v i="$i" '(NR - 1) % n == i' "$LOGS/all_tests.txt" |
+      grep -vxFf <(grep -hoE '^\[ +(OK|FAILED) +\] [A-Za-z0-9_./]+' "$LOGS/test_ops_cuda_$i.log" | awk '{print $NF}') || true
+  done
+}
+# ... run again, spread over SH processes (KVATTN_CHECK_RERUN_CUT=0: only listed in the summary)
+rerun_jobs() {
+  local -a left
+  mapfile -t left < <(unfinished_tests)
+  [ ${#left[@]} -eq 0 ] && return
+  stamp "ops tests not reached by their shard: ${#left[@]}: $(IFS=:; echo "${left[*]}")" >&2  # stdout is the job list
+  [ "${KVATTN_CHECK_RERUN_CUT:-1}" = 1 ] || return
+  local k j filt
+  for k in $(seq 0 $((SH - 1))); do
+    filt=""
+    for ((j = k; j < ${#left[@]}; j += SH)); do filt="$filt${filt:+:}${left[j]}"; done
+    [ -n "$filt" ] && echo "test_ops_cuda_rerun_$k $TT $TOPS --gtest_filter='$filt'"
+  done
+}
 # one phase (KVATTN_CHECK_ONE_PHASE=1: everything at once, for a short call) or two
 if [ "${KVATTN_CHECK_ONE_PHASE:-0}" = 1 ]; then
   { test_jobs; sanitizer_jobs; } | parallel_steps
+  rerun_jobs | parallel_steps
 else
   test_jobs | parallel_steps
+  rerun_jobs | parallel_steps
   sanitizer_jobs | parallel_steps
 fi
 if [ "${KVATTN_CHECK_QUICK:-0}" != 1 ]; then
