@@ -294,6 +294,17 @@ Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool qui
   return r;
 }
 
+// The page ids bench_decode gives its first set (the same permutation), the first `count` of them,
+// request-major, on the GPU: what the loads-only ceilings and the page probe read.
+Tensor first_set_page_ids(const Pool& pool, int64_t count) {
+  std::mt19937 rng(7);
+  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
+  std::iota(perm.begin(), perm.end(), 1);
+  if (!g_sequential_pages) std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> ind(perm.begin(), perm.begin() + count);
+  return Tensor::from_vector(ind).to(Device::cuda(0));
+}
+
 // A lower bound of the read ceiling of decode's access pattern: the K / V rows of B uniform
 // requests of L keys on the pages bench_decode gives its first set (same permutation), loaded
 // and discarded in the decode's unit order (k::measure_kv_gather_tbps).
@@ -308,16 +319,29 @@ Row bench_gather(const Pool& pool, int64_t B, int64_t L, int mode = 0) {
     r.target = "(pool too small: not measured)";
     return r;
   }
-  std::mt19937 rng(7);
-  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
-  std::iota(perm.begin(), perm.end(), 1);
-  if (!g_sequential_pages) std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int32_t> ind(perm.begin(), perm.begin() + B * n);
-  const Tensor indices = Tensor::from_vector(ind).to(Device::cuda(0));
+  const Tensor indices = first_set_page_ids(pool, B * n);
   const int64_t es = pool.k.element_size();
   r.value = k::measure_kv_gather_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * es, pool.k.stride(1) * es,
                                       pool.k.stride(2) * es, indices.data_ptr<int32_t>(), static_cast<int>(B),
                                       static_cast<int>(L / 64), static_cast<int>(kHkv), mode);
+  return r;
+}
+
+// The whole-page decode probe (k::measure_page_decode_probe_tbps) on the pages bench_gather uses.
+Row bench_page_probe(const Pool& pool, int64_t B, int64_t L) {
+  const int64_t n = L / kPage;
+  Row r;
+  r.name = fmt::format("probe: whole-page decode {}x{} (merge untimed)", B, L);
+  r.unit = "TB/s";
+  if (B * n > pool.pages - 1 || L % kPage != 0) {
+    r.target = "(pool too small: not measured)";
+    return r;
+  }
+  const Tensor indices = first_set_page_ids(pool, B * n);
+  double err = -1;
+  r.value = k::measure_page_decode_probe_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * pool.k.element_size(),
+                                              indices.data_ptr<int32_t>(), static_cast<int>(B), static_cast<int>(n), &err);
+  r.target = r.value > 0 ? fmt::format("max |err| vs f32 reference {:.2e}", err) : "(shape not covered)";
   return r;
 }
 
@@ -388,6 +412,7 @@ int run(const Opts& o) {
       // bf16 uniform lengths of whole 512-key chunks: the loads-only kernel over the same pages first
       if (!o.fp8 && !o.mixed && o.kv_len % 512 == 0) {
         for (int mode : {0, 1, 2}) print_row(bench_gather(one, o.batch, o.kv_len, mode));
+        print_row(bench_page_probe(one, o.batch, o.kv_len));
       }
       print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
       return 0;
@@ -515,8 +540,10 @@ int run(const Opts& o) {
       return kept;
     };
     for (int mode : {0, 1, 2}) print_row(bench_gather(pool, 64, 4096, mode));
+    print_row(bench_page_probe(pool, 64, 4096));
     both("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s");
     for (int mode : {0, 1, 2}) print_row(bench_gather(pool, 128, 4096, mode));
+    print_row(bench_page_probe(pool, 128, 4096));
     both("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s");
     std::mt19937 rng(99);
     std::uniform_int_distribution<int64_t> u(256, 8192);

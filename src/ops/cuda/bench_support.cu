@@ -1,9 +1,11 @@
 // src/ops/cuda/bench_support.cu — the ceilings `kvattn bench-cuda` reports next to the ops:
 // device copy bandwidth and the mma.sync bf16 rate, plus event timing.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/ptx.cuh"
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -138,6 +140,224 @@ __global__ void kv_gather_pages_kernel(const char* k, const char* v, int64_t pag
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+// ---- whole-page decode probe (bench only): the decode's math over the pages that the pages
+// gather reads.  A resident grid of one 8-warp CTA per SM; CTA c takes an equal contiguous range
+// of the call's (request, page) pairs; each page's K and V (32 KB each: 16 slots x 8 KV heads x
+// 128 dims, bf16, NHD) are copied whole into a 3-stage ring (every thread 8 + 8 chunks), and warp
+// w computes KV head w's 4 query heads (GQA 4) against them with mma.sync (rows 4..15 of the
+// 16-row tile unused).  At each request boundary a warp writes its unnormalised partial (m, l, O)
+// to `part`; probe_merge_kernel combines the pieces afterwards (not timed: a real kernel would fuse
+// it or run the split merge, a few µs).  Fixed shape: 32 query / 8 KV heads, D 128, page 16.
+constexpr int kPbHeads = 8, kPbStages = 3, kPbMaxSeg = 4, kPbRow = 130;  // (m, l, O[128]) per head
+constexpr int kPbPageBytes = 16 * kPbHeads * 128 * 2;  // K (or V) of one page
+constexpr int kPbSmem = kPbStages * 2 * kPbPageBytes;
+// Shared-memory offset of (slot, KV head, 16-byte chunk) in a staged page: rows of 256 bytes in
+// page order, chunks XOR-swizzled by slot so ldmatrix's 8 rows of one head (2 KB apart) hit 8
+// different bank groups.
+__device__ __forceinline__ uint32_t pb_swz(int slot, int head, int chunk) {
+  return static_cast<uint32_t>(((slot * kPbHeads + head) << 8) + ((chunk ^ (slot & 7)) << 4));
+}
+
+__global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k, const char* v, int64_t page_b,
+                                                                   const int32_t* indices,
+                                                                   const __nv_bfloat16* q, int n, int64_t total,
+                                                                   float scale_log2, float* part) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int64_t G = gridDim.x, c = blockIdx.x;
+  const int64_t x0 = c * total / G, x1 = (c + 1) * total / G;
+  auto issue = [&](int64_t x, int st) {
+    const int64_t pg = indices[x];
+    const char* kp = k + pg * page_b;
+    const char* vp = v + pg * page_b;
+    const uint32_t sk = smem_u32(sm + st * 2 * kPbPageBytes), sv = sk + kPbPageBytes;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int ch = tid + 256 * i;  // chunk of the page; its row ch >> 4 = slot * 8 + head
+      const uint32_t off = pb_swz(ch >> 7, (ch >> 4) & 7, ch & 15);
+      cp_async16(sk + off, kp + ch * 16, 16);
+      cp_async16(sv + off, vp + ch * 16, 16);
+    }
+  };
+#pragma unroll
+  for (int st = 0; st < kPbStages - 1; ++st) {
+    if (x0 + st < x1) issue(x0 + st, st);
+    cp_async_commit();
+  }
+  int64_t req = -1;
+  int seg = -1;
+  uint32_t qf[8][4];
+  float o[16][4];
+  float m_r = -INFINITY, l_r = 0.f;
+  auto flush = [&]() {
+    float l = l_r;
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (g < 4 && seg < kPbMaxSeg) {
+      float* dst = part + ((c * kPbMaxSeg + seg) * 32 + 4 * w + g) * kPbRow;
+      if (t4 == 0) {
+        dst[0] = m_r;
+        dst[1] = l;
+      }
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn) {
+        dst[2 + 8 * nn + 2 * t4] = o[nn][0];
+        dst[3 + 8 * nn + 2 * t4] = o[nn][1];
+      }
+    }
+  };
+  for (int64_t x = x0; x < x1; ++x) {
+    const int it = static_cast<int>(x - x0);
+    cp_async_wait<kPbStages - 2>();
+    __syncthreads();  // page x landed (every thread's chunks); every warp is done with page x - 1
+    if (x + kPbStages - 1 < x1) issue(x + kPbStages - 1, (it + kPbStages - 1) % kPbStages);
+    cp_async_commit();
+    const int64_t r = x / n;
+    if (r != req) {  // a new request: write the last one's partial, load this one's Q rows
+      if (req >= 0) flush();
+      req = r;
+      ++seg;
+      const uint32_t* qrow = reinterpret_cast<const uint32_t*>(q + (r * 32 + 4 * w + (g & 3)) * 128);
+#pragma unroll
+      for (int s2 = 0; s2 < 8; ++s2) {
+        qf[s2][0] = g < 4 ? qrow[8 * s2 + t4] : 0u;
+        qf[s2][2] = g < 4 ? qrow[8 * s2 + 4 + t4] : 0u;
+        qf[s2][1] = qf[s2][3] = 0u;
+      }
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.f;
+      m_r = -INFINITY;
+      l_r = 0.f;
+    }
+    const unsigned char* tK = sm + (it % kPbStages) * 2 * kPbPageBytes;
+    const unsigned char* tV = tK + kPbPageBytes;
+    float sc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      const int krow = 8 * j + (lane & 7);
+#pragma unroll
+      for (int ks = 0; ks < 8; ks += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(smem_u32(tK + pb_swz(krow, w, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
+        mma16816<true>(sc[j], qf[ks], b0, b1);
+        mma16816<true>(sc[j], qf[ks + 1], b2, b3);
+      }
+    }
+    float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])) * scale_log2;
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_r, mx);
+    const float alpha = exp2f(m_r - m_new);
+    m_r = m_new;
+    float p[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) p[j][e] = exp2f(sc[j][e] * scale_log2 - m_new);
+    l_r = l_r * alpha + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn) {
+      o[nn][0] *= alpha;
+      o[nn][1] *= alpha;
+    }
+    uint32_t a[4];
+    a[0] = pack2<true>(p[0][0], p[0][1]);
+    a[1] = 0u;
+    a[2] = pack2<true>(p[1][0], p[1][1]);
+    a[3] = 0u;
+    const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int nn = 0; nn < 16; nn += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_t(smem_u32(tV + pb_swz(vrow, w, nn + (lane >> 4))), b0, b1, b2, b3);
+      mma16816<true>(o[nn], a, b0, b1);
+      mma16816<true>(o[nn + 1], a, b2, b3);
+    }
+  }
+  if (req >= 0) flush();
+}
+
+// out[r][head][d] from the pieces of request r (every CTA whose range meets it), normalised.
+__global__ void probe_merge_kernel(const float* part, int n, int64_t total, int G, float* out) {
+  const int r = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+  float M = -INFINITY;
+  for (int pass = 0; pass < 2; ++pass) {
+    float L = 0.f, acc = 0.f;
+    for (int c = 0; c < G; ++c) {
+      const int64_t x0 = c * total / G, x1 = (c + 1) * total / G;
+      if (x1 <= int64_t(r) * n || x0 >= int64_t(r + 1) * n || x0 >= x1) continue;
+      const int64_t seg = r - x0 / n;
+      const float* src = part + ((c * kPbMaxSeg + seg) * 32 + head) * kPbRow;
+      if (pass == 0) {
+        M = fmaxf(M, src[0]);
+      } else {
+        const float f = exp2f(src[0] - M);
+        L += src[1] * f;
+        acc += src[2 + d] * f;
+      }
+    }
+    if (pass == 1) out[(int64_t(r) * 32 + head) * 128 + d] = acc / L;
+  }
+}
+
+// A plain two-pass reference of the same attention: block (request, query head), f32.
+__global__ void probe_reference_kernel(const char* k, const char* v, int64_t page_b, const int32_t* indices,
+                                       const __nv_bfloat16* q, int n, float scale, float* out) {
+  extern __shared__ float sc[];  // n * 16 scores
+  __shared__ float qs[128], red[128];
+  const int r = blockIdx.x, head = blockIdx.y, t = threadIdx.x, hk = head / 4;
+  qs[t] = __bfloat162float(q[(int64_t(r) * 32 + head) * 128 + t]);
+  __syncthreads();
+  const int keys = n * 16;
+  float mx = -INFINITY;
+  for (int j = t; j < keys; j += 128) {
+    const int64_t pg = indices[int64_t(r) * n + j / 16];
+    const __nv_bfloat16* kr = reinterpret_cast<const __nv_bfloat16*>(k + pg * page_b + (j % 16) * 2048 + hk * 256);
+    float dot = 0.f;
+    for (int d = 0; d < 128; ++d) dot += qs[d] * __bfloat162float(kr[d]);
+    sc[j] = dot * scale;
+    mx = fmaxf(mx, sc[j]);
+  }
+  red[t] = mx;
+  __syncthreads();
+  for (int s2 = 64; s2 > 0; s2 >>= 1) {
+    if (t < s2) red[t] = fmaxf(red[t], red[t + s2]);
+    __syncthreads();
+  }
+  const float M = red[0];
+  __syncthreads();
+  float sum = 0.f;
+  for (int j = t; j < keys; j += 128) {
+    sc[j] = __expf(sc[j] - M);
+    sum += sc[j];
+  }
+  red[t] = sum;
+  __syncthreads();
+  for (int s2 = 64; s2 > 0; s2 >>= 1) {
+    if (t < s2) red[t] += red[t + s2];
+    __syncthreads();
+  }
+  const float L = red[0];
+  float acc = 0.f;
+  for (int j = 0; j < keys; ++j) {
+    const int64_t pg = indices[int64_t(r) * n + j / 16];
+    const __nv_bfloat16* vr = reinterpret_cast<const __nv_bfloat16*>(v + pg * page_b + (j % 16) * 2048 + hk * 256);
+    acc += sc[j] * __bfloat162float(vr[t]);
+  }
+  out[(int64_t(r) * 32 + head) * 128 + t] = acc / L;
+}
+
+__global__ void probe_fill_q_kernel(__nv_bfloat16* q, int64_t count) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u + 12345u;
+  h ^= h >> 13;
+  h *= 0x5bd1e995u;
+  h ^= h >> 15;
+  q[i] = __float2bfloat16(static_cast<float>(h & 0xffff) / 32768.f - 1.f);  // uniform(-1, 1)
+}
+
 }  // namespace
 
 double measure_stream3_tbps(int64_t bytes) {
@@ -213,6 +433,65 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
       &ctx, 4, 20);
   cudaFree(sink);
   return double(batch) * tiles * 64 * hkv * 256 * 2 / (us * 1e-6) / 1e12;
+}
+
+double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page_b, const int32_t* indices, int batch,
+                                      int pages_per_request, double* max_err) {
+  *max_err = -1;
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  const int G = std::max(sms, 1);
+  const int n = pages_per_request;
+  const int64_t total = int64_t(batch) * n;
+  // every CTA's range must meet at most kPbMaxSeg requests
+  if (batch <= 0 || n <= 0 || (total / G + 1 + n - 1) / n + 1 > kPbMaxSeg || int64_t(n) * 16 * 4 > 96 * 1024) return 0;
+  __nv_bfloat16* q = nullptr;
+  float *part = nullptr, *out = nullptr, *ref = nullptr;
+  const int64_t qn = int64_t(batch) * 32 * 128;
+  cudaMalloc(&q, qn * 2);
+  cudaMalloc(&part, sizeof(float) * G * kPbMaxSeg * 32 * kPbRow);
+  cudaMalloc(&out, sizeof(float) * qn);
+  cudaMalloc(&ref, sizeof(float) * qn);
+  cudaFuncSetAttribute(page_decode_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPbSmem);
+  cudaFuncSetAttribute(probe_reference_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
+  probe_fill_q_kernel<<<static_cast<unsigned>((qn + 255) / 256), 256>>>(q, qn);
+  const float scale = 1.f / std::sqrt(128.f);
+  struct Ctx {
+    const char *k, *v;
+    int64_t page_b;
+    const int32_t* indices;
+    const __nv_bfloat16* q;
+    int n, G;
+    int64_t total;
+    float scale_log2;
+    float* part;
+  } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, G, total,
+        scale * 1.4426950408889634f, part};
+  const double us = time_median_us(
+      [](void* cv, int) {
+        auto* x = static_cast<Ctx*>(cv);
+        page_decode_probe_kernel<<<x->G, 256, kPbSmem>>>(x->k, x->v, x->page_b, x->indices, x->q, x->n, x->total,
+                                                        x->scale_log2, x->part);
+      },
+      &ctx, 4, 20);
+  probe_merge_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128>>>(part, n, total, G, out);
+  probe_reference_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128, static_cast<size_t>(n) * 16 * 4>>>(
+      static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, scale, ref);
+  std::vector<float> ho(static_cast<size_t>(qn)), hr(static_cast<size_t>(qn));
+  const bool ok = cudaDeviceSynchronize() == cudaSuccess &&
+                  cudaMemcpy(ho.data(), out, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess &&
+                  cudaMemcpy(hr.data(), ref, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
+  if (ok) {
+    double e = 0;
+    for (size_t i = 0; i < ho.size(); ++i) e = std::max(e, double(std::fabs(ho[i] - hr[i])));
+    *max_err = std::isfinite(e) ? e : 1e30;
+  }
+  (void)cudaGetLastError();
+  cudaFree(q);
+  cudaFree(part);
+  cudaFree(out);
+  cudaFree(ref);
+  return ok ? double(total) * 2 * kPbPageBytes / (us * 1e-6) / 1e12 : 0;
 }
 
 double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters) {
