@@ -145,10 +145,17 @@ __global__ void kv_gather_pages_kernel(const char* k, const char* v, int64_t pag
 // of the call's (request, page) pairs; each page's K and V (32 KB each: 16 slots x 8 KV heads x
 // 128 dims, bf16, NHD) are copied whole into a 3-stage ring (every thread 8 + 8 chunks), and warp
 // w computes KV head w's 4 query heads (GQA 4) against them with mma.sync (rows 4..15 of the
-// 16-row tile unused).  At each request boundary a warp writes its unnormalised partial (m, l, O)
-// to `part`; probe_merge_kernel combines the pieces afterwards (not timed: a real kernel would fuse
-// it or run the split merge, a few µs).  Fixed shape: 32 query / 8 KV heads, D 128, page 16.
+// 16-row tile unused).  At each request boundary a warp finishes the request's rows:
+//   FUSED = false: it writes its unnormalised partial (m, l, O) to `part`, per (CTA, request of its
+//     range), and probe_merge_kernel combines the pieces afterwards (untimed);
+//   FUSED = true (one launch, end to end): a request inside the range is normalised and written to
+//     `out` (bf16) at once; a split one (at most the range's first and last) writes its partial per
+//     (request, KV head, piece); after its last page the warp fences once and counts each split
+//     request on its (request, KV head) counter, and the warp that arrives last combines every
+//     piece, writes `out` and puts the counter back to 0 (ready for the next call).
+// Fixed shape: 32 query / 8 KV heads, D 128, page 16.
 constexpr int kPbHeads = 8, kPbStages = 3, kPbMaxSeg = 4, kPbRow = 130;  // (m, l, O[128]) per head
+constexpr int kPbMaxPieces = 8;  // FUSED: CTAs one request may span
 constexpr int kPbPageBytes = 16 * kPbHeads * 128 * 2;  // K (or V) of one page
 constexpr int kPbSmem = kPbStages * 2 * kPbPageBytes;
 // Shared-memory offset of (slot, KV head, 16-byte chunk) in a staged page: rows of 256 bytes in
@@ -158,10 +165,12 @@ __device__ __forceinline__ uint32_t pb_swz(int slot, int head, int chunk) {
   return static_cast<uint32_t>(((slot * kPbHeads + head) << 8) + ((chunk ^ (slot & 7)) << 4));
 }
 
+template <bool FUSED>
 __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k, const char* v, int64_t page_b,
                                                                    const int32_t* indices,
                                                                    const __nv_bfloat16* q, int n, int64_t total,
-                                                                   float scale_log2, float* part) {
+                                                                   float scale_log2, float* part,
+                                                                   __nv_bfloat16* out, int* counters) {
   extern __shared__ __align__(128) unsigned char sm[];
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int64_t G = gridDim.x, c = blockIdx.x;
@@ -189,21 +198,60 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
   uint32_t qf[8][4];
   float o[16][4];
   float m_r = -INFINITY, l_r = 0.f;
+  // the CTA holding page x of the call (ranges as above)
+  auto cta_of = [&](int64_t x) { return ((x + 1) * G + total - 1) / total - 1; };
+  // FUSED: piece `piece` of request r's (m, l, O) row for this lane's query head
+  auto piece_slot = [&](int64_t r, int piece) {
+    return part + (((r * kPbHeads + w) * kPbMaxPieces + piece) * 4 + (g & 3)) * kPbRow;
+  };
+  auto write_out = [&](int64_t r, float l) {  // rows g < 4: o / l as bf16
+    const float inv = 1.f / l;
+    __nv_bfloat16* dst = out + (r * 32 + 4 * w + g) * 128 + 2 * t4;
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn)
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * nn) = __floats2bfloat162_rn(o[nn][0] * inv, o[nn][1] * inv);
+  };
+  // the split requests of this range (its first and its last at most), counted at the end: a
+  // fence there, once, instead of one at each request boundary with pages in flight
+  int64_t split0 = -1, split1 = -1;
+  int n_split = 0;
   auto flush = [&]() {
     float l = l_r;
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (g < 4 && seg < kPbMaxSeg) {
-      float* dst = part + ((c * kPbMaxSeg + seg) * 32 + 4 * w + g) * kPbRow;
-      if (t4 == 0) {
-        dst[0] = m_r;
-        dst[1] = l;
-      }
+    if constexpr (!FUSED) {
+      if (g < 4 && seg < kPbMaxSeg) {
+        float* dst = part + ((c * kPbMaxSeg + seg) * 32 + 4 * w + g) * kPbRow;
+        if (t4 == 0) {
+          dst[0] = m_r;
+          dst[1] = l;
+        }
 #pragma unroll
-      for (int nn = 0; nn < 16; ++nn) {
-        dst[2 + 8 * nn + 2 * t4] = o[nn][0];
-        dst[3 + 8 * nn + 2 * t4] = o[nn][1];
+        for (int nn = 0; nn < 16; ++nn) {
+          dst[2 + 8 * nn + 2 * t4] = o[nn][0];
+          dst[3 + 8 * nn + 2 * t4] = o[nn][1];
+        }
       }
+      return;
+    } else {
+      const int64_t rb = req * n, re = rb + n;
+      if (rb < x0 || re > x1) {  // split between CTAs: the partial now, the count and merge at the end
+        if (g < 4) {
+          float* dst = piece_slot(req, static_cast<int>(c - cta_of(rb)));
+          if (t4 == 0) {
+            dst[0] = m_r;
+            dst[1] = l;
+          }
+#pragma unroll
+          for (int nn = 0; nn < 16; ++nn) {
+            dst[2 + 8 * nn + 2 * t4] = o[nn][0];
+            dst[3 + 8 * nn + 2 * t4] = o[nn][1];
+          }
+        }
+        (n_split++ == 0 ? split0 : split1) = req;
+        return;
+      }
+      if (g < 4) write_out(req, l);
     }
   };
   for (int64_t x = x0; x < x1; ++x) {
@@ -276,6 +324,54 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
     }
   }
   if (req >= 0) flush();
+  if constexpr (FUSED) {
+    if (n_split == 0) return;
+    __threadfence();  // this warp's partials are visible before it counts them
+    __syncwarp();
+    for (int si = 0; si < n_split; ++si) {
+      const int64_t r = si == 0 ? split0 : split1;
+      const int64_t c_lo = cta_of(r * n);
+      const int pieces = static_cast<int>(cta_of(r * n + n - 1) - c_lo + 1);
+      int old = 0;
+      if (lane == 0) old = atomicAdd(&counters[r * kPbHeads + w], 1);
+      old = __shfl_sync(0xffffffffu, old, 0);
+      if (old != pieces - 1) continue;  // another piece is still running: it merges r
+      __threadfence();
+      // every lane works: lanes g and g + 4 take row g & 3, dims [64 * (g >> 2), +64); all pieces'
+      // (m, l) in one round of loads, then their O values with the pieces unrolled
+      const int half = g >> 2;
+      float mv[kPbMaxPieces], lv[kPbMaxPieces];
+#pragma unroll
+      for (int p2 = 0; p2 < kPbMaxPieces; ++p2) {
+        mv[p2] = p2 < pieces ? __ldcg(piece_slot(r, p2)) : -INFINITY;
+        lv[p2] = p2 < pieces ? __ldcg(piece_slot(r, p2) + 1) : 0.f;
+      }
+      float M = mv[0];
+#pragma unroll
+      for (int p2 = 1; p2 < kPbMaxPieces; ++p2) M = fmaxf(M, mv[p2]);
+      float l = 0.f, acc[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+#pragma unroll
+      for (int p2 = 0; p2 < kPbMaxPieces; ++p2) {
+        if (p2 >= pieces) break;
+        const float f = exp2f(mv[p2] - M);
+        l += lv[p2] * f;
+        const float* src = piece_slot(r, p2) + 2 + 64 * half + 2 * t4;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          acc[2 * kk] += f * __ldcg(src + 8 * kk);
+          acc[2 * kk + 1] += f * __ldcg(src + 8 * kk + 1);
+        }
+      }
+      const float inv = 1.f / l;
+      __nv_bfloat16* dst = out + (r * 32 + 4 * w + (g & 3)) * 128 + 64 * half + 2 * t4;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * kk) = __floats2bfloat162_rn(acc[2 * kk] * inv, acc[2 * kk + 1] * inv);
+      if (lane == 0) counters[r * kPbHeads + w] = 0;  // ready for the next call
+    }
+  }
 }
 
 // out[r][head][d] from the pieces of request r (every CTA whose range meets it), normalised.
@@ -436,27 +532,37 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
 }
 
 double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page_b, const int32_t* indices, int batch,
-                                      int pages_per_request, double* max_err) {
+                                      int pages_per_request, bool fused, double* max_err) {
   *max_err = -1;
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   const int G = std::max(sms, 1);
   const int n = pages_per_request;
   const int64_t total = int64_t(batch) * n;
-  // every CTA's range must meet at most kPbMaxSeg requests
-  if (batch <= 0 || n <= 0 || (total / G + 1 + n - 1) / n + 1 > kPbMaxSeg || int64_t(n) * 16 * 4 > 96 * 1024) return 0;
-  __nv_bfloat16* q = nullptr;
+  if (batch <= 0 || n <= 0 || total < G || int64_t(n) * 16 * 4 > 96 * 1024) return 0;
+  const int64_t per = total / G;  // pages per CTA (or one more)
+  if ((per + 1 + n - 1) / n + 1 > kPbMaxSeg || n / std::max<int64_t>(per, 1) + 2 > kPbMaxPieces) return 0;
+  __nv_bfloat16 *q = nullptr, *out16 = nullptr;
   float *part = nullptr, *out = nullptr, *ref = nullptr;
+  int* counters = nullptr;
   const int64_t qn = int64_t(batch) * 32 * 128;
+  const int64_t part_floats = fused ? int64_t(batch) * kPbHeads * kPbMaxPieces * 4 * kPbRow
+                                    : int64_t(G) * kPbMaxSeg * 32 * kPbRow;
   cudaMalloc(&q, qn * 2);
-  cudaMalloc(&part, sizeof(float) * G * kPbMaxSeg * 32 * kPbRow);
+  cudaMalloc(&out16, qn * 2);
+  cudaMalloc(&part, sizeof(float) * part_floats);
   cudaMalloc(&out, sizeof(float) * qn);
   cudaMalloc(&ref, sizeof(float) * qn);
-  cudaFuncSetAttribute(page_decode_probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPbSmem);
+  cudaMalloc(&counters, sizeof(int) * batch * kPbHeads);
+  cudaMemset(counters, 0, sizeof(int) * batch * kPbHeads);
+  auto kern = fused ? page_decode_probe_kernel<true> : page_decode_probe_kernel<false>;
+  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kPbSmem);
   cudaFuncSetAttribute(probe_reference_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
   probe_fill_q_kernel<<<static_cast<unsigned>((qn + 255) / 256), 256>>>(q, qn);
   const float scale = 1.f / std::sqrt(128.f);
   struct Ctx {
+    void (*kern)(const char*, const char*, int64_t, const int32_t*, const __nv_bfloat16*, int, int64_t, float, float*,
+                 __nv_bfloat16*, int*);
     const char *k, *v;
     int64_t page_b;
     const int32_t* indices;
@@ -465,32 +571,45 @@ double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page
     int64_t total;
     float scale_log2;
     float* part;
-  } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, G, total,
-        scale * 1.4426950408889634f, part};
+    __nv_bfloat16* out;
+    int* counters;
+  } ctx{kern, static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, G, total,
+        scale * 1.4426950408889634f, part, out16, counters};
   const double us = time_median_us(
       [](void* cv, int) {
         auto* x = static_cast<Ctx*>(cv);
-        page_decode_probe_kernel<<<x->G, 256, kPbSmem>>>(x->k, x->v, x->page_b, x->indices, x->q, x->n, x->total,
-                                                        x->scale_log2, x->part);
+        x->kern<<<x->G, 256, kPbSmem>>>(x->k, x->v, x->page_b, x->indices, x->q, x->n, x->total, x->scale_log2,
+                                        x->part, x->out, x->counters);
       },
       &ctx, 4, 20);
-  probe_merge_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128>>>(part, n, total, G, out);
+  if (!fused) probe_merge_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128>>>(part, n, total, G, out);
   probe_reference_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128, static_cast<size_t>(n) * 16 * 4>>>(
       static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, scale, ref);
   std::vector<float> ho(static_cast<size_t>(qn)), hr(static_cast<size_t>(qn));
-  const bool ok = cudaDeviceSynchronize() == cudaSuccess &&
-                  cudaMemcpy(ho.data(), out, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess &&
-                  cudaMemcpy(hr.data(), ref, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
+  std::vector<__nv_bfloat16> h16(fused ? static_cast<size_t>(qn) : 0);
+  bool ok = cudaDeviceSynchronize() == cudaSuccess &&
+            cudaMemcpy(hr.data(), ref, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
+  if (ok && fused) {
+    ok = cudaMemcpy(h16.data(), out16, 2 * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (int64_t i = 0; ok && i < qn; ++i) ho[static_cast<size_t>(i)] = __bfloat162float(h16[static_cast<size_t>(i)]);
+  } else if (ok) {
+    ok = cudaMemcpy(ho.data(), out, sizeof(float) * qn, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
   if (ok) {
     double e = 0;
-    for (size_t i = 0; i < ho.size(); ++i) e = std::max(e, double(std::fabs(ho[i] - hr[i])));
-    *max_err = std::isfinite(e) ? e : 1e30;
+    for (size_t i = 0; i < ho.size(); ++i) {
+      const double d = std::fabs(double(ho[i]) - double(hr[i]));
+      e = std::isfinite(d) ? std::max(e, d) : 1e30;
+    }
+    *max_err = e;
   }
   (void)cudaGetLastError();
   cudaFree(q);
+  cudaFree(out16);
   cudaFree(part);
   cudaFree(out);
   cudaFree(ref);
+  cudaFree(counters);
   return ok ? double(total) * 2 * kPbPageBytes / (us * 1e-6) / 1e12 : 0;
 }
 
