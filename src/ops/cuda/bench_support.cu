@@ -211,6 +211,17 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
     for (int nn = 0; nn < 16; ++nn)
       *reinterpret_cast<__nv_bfloat162*>(dst + 8 * nn) = __floats2bfloat162_rn(o[nn][0] * inv, o[nn][1] * inv);
   };
+  auto write_partial = [&](float* dst, float l) {  // rows g < 4: (m, l, O) unnormalised, f32
+    if (t4 == 0) {
+      dst[0] = m_r;
+      dst[1] = l;
+    }
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn) {
+      dst[2 + 8 * nn + 2 * t4] = o[nn][0];
+      dst[3 + 8 * nn + 2 * t4] = o[nn][1];
+    }
+  };
   // the split requests of this range (its first and its last at most), counted at the end: a
   // fence there, once, instead of one at each request boundary with pages in flight
   int64_t split0 = -1, split1 = -1;
@@ -220,34 +231,12 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if constexpr (!FUSED) {
-      if (g < 4 && seg < kPbMaxSeg) {
-        float* dst = part + ((c * kPbMaxSeg + seg) * 32 + 4 * w + g) * kPbRow;
-        if (t4 == 0) {
-          dst[0] = m_r;
-          dst[1] = l;
-        }
-#pragma unroll
-        for (int nn = 0; nn < 16; ++nn) {
-          dst[2 + 8 * nn + 2 * t4] = o[nn][0];
-          dst[3 + 8 * nn + 2 * t4] = o[nn][1];
-        }
-      }
+      if (g < 4 && seg < kPbMaxSeg) write_partial(part + ((c * kPbMaxSeg + seg) * 32 + 4 * w + g) * kPbRow, l);
       return;
     } else {
       const int64_t rb = req * n, re = rb + n;
       if (rb < x0 || re > x1) {  // split between CTAs: the partial now, the count and merge at the end
-        if (g < 4) {
-          float* dst = piece_slot(req, static_cast<int>(c - cta_of(rb)));
-          if (t4 == 0) {
-            dst[0] = m_r;
-            dst[1] = l;
-          }
-#pragma unroll
-          for (int nn = 0; nn < 16; ++nn) {
-            dst[2 + 8 * nn + 2 * t4] = o[nn][0];
-            dst[3 + 8 * nn + 2 * t4] = o[nn][1];
-          }
-        }
+        if (g < 4) write_partial(piece_slot(req, static_cast<int>(c - cta_of(rb))), l);
         (n_split++ == 0 ? split0 : split1) = req;
         return;
       }
