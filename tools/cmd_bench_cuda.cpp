@@ -328,10 +328,12 @@ Row bench_gather(const Pool& pool, int64_t B, int64_t L, int mode = 0) {
 }
 
 // The whole-page decode probe (k::measure_page_decode_probe_tbps) on the pages bench_gather uses.
-Row bench_page_probe(const Pool& pool, int64_t B, int64_t L, bool fused) {
+// mode: 0 merge untimed, 1 one launch, 2 two launches (see k::measure_page_decode_probe_tbps)
+Row bench_page_probe(const Pool& pool, int64_t B, int64_t L, int mode) {
   const int64_t n = L / kPage;
   Row r;
-  r.name = fmt::format("probe: whole-page decode {}x{} ({})", B, L, fused ? "one launch" : "merge untimed");
+  r.name = fmt::format("probe: whole-page decode {}x{} ({})", B, L,
+                       mode == 1 ? "one launch" : mode == 2 ? "two launches" : "merge untimed");
   r.unit = "TB/s";
   if (B * n > pool.pages - 1 || L % kPage != 0) {
     r.target = "(pool too small: not measured)";
@@ -340,7 +342,7 @@ Row bench_page_probe(const Pool& pool, int64_t B, int64_t L, bool fused) {
   const Tensor indices = first_set_page_ids(pool, B * n);
   double err = -1;
   r.value = k::measure_page_decode_probe_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * pool.k.element_size(),
-                                              indices.data_ptr<int32_t>(), static_cast<int>(B), static_cast<int>(n), fused,
+                                              indices.data_ptr<int32_t>(), static_cast<int>(B), static_cast<int>(n), mode,
                                               &err);
   r.target = r.value > 0 ? fmt::format("max |err| vs f32 reference {:.2e}", err) : "(shape not covered)";
   return r;
@@ -413,7 +415,7 @@ int run(const Opts& o) {
       // bf16 uniform lengths of whole 512-key chunks: the loads-only kernel over the same pages first
       if (!o.fp8 && !o.mixed && o.kv_len % 512 == 0) {
         for (int mode : {0, 1, 2}) print_row(bench_gather(one, o.batch, o.kv_len, mode));
-        for (bool fused : {false, true}) print_row(bench_page_probe(one, o.batch, o.kv_len, fused));
+        for (int mode : {0, 1, 2}) print_row(bench_page_probe(one, o.batch, o.kv_len, mode));
       }
       print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
       return 0;
@@ -541,10 +543,10 @@ int run(const Opts& o) {
       return kept;
     };
     for (int mode : {0, 1, 2}) print_row(bench_gather(pool, 64, 4096, mode));
-    for (bool fused : {false, true}) print_row(bench_page_probe(pool, 64, 4096, fused));
+    for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 64, 4096, mode));
     both("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s");
     for (int mode : {0, 1, 2}) print_row(bench_gather(pool, 128, 4096, mode));
-    for (bool fused : {false, true}) print_row(bench_page_probe(pool, 128, 4096, fused));
+    for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 128, 4096, mode));
     both("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s");
     std::mt19937 rng(99);
     std::uniform_int_distribution<int64_t> u(256, 8192);

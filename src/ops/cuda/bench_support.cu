@@ -164,6 +164,11 @@ constexpr int kPbSmem = kPbStages * 2 * kPbPageBytes;
 __device__ __forceinline__ uint32_t pb_swz(int slot, int head, int chunk) {
   return static_cast<uint32_t>(((slot * kPbHeads + head) << 8) + ((chunk ^ (slot & 7)) << 4));
 }
+// The CTA (of G, equal ranges of `total` pages: CTA c holds [c * total / G, (c + 1) * total / G))
+// that holds page x.
+__device__ __forceinline__ int64_t pb_cta_of(int64_t x, int64_t G, int64_t total) {
+  return ((x + 1) * G + total - 1) / total - 1;
+}
 
 template <bool FUSED>
 __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k, const char* v, int64_t page_b,
@@ -198,8 +203,7 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
   uint32_t qf[8][4];
   float o[16][4];
   float m_r = -INFINITY, l_r = 0.f;
-  // the CTA holding page x of the call (ranges as above)
-  auto cta_of = [&](int64_t x) { return ((x + 1) * G + total - 1) / total - 1; };
+  auto cta_of = [&](int64_t x) { return pb_cta_of(x, G, total); };
   // FUSED: piece `piece` of request r's (m, l, O) row for this lane's query head
   auto piece_slot = [&](int64_t r, int piece) {
     return part + (((r * kPbHeads + w) * kPbMaxPieces + piece) * 4 + (g & 3)) * kPbRow;
@@ -386,6 +390,37 @@ __global__ void probe_merge_kernel(const float* part, int n, int64_t total, int 
   }
 }
 
+// The split merge as a second launch would run it (two-launch mode, timed): block (request, query
+// head), thread = dim; the request's pieces are the CTAs whose ranges meet it (pb_cta_of), every
+// piece's (m, l, O[d]) loaded at once.
+__global__ void probe_merge_fast_kernel(const float* part, int n, int64_t total, int G, float* out) {
+  const int64_t r = blockIdx.x;
+  const int head = blockIdx.y, d = threadIdx.x;
+  const int64_t c_lo = pb_cta_of(r * n, G, total);
+  const int pieces = static_cast<int>(pb_cta_of(r * n + n - 1, G, total) - c_lo + 1);
+  float mv[kPbMaxPieces], lv[kPbMaxPieces], ov[kPbMaxPieces];
+#pragma unroll
+  for (int p = 0; p < kPbMaxPieces; ++p) {
+    const int64_t c = c_lo + p;
+    const float* src = part + ((c * kPbMaxSeg + (r - (c * total / G) / n)) * 32 + head) * kPbRow;
+    const bool ok = p < pieces;
+    mv[p] = ok ? src[0] : -INFINITY;
+    lv[p] = ok ? src[1] : 0.f;
+    ov[p] = ok ? src[2 + d] : 0.f;
+  }
+  float M = mv[0];
+#pragma unroll
+  for (int p = 1; p < kPbMaxPieces; ++p) M = fmaxf(M, mv[p]);
+  float L = 0.f, acc = 0.f;
+#pragma unroll
+  for (int p = 0; p < kPbMaxPieces; ++p) {
+    const float f = exp2f(mv[p] - M);  // 0 past the pieces
+    L += lv[p] * f;
+    acc += ov[p] * f;
+  }
+  out[(r * 32 + head) * 128 + d] = acc / L;
+}
+
 // A plain two-pass reference of the same attention: block (request, query head), f32.
 __global__ void probe_reference_kernel(const char* k, const char* v, int64_t page_b, const int32_t* indices,
                                        const __nv_bfloat16* q, int n, float scale, float* out) {
@@ -521,7 +556,8 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
 }
 
 double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page_b, const int32_t* indices, int batch,
-                                      int pages_per_request, bool fused, double* max_err) {
+                                      int pages_per_request, int mode, double* max_err) {
+  const bool fused = mode == 1;
   *max_err = -1;
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
@@ -545,6 +581,7 @@ double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page
   cudaMalloc(&counters, sizeof(int) * batch * kPbHeads);
   cudaMemset(counters, 0, sizeof(int) * batch * kPbHeads);
   auto kern = fused ? page_decode_probe_kernel<true> : page_decode_probe_kernel<false>;
+  const bool two = mode == 2;
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kPbSmem);
   cudaFuncSetAttribute(probe_reference_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024);
   probe_fill_q_kernel<<<static_cast<unsigned>((qn + 255) / 256), 256>>>(q, qn);
@@ -562,16 +599,22 @@ double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page
     float* part;
     __nv_bfloat16* out;
     int* counters;
+    bool two;
+    float* out32;
+    int batch;
   } ctx{kern, static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, G, total,
-        scale * 1.4426950408889634f, part, out16, counters};
+        scale * 1.4426950408889634f, part, out16, counters, two, out, batch};
   const double us = time_median_us(
       [](void* cv, int) {
         auto* x = static_cast<Ctx*>(cv);
         x->kern<<<x->G, 256, kPbSmem>>>(x->k, x->v, x->page_b, x->indices, x->q, x->n, x->total, x->scale_log2,
                                         x->part, x->out, x->counters);
+        if (x->two)
+          probe_merge_fast_kernel<<<dim3(static_cast<unsigned>(x->batch), 32), 128>>>(x->part, x->n, x->total, x->G,
+                                                                                      x->out32);
       },
       &ctx, 4, 20);
-  if (!fused) probe_merge_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128>>>(part, n, total, G, out);
+  if (mode == 0) probe_merge_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128>>>(part, n, total, G, out);
   probe_reference_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128, static_cast<size_t>(n) * 16 * 4>>>(
       static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, scale, ref);
   std::vector<float> ho(static_cast<size_t>(qn)), hr(static_cast<size_t>(qn));

@@ -285,10 +285,11 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
 // A probe of a decode that reads whole pages (bench only, not an op): one 8-warp CTA per SM, equal
 // contiguous ranges of the call's (request, page) pairs, each page's K and V for all 8 KV heads
 // staged whole, warp = KV head, the decode's mma.sync math for 32 query heads (GQA 4), D 128, page
-// 16, bf16, NHD.  fused = false: a request split between CTAs leaves partials that an untimed
-// merge combines; true: one launch end to end (the last piece of a split request merges it).
+// 16, bf16, NHD.  mode 0: every request leaves partials that an untimed merge combines; 1: one
+// launch end to end (the last piece of a split request merges it); 2: two launches timed together
+// (the partials, then a merge kernel, as the decode's split merge runs).
 // Returns TB/s of K+V read by the timed kernel; *max_err = max |probe - f32 reference| over the
 // outputs (-1 when not compared).  0 when the call does not fit its fixed shape.
 double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page_b, const int32_t* indices, int batch,
-                                      int pages_per_request, bool fused, double* max_err);
+                                      int pages_per_request, int mode, double* max_err);
 }  // namespace kvattn::ops::cuda_impl::k
