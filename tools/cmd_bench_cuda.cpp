@@ -336,7 +336,7 @@ Row bench_page_probe(const Pool& pool, int64_t B, int64_t L, int mode) {
                        mode == 1 ? "one launch" : mode == 2 ? "two launches" : "merge untimed");
   r.unit = "TB/s";
   if (B * n > pool.pages - 1 || L % kPage != 0) {
-    r.target = "(pool too small: not measured)";
+    r.target = "(pool too small or a partial last page: not measured)";
     return r;
   }
   const Tensor indices = first_set_page_ids(pool, B * n);

@@ -147,7 +147,7 @@ __global__ void kv_gather_pages_kernel(const char* k, const char* v, int64_t pag
 // w computes KV head w's 4 query heads (GQA 4) against them with mma.sync (rows 4..15 of the
 // 16-row tile unused).  At each request boundary a warp finishes the request's rows:
 //   FUSED = false: it writes its unnormalised partial (m, l, O) to `part`, per (CTA, request of its
-//     range), and probe_merge_kernel combines the pieces afterwards (untimed);
+//     range), and probe_merge_fast_kernel combines the pieces afterwards;
 //   FUSED = true (one launch, end to end): a request inside the range is normalised and written to
 //     `out` (bf16) at once; a split one (at most the range's first and last) writes its partial per
 //     (request, KV head, piece); after its last page the warp fences once and counts each split
@@ -367,32 +367,9 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
   }
 }
 
-// out[r][head][d] from the pieces of request r (every CTA whose range meets it), normalised.
-__global__ void probe_merge_kernel(const float* part, int n, int64_t total, int G, float* out) {
-  const int r = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-  float M = -INFINITY;
-  for (int pass = 0; pass < 2; ++pass) {
-    float L = 0.f, acc = 0.f;
-    for (int c = 0; c < G; ++c) {
-      const int64_t x0 = c * total / G, x1 = (c + 1) * total / G;
-      if (x1 <= int64_t(r) * n || x0 >= int64_t(r + 1) * n || x0 >= x1) continue;
-      const int64_t seg = r - x0 / n;
-      const float* src = part + ((c * kPbMaxSeg + seg) * 32 + head) * kPbRow;
-      if (pass == 0) {
-        M = fmaxf(M, src[0]);
-      } else {
-        const float f = exp2f(src[0] - M);
-        L += src[1] * f;
-        acc += src[2 + d] * f;
-      }
-    }
-    if (pass == 1) out[(int64_t(r) * 32 + head) * 128 + d] = acc / L;
-  }
-}
-
-// The split merge as a second launch would run it (two-launch mode, timed): block (request, query
-// head), thread = dim; the request's pieces are the CTAs whose ranges meet it (pb_cta_of), every
-// piece's (m, l, O[d]) loaded at once.
+// The merge of FUSED = false's partials, as a second launch would run it (timed in mode 2,
+// untimed in mode 0): block (request, query head), thread = dim; the request's pieces are the CTAs
+// whose ranges meet it (pb_cta_of), every piece's (m, l, O[d]) loaded at once; f32 output.
 __global__ void probe_merge_fast_kernel(const float* part, int n, int64_t total, int G, float* out) {
   const int64_t r = blockIdx.x;
   const int head = blockIdx.y, d = threadIdx.x;
@@ -614,7 +591,7 @@ double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page
                                                                                       x->out32);
       },
       &ctx, 4, 20);
-  if (mode == 0) probe_merge_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128>>>(part, n, total, G, out);
+  if (mode == 0) probe_merge_fast_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128>>>(part, n, total, G, out);
   probe_reference_kernel<<<dim3(static_cast<unsigned>(batch), 32), 128, static_cast<size_t>(n) * 16 * 4>>>(
       static_cast<const char*>(k), static_cast<const char*>(v), page_b, indices, q, n, scale, ref);
   std::vector<float> ho(static_cast<size_t>(qn)), hr(static_cast<size_t>(qn));

@@ -273,8 +273,7 @@ double measure_stream3_tbps(int64_t bytes);
 // 64-key tiles each (page ids: indices, 4 pages of 16 keys per tile, request-major), KV heads
 // hkv, in the decode's unit order, loads only (TB/s of bytes read): a lower bound of that access
 // pattern's read ceiling.  Byte strides of a page, a slot and a head of the K / V views;
-// tiles % 8 == 0 (else 0 is returned).
-// the tiles % 8 rule as above.  mode 0: one CTA per (request, 8 tiles, KV head); 1 (ranges): a
+// tiles % 8 == 0 (else 0 is returned).  mode 0: one CTA per (request, 8 tiles, KV head); 1 (ranges): a
 // resident grid, each CTA one contiguous range of the call's tiles (no unit-size tail, no late
 // CTA starts: what a perfectly balanced schedule would read); 2 (pages): the same balance over
 // whole pages, every KV head's rows of a page read together (slot_b * 16 contiguous bytes of K
