@@ -92,6 +92,16 @@ Pool make_pool(int64_t pages, DType dt) {
   return p;
 }
 
+// The order decode sets take their pages in: every page of the pool but the reserved page 0, a
+// fixed random permutation (pool order with --sequential-pages).
+std::vector<int32_t> pool_page_order(const Pool& pool) {
+  std::mt19937 rng(7);
+  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
+  std::iota(perm.begin(), perm.end(), 1);
+  if (!g_sequential_pages) std::shuffle(perm.begin(), perm.end(), rng);
+  return perm;
+}
+
 struct DecodeSet {
   Tensor qo, indptr, indices, last;
 };
@@ -126,10 +136,7 @@ Row bench_decode(const std::string& name, const Pool& pool, const std::vector<in
   }();
   int sets = kv_bytes < 256e6 ? static_cast<int>(std::min<int64_t>((pool.pages - 1) / std::max<int64_t>(pages_needed, 1), 16)) : 1;
   sets = std::max(sets, 1);
-  std::mt19937 rng(7);
-  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
-  std::iota(perm.begin(), perm.end(), 1);
-  if (!g_sequential_pages) std::shuffle(perm.begin(), perm.end(), rng);
+  const std::vector<int32_t> perm = pool_page_order(pool);
   std::vector<DecodeSet> ds;
   for (int s = 0; s < sets; ++s) {
     std::vector<int32_t> qo(static_cast<size_t>(B + 1)), ip(static_cast<size_t>(B + 1)), last(static_cast<size_t>(B));
@@ -297,10 +304,7 @@ Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool qui
 // The page ids bench_decode gives its first set (the same permutation), the first `count` of them,
 // request-major, on the GPU: what the loads-only ceilings and the page probe read.
 Tensor first_set_page_ids(const Pool& pool, int64_t count) {
-  std::mt19937 rng(7);
-  std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
-  std::iota(perm.begin(), perm.end(), 1);
-  if (!g_sequential_pages) std::shuffle(perm.begin(), perm.end(), rng);
+  const std::vector<int32_t> perm = pool_page_order(pool);
   std::vector<int32_t> ind(perm.begin(), perm.begin() + count);
   return Tensor::from_vector(ind).to(Device::cuda(0));
 }

@@ -512,7 +512,8 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
       [](void* c, int) {
         auto* x = static_cast<Ctx*>(c);
         if (x->mode == 2) {
-          const int page_chunks = static_cast<int>(16 * x->slot_b / 16);  // 16 slots of every head
+          // 16-byte chunks of one page's K: 16 slots of slot_b bytes (every head)
+          const int page_chunks = static_cast<int>(x->slot_b);
           kv_gather_pages_kernel<<<x->grid, 128>>>(x->k, x->v, x->page_b, x->indices, int64_t(x->batch) * x->tiles * 4,
                                                    page_chunks, x->sink);
           return;
