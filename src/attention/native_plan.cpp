@@ -208,6 +208,7 @@ void BatchDecodeWrapper::run(const Tensor& query, const Tensor& k_cache, const T
   fill_run_options(a, params_, args);
   a.plan = &kept_;
   a.kv_lengths = kv_hint_;
+  a.max_query_len = 1;  // one row per request (qo_arange)
   ops::paged_attention(a);
 }
 

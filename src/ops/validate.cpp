@@ -237,6 +237,7 @@ AttnDims validate_paged_attention(const PagedAttentionArgs& a) {
                  a.xqa_draft_mask.size(0), d.num_tokens);
   }
   KVATTN_CHECK(a.window_left >= -1, "{}: window_left = {} must be -1 (off) or >= 0", op, a.window_left);
+  KVATTN_CHECK(a.max_query_len >= -1, "{}: max_query_len = {} must be -1 (unknown) or >= 0", op, a.max_query_len);
   KVATTN_CHECK(std::isfinite(a.logits_soft_cap) && a.logits_soft_cap >= 0,
                "{}: logits_soft_cap = {} must be finite and >= 0 (0 = off)", op, a.logits_soft_cap);
   d.sm_scale = a.sm_scale.value_or(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
@@ -260,6 +261,11 @@ ResolvedBatch resolve_batch(const PagedAttentionArgs& a, const AttnDims& d) {
                  op, r, b.q_begin[r], r + 1, b.q_begin[r + 1]);
   KVATTN_CHECK(b.q_begin[d.batch] <= d.num_tokens,
                "{}: qo_indptr[batch] = {} exceeds the query's {} tokens", op, b.q_begin[d.batch], d.num_tokens);
+  if (a.max_query_len >= 0)
+    for (int64_t r = 0; r < d.batch; ++r)
+      KVATTN_CHECK(b.q_begin[r + 1] - b.q_begin[r] <= a.max_query_len,
+                   "{}: request {} has {} query rows but max_query_len = {}; pass the batch's longest query "
+                   "length (or -1 = unknown)", op, r, b.q_begin[r + 1] - b.q_begin[r], a.max_query_len);
   const auto check_page = [&](int64_t r, int64_t i, int64_t p) {
     KVATTN_CHECK(p >= 0 && p < d.num_pages,
                  "{}: request {} page {} has id {}, outside the cache's [0, {}) pages; check the block "

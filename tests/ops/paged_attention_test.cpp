@@ -576,6 +576,17 @@ TEST(PagedAttentionErrors, BadArgumentsAreRejected) {
     f.a.xqa_draft_mask = Tensor::zeros({f.b.num_tokens, 1}, DType::i64);
     expect_error<InvalidArgument>(f.a, "xqa_draft_mask");
   }
+  {
+    ErrFixture f;  // query lengths 2 and 1: max_query_len is a promise the host checks
+    f.a.max_query_len = 2;
+    paged_attention(f.a);
+    f.a.max_query_len = 5;  // a loose bound is fine
+    paged_attention(f.a);
+    f.a.max_query_len = 1;
+    expect_error<InvalidArgument>(f.a, "request 0 has 2 query rows but max_query_len = 1");
+    f.a.max_query_len = -2;
+    expect_error<InvalidArgument>(f.a, "max_query_len = -2 must be -1 (unknown) or >= 0");
+  }
 }
 
 TEST(PagedAttentionHelpers, XqaMaskPacking) {

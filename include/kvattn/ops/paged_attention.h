@@ -132,6 +132,12 @@ struct PagedAttentionArgs {
   // ---- plan reuse and schedule (CUDA) ------------------------------------------------------
   PagedAttentionPlan* plan = nullptr;  // optional: keep / reuse the work plan across calls (see above)
   KvLengthsHint kv_lengths = KvLengthsHint::unknown;  // see KvLengthsHint
+  // The most query rows any request of the batch has (vLLM CommonAttentionMetadata.max_query_len;
+  // -1 = unknown).  A promise, checked where the host can read qo_indptr (CPU tensors); on CUDA
+  // it lets decode calls with max_query_len x GQA group <= 16 run the whole-page decode path
+  // (docs/PERFORMANCE.md), and a request that breaks it gets NaN in its output rows.  The native
+  // decode wrapper passes 1.
+  int64_t max_query_len = -1;
 };
 
 // Validates every argument once (shared by all devices), then dispatches on query's device.
