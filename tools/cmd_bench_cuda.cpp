@@ -29,6 +29,7 @@
 #include "kvattn/ops/ops.h"
 #if defined(KVATTN_WITH_CUDA)
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/page_decode.h"
 #include "ops/cuda/small_decode.h"
 #endif
 
@@ -174,6 +175,7 @@ Row bench_decode(const std::string& name, const Pool& pool, const std::vector<in
   ctx.a.out = out;
   ctx.a.lse = lse;
   if (hint) ctx.a.kv_lengths = ops::classify_kv_lengths(std::vector<int32_t>(lens.begin(), lens.end()));
+  ctx.a.max_query_len = 1;  // one row per request, as the native decode wrapper says
   auto call = [](void* c, int i) {
     auto* x = static_cast<Ctx*>(c);
     const size_t s = static_cast<size_t>(i) % x->ds->size();
@@ -544,6 +546,11 @@ int run(const Opts& o) {
       print_row(bench_decode(name + " [plan per call]", pl, lens, dt, "", o.quick));
       const Row kept = bench_decode(name + " [plan kept]", pl, lens, dt, target, o.quick, true);
       print_row(kept);
+      // the same call on attn_kernel's decode (the whole-page path off), for the A/B in one run
+      const k::PageDecodeMode pm = k::page_decode_mode();
+      k::set_page_decode_mode(k::PageDecodeMode::off);
+      print_row(bench_decode(name + " [plan kept, page path off]", pl, lens, dt, "", o.quick, true));
+      k::set_page_decode_mode(pm);
       return kept;
     };
     for (int mode : {0, 1, 2}) print_row(bench_gather(pool, 64, 4096, mode));

@@ -70,6 +70,13 @@ int64_t prefill_kernel_launches() noexcept;
 void set_small_decode_mode(int mode);
 int small_decode_mode() noexcept;
 int64_t small_decode_launches() noexcept;
+// Routing of decode calls to the whole-page decode path (page_decode.cu; PagedAttentionArgs::
+// max_query_len x group <= 16 and the cases page_decode.h lists): 0 automatic (default, or
+// KVATTN_PAGE_DECODE=off|force; the small-call path keeps the calls it takes), 1 off, 2 force.
+// page_decode_launches() counts its launches (0 without CUDA).
+void set_page_decode_mode(int mode);
+int page_decode_mode() noexcept;
+int64_t page_decode_launches() noexcept;
 // Which kernel runs the small-call path (kernels.h SmallKernel): 0 automatic (default, or
 // KVATTN_SMALL_KERNEL=v8|cluster) = the cluster kernel of small_decode.cu for the calls it covers,
 // 1 = attn_kernel<..., SMALL> (v8) always.  small_cluster_launches() counts the cluster kernel's

@@ -47,6 +47,9 @@ bool prefill_kernel_v5() noexcept { return false; }
 void set_prefill_kernel_v6(bool) {}
 bool prefill_kernel_v6() noexcept { return false; }
 int64_t prefill_kernel_launches() noexcept { return 0; }
+void set_page_decode_mode(int) {}
+int page_decode_mode() noexcept { return 0; }
+int64_t page_decode_launches() noexcept { return 0; }
 void set_small_decode_mode(int) {}
 int small_decode_mode() noexcept { return 0; }
 int64_t small_decode_launches() noexcept { return 0; }

@@ -58,6 +58,8 @@ struct AttnCase {
   bool xqa_random_bits = true;  // clear some mask bits below the diagonal at random
   double out_tol = 0;           // > 0: the output tolerance instead of tol_for()
   KvLengthsHint kv_hint = KvLengthsHint::unknown;  // PagedAttentionArgs::kv_lengths of the GPU call
+  int64_t max_q_len = -1;  // PagedAttentionArgs::max_query_len of both calls (the CPU one checks it)
+  bool keep_plan = false;  // the GPU calls share one PagedAttentionPlan (the repeats reuse it)
   std::string name;
 };
 
@@ -198,6 +200,7 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   a.out = out_ref; a.lse = lse_ref; a.lse_base = c.base; a.causal = c.causal; a.window_left = c.window_left;
   a.logits_soft_cap = c.soft_cap; a.k_scale = c.k_scale; a.v_scale = c.v_scale; a.sinks = sinks;
   a.mm_prefix_ranges = mm; a.xqa_draft_mask = xqa;
+  a.max_query_len = c.max_q_len;
   Mirror mcache(cache.backing);
   PagedAttentionArgs g = a;
   g.query = to_gpu(q); g.k_cache = mcache.view(cache.k); g.v_cache = mcache.view(cache.v);
@@ -211,6 +214,8 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   g.lse = lse_poison;
   g.sinks = to_gpu(sinks); g.mm_prefix_ranges = to_gpu(mm); g.xqa_draft_mask = to_gpu(xqa);
   g.kv_lengths = c.kv_hint;
+  PagedAttentionPlan plan;
+  if (c.keep_plan) g.plan = &plan;
   reference::paged_attention(a);
   const int64_t launches_before = cuda_impl::prefill_kernel_launches();
   for (int rep = 0; rep < c.repeats; ++rep) {
@@ -223,6 +228,10 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   kvattn::cuda::synchronize();
   expect_matches_reference(g.out, c.lse ? g.lse : Tensor(), out_ref, lse_ref,
                            b.qo_indptr.to_vector<int32_t>().back(), c.out_tol > 0 ? c.out_tol : tol_for(c));
+  }
+  if (c.keep_plan) {
+    EXPECT_EQ(plan.plans(), 1) << "the kept plan was planned again";
+    EXPECT_EQ(plan.reuses(), c.repeats - 1);
   }
   return cuda_impl::prefill_kernel_launches() - launches_before;
 }

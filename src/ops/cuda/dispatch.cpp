@@ -15,6 +15,7 @@
 #include "ops/common.h"
 #include "ops/cuda/dcp_kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/page_decode.h"
 #include "ops/cuda/small_decode.h"
 #include "ops/cuda_dispatch.h"
 #include "ops/plan_state.h"
@@ -315,6 +316,28 @@ void paged_attention(const PagedAttentionArgs& a) {
     throw Unsupported(fmt::format("{}: {} (head_dim {}, query {}, cache {}); use CPU tensors for this case", op, why,
                                   d.head_dim, dtype_name(a.query.dtype()), dtype_name(a.k_cache.dtype())));
   std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
+  // the whole-page decode path (page_decode.cu) for the calls it covers, except those the
+  // small-call path takes and those with few requests per CTA (unless forced)
+  const k::PageDecodeMode page_mode = k::page_decode_mode();
+  if (page_mode != k::PageDecodeMode::off &&
+      (page_mode == k::PageDecodeMode::force || (!shape.small && k::page_decode_batch_ok(p, sm_count(dev)))) &&
+      k::page_decode_unsupported(p, a.max_query_len) == nullptr) {
+    const k::PageDecodeShape ps = k::page_decode_shape(p, sm_count(dev), a.max_query_len);
+    if (a.plan == nullptr) {
+      char* ws = static_cast<char*>(workspace_for(dev, ps.plan_bytes + ps.scratch_bytes));
+      check_launch(k::launch_page_decode(p, ps, ws, ws + ps.plan_bytes, true), op);
+      return;
+    }
+    PagedAttentionPlan::State& st = a.plan->state();
+    bool run_plan = true;
+    std::vector<int64_t> key = plan_key(p, dev, nullptr);
+    key[1] = 3;  // this path's plan (the prefill kernel's is 1, attn_kernel's 2)
+    key.insert(key.end(), {ps.grid, ps.rows});
+    void* plan_ws = plan_region(st, key, ps.plan_bytes, dev, &run_plan);
+    check_launch(k::launch_page_decode(p, ps, plan_ws, workspace_for(dev, ps.scratch_bytes), run_plan), op);
+    plan_done(st, run_plan);
+    return;
+  }
   if (a.plan == nullptr || shape.small) {  // the small path plans inside its one launch: nothing to keep
     char* ws = static_cast<char*>(workspace_for(dev, shape.workspace_bytes));
     check_launch(k::launch_paged_attention(p, shape, ws, ws + shape.plan_bytes, true), op);
@@ -442,6 +465,9 @@ bool prefill_kernel_v5() noexcept { return k::prefill_v5(); }
 void set_prefill_kernel_v6(bool on) { k::set_prefill_v6(on); }
 bool prefill_kernel_v6() noexcept { return k::prefill_v6(); }
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
+void set_page_decode_mode(int mode) { k::set_page_decode_mode(static_cast<k::PageDecodeMode>(mode)); }
+int page_decode_mode() noexcept { return static_cast<int>(k::page_decode_mode()); }
+int64_t page_decode_launches() noexcept { return k::page_decode_launches(); }
 void set_small_decode_mode(int mode) { k::set_small_decode_mode(static_cast<k::SmallDecodeMode>(mode)); }
 int small_decode_mode() noexcept { return static_cast<int>(k::small_decode_mode()); }
 int64_t small_decode_launches() noexcept { return k::small_decode_launches(); }

@@ -1,0 +1,654 @@
+// src/ops/cuda/page_decode.cu — whole-page decode: each 16-slot chunk of a page is read once for
+// all 8 KV heads, and the call's chunks are cut into one equal contiguous range per CTA.
+//
+// Two launches per call (one when a kept plan is reused):
+//   page_plan_kernel (one CTA): per request its query rows, KV length, page-list base and its
+//     chunks' place in the call's flattened chunk space (an exclusive prefix sum), the first
+//     request of every CTA's range, the list of requests that have rows but no chunk (no key, or
+//     more rows than the partial slots hold), and the split counters set to 0;
+//   page_decode_kernel (one 8-warp CTA per SM): CTA c takes chunks [c T / G, (c + 1) T / G) of
+//     the T in the call.  Thread 0 walks the requests four chunks ahead of the math and leaves
+//     each chunk's request and key offset in a ring of Meta records, its page id copied in by
+//     cp.async (it lands two barriers before the chunk's copies read it); every thread
+//     copies 8 + 8 16-byte pieces of each chunk's K and V into a 3-stage ring (cp.async), one
+//     __syncthreads per chunk; warp w runs KV head w's query rows (query length x GQA group
+//     <= 16, one m16n8k16 row tile) through S = QK^T, the online softmax and O += PV with
+//     mma.sync.  A request that lies inside the range is normalised and written when its last
+//     chunk is done; one cut by a range boundary (at most the range's first and last) leaves its
+//     unnormalised (m, l, O) in a partial slot, and after the range the warp counts it on a
+//     (request, KV head) counter: the last of its pieces to arrive merges them all, writes the
+//     output and puts the counter back to 0 (CUDA-graph safe; nothing is left for the next call).
+// See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Session 13".
+#include "ops/cuda/page_decode.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/ptx.cuh"
+
+namespace kvattn::ops::cuda_impl::k {
+namespace {
+
+constexpr int kHeads = 8;     // KV heads of a call the path takes = warps per CTA
+constexpr int kThreads = 32 * kHeads;
+constexpr int kDim = 128;     // head_dim
+constexpr int kSlots = 16;    // slots per chunk: one 16-key mma tile
+constexpr int kStages = 3;    // chunks in flight per CTA
+constexpr int kChunkBytes = kSlots * kHeads * kDim * 2;  // K (or V) of one chunk, 16-bit: 32 KB
+// Meta ring: while chunk x is computed, the copies of x + 2 read their Meta and thread 0 writes
+// x + 4's (its page id lands by cp.async with the copies of x + 2, two barriers before x + 4's copies)
+constexpr int kMetaSlots = 8;
+constexpr int kMetaAhead = 4;
+constexpr int kRow = 2 + kDim;  // a partial row: m, l, O[128] (f32)
+constexpr int kPlanThreads = 1024;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// A request as the plan kernel leaves it (32 bytes).
+struct PReq {
+  int64_t page_base;  // kv_indices form: the request's first entry in kv_indices
+  int64_t cstart;     // its first chunk in the call's chunk space
+  int32_t chunks, q_start, q_len, kv_len;
+};
+// Header of the plan: chunks in the call, requests on the empty list, CTAs with a range.
+struct Hdr {
+  int64_t total;
+  int32_t empties, ctas;
+};
+// One staged chunk, written by thread 0 ahead of its copy (48 bytes).
+struct alignas(16) Meta {
+  uint32_t page_lo, page_hi;  // the page-id word as the index tensor holds it (cp.async; hi: int64 only)
+  int64_t cstart;  // the request's first chunk
+  int32_t req, jc;  // request, chunk within the request
+  int32_t q_start, q_len, kv_len, chunks;
+  int32_t slot0, valid;  // first slot of the chunk in its page; slots < kv_len in it
+};
+// The page id of a Meta, or -1 outside [0, num_pages) (read as zeros, as attn_kernel does).
+__device__ __forceinline__ int64_t meta_page(const Meta& m, bool is64, int64_t num_pages) {
+  const int64_t pg = is64 ? static_cast<int64_t>((uint64_t(m.page_hi) << 32) | m.page_lo)
+                          : int64_t(static_cast<int32_t>(m.page_lo));
+  return (pg < 0 || pg >= num_pages) ? int64_t(-1) : pg;
+}
+constexpr int kSmem = kStages * 2 * kChunkBytes + kMetaSlots * static_cast<int>(sizeof(Meta));
+
+struct PagePlan {
+  Hdr* hdr;
+  PReq* req;            // [batch]
+  int32_t* first_req;   // [grid] first request of each CTA's range
+  int32_t* empties;     // [batch] requests with rows and no chunk
+  int32_t* counters;    // [batch * 8] arrivals per (request, KV head), 0 between launches
+  float* part;          // [grid][2][8][rows][kRow] partial slots of the cut requests
+  int rows;             // rows per (slot, KV head): max_q_len x group
+};
+
+struct PageWs {
+  int64_t hdr, req, first_req, empties, counters, plan_total;
+  int64_t part, scratch_total;
+};
+PageWs page_ws(int64_t batch, int grid, int rows) {
+  auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
+  PageWs w{};
+  int64_t off = 0;
+  w.hdr = off; off += 256;
+  w.req = off; off += al(batch * int64_t(sizeof(PReq)) + 16);
+  w.first_req = off; off += al(int64_t(grid) * 4 + 16);
+  w.empties = off; off += al(batch * 4 + 16);
+  w.counters = off; off += al(batch * kHeads * 4 + 16);
+  w.plan_total = off;
+  w.part = 0;
+  w.scratch_total = al(int64_t(grid) * 2 * kHeads * rows * kRow * 4);
+  return w;
+}
+
+// The CTA (of G equal ranges of T chunks: CTA c holds [c T / G, (c + 1) T / G)) holding chunk x.
+__host__ __device__ __forceinline__ int64_t cta_of(int64_t x, int64_t G, int64_t T) {
+  return ((x + 1) * G + T - 1) / T - 1;
+}
+__host__ __device__ __forceinline__ int64_t range_begin(int64_t c, int64_t G, int64_t T) { return c * T / G; }
+
+// Shared-memory offset of (slot, KV head, 16-byte piece) in a staged chunk: 256-byte rows in
+// (slot, head) order, pieces XOR-swizzled by slot so ldmatrix's 8 rows of one head (2 KB apart)
+// fall in 8 different bank groups.
+__device__ __forceinline__ uint32_t swz(int slot, int head, int piece) {
+  return static_cast<uint32_t>(((slot * kHeads + head) << 8) + ((piece ^ (slot & 7)) << 4));
+}
+
+__global__ void __launch_bounds__(kPlanThreads) page_plan_kernel(AttnParams p, PagePlan pl, int grid) {
+  __shared__ int64_t s_warp[32];
+  __shared__ int64_t s_carry;
+  __shared__ int32_t s_empties;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int nwarps = kPlanThreads / 32;
+  if (tid == 0) {
+    s_carry = 0;
+    s_empties = 0;
+  }
+  for (int64_t i = tid; i < int64_t(p.batch) * kHeads; i += kPlanThreads) pl.counters[i] = 0;
+  __syncthreads();
+  for (int base = 0; base < p.batch; base += kPlanThreads) {
+    const int r = base + tid;
+    int64_t chunks = 0;
+    PReq q{};
+    if (r < p.batch) {
+      const RequestBounds rb = load_request_bounds(p, r);
+      q.page_base = rb.page_base;
+      q.q_start = static_cast<int32_t>(rb.q_begin);
+      q.q_len = static_cast<int32_t>(rb.q_end - rb.q_begin);
+      q.kv_len = static_cast<int32_t>(rb.kv_len);
+      const bool fits = int64_t(q.q_len) * p.group <= pl.rows;
+      chunks = q.q_len > 0 && fits ? (rb.kv_len + kSlots - 1) / kSlots : 0;
+      if (q.q_len > 0 && chunks == 0) pl.empties[atomicAdd(&s_empties, 1)] = r;
+    }
+    int64_t x = chunks;  // inclusive scan over the block
+    for (int o = 1; o < 32; o <<= 1) {
+      const int64_t y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) s_warp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      int64_t wv = s_warp[lane];
+      for (int o = 1; o < 32; o <<= 1) {
+        const int64_t y = __shfl_up_sync(0xffffffffu, wv, o);
+        if (lane >= o) wv += y;
+      }
+      s_warp[lane] = wv;
+    }
+    __syncthreads();
+    if (r < p.batch) {
+      q.cstart = s_carry + (warp > 0 ? s_warp[warp - 1] : 0) + x - chunks;
+      q.chunks = static_cast<int32_t>(chunks);
+      pl.req[r] = q;
+    }
+    __syncthreads();
+    if (tid == 0) s_carry += s_warp[nwarps - 1];
+    __syncthreads();
+  }
+  const int64_t T = s_carry;
+  const int64_t G = T < grid ? T : grid;  // every CTA's range holds at least one chunk
+  // the first request of each range: the request holding the range's first chunk
+  for (int r = tid; r < p.batch; r += kPlanThreads) {
+    const PReq q = pl.req[r];  // this block's own stores, ordered by the barriers above
+    if (q.chunks == 0) continue;
+    const int64_t cend = q.cstart + q.chunks;
+    int64_t c = cta_of(q.cstart, G, T);
+    if (range_begin(c, G, T) < q.cstart) ++c;
+    for (; c < G && range_begin(c, G, T) < cend; ++c) pl.first_req[c] = r;
+  }
+  if (tid == 0) *pl.hdr = Hdr{T, s_empties, static_cast<int32_t>(G)};
+}
+
+// Output rows of a request with no chunk: zeros and LSE -inf when it has no key; NaN when it has
+// more query rows than the caller's max_query_len promised (the partial slots cannot hold them).
+__device__ void write_empty_request(const AttnParams& p, const PagePlan& pl, int r) {
+  const PReq q = pl.req[r];
+  const bool broken = int64_t(q.q_len) * p.group > pl.rows;
+  const float val = broken ? __int_as_float(0x7fc00000) : 0.f;
+  const int64_t per_tok = int64_t(p.hq) * kDim;
+  const int64_t n = int64_t(q.q_len) * per_tok;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t t = i / per_tok, rem = i - t * per_tok;
+    const int64_t h = rem / kDim, d = rem - h * kDim;
+    store_elt(p.out, (q.q_start + t) * p.o_st + h * p.o_sh + d * p.o_sd, p.out_t, val);
+  }
+  if (p.lse != nullptr)
+    for (int64_t i = threadIdx.x; i < int64_t(q.q_len) * p.hq; i += blockDim.x) {
+      const int64_t t = i / p.hq, h = i - t * p.hq;
+      p.lse[(q.q_start + t) * p.lse_st + h * p.lse_sh] = broken ? val : -INFINITY;
+    }
+}
+
+template <bool BF16, bool R16>
+__global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnParams p, const PagePlan pl) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  Meta* meta = reinterpret_cast<Meta*>(sm + kStages * 2 * kChunkBytes);
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const Hdr hdr = *pl.hdr;
+  // loaded with the header (a CTA past the ranges reads an unused entry of the array and drops it)
+  const int32_t first_req = tid == 0 ? __ldg(pl.first_req + blockIdx.x) : 0;
+  for (int e = blockIdx.x; e < hdr.empties; e += gridDim.x) write_empty_request(p, pl, __ldg(pl.empties + e));
+  const int64_t G = hdr.ctas, T = hdr.total;
+  if (blockIdx.x >= G) return;
+  const int64_t c = blockIdx.x, x0 = range_begin(c, G, T), x1 = range_begin(c + 1, G, T);
+  const char* kbase = static_cast<const char*>(p.k);
+  const char* vbase = static_cast<const char*>(p.v);
+  const int cpp = p.page_size / kSlots;  // chunks per page
+  const Idx& pidx = page_index(p);
+
+  // ---- thread 0's request cursor: the Meta of chunk x (x increasing, x < x1) and the element
+  // offset of its page id in the index tensor
+  int cur_r = first_req;
+  PReq cur{};
+  if (tid == 0) cur = pl.req[cur_r];
+  auto cursor = [&](int64_t x, Meta& m) -> int64_t {
+    while (x >= cur.cstart + cur.chunks) cur = pl.req[++cur_r];  // requests without chunks are skipped
+    const int32_t jc = static_cast<int32_t>(x - cur.cstart);
+    const int32_t blk = p.page_shift >= 4 ? jc >> (p.page_shift - 4) : jc / cpp;
+    m.cstart = cur.cstart;
+    m.req = cur_r;
+    m.jc = jc;
+    m.q_start = cur.q_start;
+    m.q_len = cur.q_len;
+    m.kv_len = cur.kv_len;
+    m.chunks = cur.chunks;
+    m.slot0 = (jc - blk * cpp) * kSlots;
+    m.valid = min(kSlots, cur.kv_len - jc * kSlots);
+    return page_elem(p, cur.page_base, cur_r, blk);  // strides applied
+  };
+  const char* pidx_bytes = static_cast<const char*>(pidx.ptr);
+  const int pidx_esz = pidx.is64 ? 8 : 4;
+
+  // ---- copies: 2048 16-byte pieces of K and of V per chunk, 8 + 8 per thread.  Piece ch of a
+  // chunk is (slot, head, 16-byte piece) in the order the cache stores them (slot-major for NHD,
+  // head-major for HND), so consecutive threads read consecutive bytes.  The byte offsets from
+  // the chunk's slot 0 (the same for K and V: the route requires equal slot / head strides) and
+  // the shared-memory offsets are fixed per thread.
+  const bool head_major = p.k_sh > p.k_so;
+  uint32_t goff[8], soff[8];
+  int slot_of[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int ch = tid + kThreads * i, piece = ch & 15;
+    const int slot = head_major ? (ch >> 4) & 15 : ch >> 7;
+    const int head = head_major ? ch >> 8 : (ch >> 4) & 7;
+    goff[i] = static_cast<uint32_t>(slot * p.k_so + head * p.k_sh + piece * 16);
+    soff[i] = swz(slot, head, piece);
+    slot_of[i] = slot;
+  }
+  auto issue = [&](const Meta& m, int st) {
+    const int64_t pg = meta_page(m, pidx.is64, p.num_pages);
+    const int valid = pg < 0 ? 0 : m.valid;
+    const int64_t pgc = pg < 0 ? 0 : pg;
+    const char* kp = kbase + pgc * p.k_sb + int64_t(m.slot0) * p.k_so;
+    const char* vp = vbase + pgc * p.v_sb + int64_t(m.slot0) * p.v_so;
+    const uint32_t sk = smem_u32(sm + st * 2 * kChunkBytes), sv = sk + kChunkBytes;
+    if (valid == kSlots) {  // a whole chunk (all but a request's last)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        cp_async16(sk + soff[i], kp + goff[i], 16);
+        cp_async16(sv + soff[i], vp + goff[i], 16);
+      }
+    } else {  // slots at or past kv_len zero-filled (their V must not be NaN: P is 0 there)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const bool ok = slot_of[i] < valid;
+        cp_async16(sk + soff[i], ok ? kp + goff[i] : kp, ok ? 16 : 0);
+        cp_async16(sv + soff[i], ok ? vp + goff[i] : vp, ok ? 16 : 0);
+      }
+    }
+  };
+
+  // the first kMetaAhead chunks' page ids loaded here; later ones by cp.async in the loop
+  if (tid == 0)
+    for (int i = 0; i < kMetaAhead && x0 + i < x1; ++i) {
+      Meta m;
+      const int64_t e = cursor(x0 + i, m);
+      if (pidx.is64) {
+        const uint64_t v = static_cast<const uint64_t*>(pidx.ptr)[e];
+        m.page_lo = static_cast<uint32_t>(v);
+        m.page_hi = static_cast<uint32_t>(v >> 32);
+      } else {
+        m.page_lo = static_cast<const uint32_t*>(pidx.ptr)[e];
+        m.page_hi = 0;
+      }
+      meta[i] = m;
+    }
+  __syncthreads();
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (x0 + st < x1) issue(meta[st], st);
+    cp_async_commit();
+  }
+
+  // ---- this warp's rows: row i of the 16-row tile is token i / group, query head w * group +
+  // i % group of the request; lane holds rows g and (R16) g + 8
+  constexpr int NR = R16 ? 2 : 1;
+  const float scale_log2 = p.sm_scale * kLog2e;
+  uint32_t qf[8][4];
+  float o[16][4];
+  float m_r[NR], l_r[NR];
+  int lim[NR];      // keys [0, lim) visible to the row
+  int lim_min = 0;  // chunks starting at or past it need the mask
+  int64_t req = -1, r_cstart = 0;
+  int r_chunks = 0, r_qs = 0, r_ql = 0;
+  int64_t split_req[2] = {-1, -1};
+  int split_which[2] = {0, 0};
+  int n_split = 0;
+  const int rows_per_head = pl.rows;
+  float* part = pl.part;
+  auto part_row = [&](int64_t cta, int which, int i) {
+    return part + (((cta * 2 + which) * kHeads + w) * rows_per_head + i) * kRow;
+  };
+  auto row_token = [&](int i, int& t, int& head) {
+    t = i / p.group;
+    head = w * p.group + (i - t * p.group);
+  };
+  auto flush = [&]() {
+    float l[NR];
+#pragma unroll
+    for (int rr = 0; rr < NR; ++rr) {
+      l[rr] = l_r[rr];
+      l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+      l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+    }
+    const int rows_used = r_ql * p.group;
+    const int64_t cend = r_cstart + r_chunks;
+    if (r_cstart < x0 || cend > x1) {  // cut by a range boundary: the partial now, the merge later
+      const int which = r_cstart <= x0 ? 0 : 1;
+#pragma unroll
+      for (int rr = 0; rr < NR; ++rr) {
+        const int i = g + 8 * rr;
+        if (i >= rows_used) continue;
+        float* dst = part_row(c, which, i);
+        if (t4 == 0) {
+          dst[0] = m_r[rr];
+          dst[1] = l[rr];
+        }
+#pragma unroll
+        for (int nn = 0; nn < 16; ++nn)
+          *reinterpret_cast<float2*>(dst + 2 + 8 * nn + 2 * t4) = make_float2(o[nn][2 * rr], o[nn][2 * rr + 1]);
+      }
+      split_req[n_split] = req;
+      split_which[n_split] = which;
+      ++n_split;
+      return;
+    }
+#pragma unroll
+    for (int rr = 0; rr < NR; ++rr) {
+      const int i = g + 8 * rr;
+      if (i >= rows_used) continue;
+      int t, head;
+      row_token(i, t, head);
+      const int64_t tok = r_qs + t;
+      const float inv = l[rr] > 0.f ? p.v_scale / l[rr] : 0.f;
+      uint16_t* dst = static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + 2 * t4;
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn)
+        *reinterpret_cast<uint32_t*>(dst + 8 * nn) = pack2<BF16>(o[nn][2 * rr] * inv, o[nn][2 * rr + 1] * inv);
+      if (p.lse != nullptr && t4 == 0)
+        p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] =
+            l[rr] > 0.f ? (m_r[rr] + __log2f(l[rr])) * (p.lse_natural ? kLn2 : 1.f) : -INFINITY;
+    }
+  };
+
+  for (int64_t x = x0; x < x1; ++x) {
+    const int it = static_cast<int>(x - x0);
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk x landed (every thread's pieces); every warp is done with chunk x - 1
+    if (tid == 0 && x + kMetaAhead < x1) {  // x + 4's Meta; its page id joins this commit group
+      Meta& m = meta[(it + kMetaAhead) % kMetaSlots];
+      const int64_t e = cursor(x + kMetaAhead, m);
+      if (!pidx.is64) m.page_hi = 0;  // (an int64 word is written whole by the copy)
+      cp_async_idx(smem_u32(&m.page_lo), pidx_bytes + e * pidx_esz, pidx.is64);
+    }
+    if (x + kStages - 1 < x1) issue(meta[(it + kStages - 1) % kMetaSlots], (it + kStages - 1) % kStages);
+    cp_async_commit();
+    const Meta& mt = meta[it % kMetaSlots];
+    const int64_t r = mt.req;
+    if (r != req) {  // a new request: finish the last one, load this one's query rows
+      if (req >= 0) flush();
+      req = r;
+      r_cstart = mt.cstart;
+      r_chunks = mt.chunks;
+      r_qs = mt.q_start;
+      r_ql = mt.q_len;
+      const int kv_len = mt.kv_len;
+      const int rows_used = r_ql * p.group;
+      lim_min = p.causal ? kv_len - r_ql + 1 : kv_len;
+#pragma unroll
+      for (int rr = 0; rr < NR; ++rr) {
+        const int i = g + 8 * rr;
+        int t, head;
+        row_token(i, t, head);
+        lim[rr] = p.causal ? min(kv_len - r_ql + 1 + t, kv_len) : kv_len;
+        const bool ok = i < rows_used;
+        const uint32_t* qrow =
+            reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p.q) + (r_qs + t) * p.q_st + int64_t(head) * p.q_sh);
+#pragma unroll
+        for (int s2 = 0; s2 < 8; ++s2) {
+          qf[s2][rr] = ok ? qrow[8 * s2 + t4] : 0u;
+          qf[s2][rr + 2] = ok ? qrow[8 * s2 + 4 + t4] : 0u;
+        }
+        m_r[rr] = -INFINITY;
+        l_r[rr] = 0.f;
+      }
+      if constexpr (!R16) {
+#pragma unroll
+        for (int s2 = 0; s2 < 8; ++s2) qf[s2][1] = qf[s2][3] = 0u;
+      }
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.f;
+    }
+    const int key0 = mt.jc * kSlots;
+    const unsigned char* tK = sm + (it % kStages) * 2 * kChunkBytes;
+    const unsigned char* tV = tK + kChunkBytes;
+    float sc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+      const int krow = 8 * j + (lane & 7);
+#pragma unroll
+      for (int ks = 0; ks < 8; ks += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(smem_u32(tK + swz(krow, w, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
+        mma16816<BF16>(sc[j], qf[ks], b0, b1);
+        mma16816<BF16>(sc[j], qf[ks + 1], b2, b3);
+      }
+    }
+    // scores in log2 units; keys at or past a row's limit -inf (the request's last chunk, and
+    // the causal diagonal of a multi-token row)
+    const bool masked = key0 + kSlots > lim_min;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int rr = e >> 1;
+        float s = sc[j][e] * scale_log2;
+        if (rr < NR && masked && key0 + 8 * j + 2 * t4 + (e & 1) >= lim[rr]) s = -INFINITY;
+        sc[j][e] = s;
+      }
+    float alpha[NR];
+#pragma unroll
+    for (int rr = 0; rr < NR; ++rr) {
+      float mx = fmaxf(fmaxf(sc[0][2 * rr], sc[0][2 * rr + 1]), fmaxf(sc[1][2 * rr], sc[1][2 * rr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_r[rr], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet
+      alpha[rr] = exp2f(m_r[rr] - m_use);
+      m_r[rr] = m_new;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        sc[j][2 * rr] = exp2f(sc[j][2 * rr] - m_use);
+        sc[j][2 * rr + 1] = exp2f(sc[j][2 * rr + 1] - m_use);
+      }
+      l_r[rr] = l_r[rr] * alpha[rr] + sc[0][2 * rr] + sc[0][2 * rr + 1] + sc[1][2 * rr] + sc[1][2 * rr + 1];
+    }
+#pragma unroll
+    for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+      for (int rr = 0; rr < NR; ++rr) {
+        o[nn][2 * rr] *= alpha[rr];
+        o[nn][2 * rr + 1] *= alpha[rr];
+      }
+    uint32_t a[4];
+    a[0] = pack2<BF16>(sc[0][0], sc[0][1]);
+    a[2] = pack2<BF16>(sc[1][0], sc[1][1]);
+    a[1] = R16 ? pack2<BF16>(sc[0][2], sc[0][3]) : 0u;
+    a[3] = R16 ? pack2<BF16>(sc[1][2], sc[1][3]) : 0u;
+    const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int nn = 0; nn < 16; nn += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_t(smem_u32(tV + swz(vrow, w, nn + (lane >> 4))), b0, b1, b2, b3);
+      mma16816<BF16>(o[nn], a, b0, b1);
+      mma16816<BF16>(o[nn + 1], a, b2, b3);
+    }
+  }
+  if (req >= 0) flush();
+  if (n_split == 0) return;
+
+  // ---- the cut requests: count this piece; the last piece to arrive merges every piece
+  __threadfence();  // this warp's partials are visible before it counts them
+  __syncwarp();
+  for (int si = 0; si < n_split; ++si) {
+    const int64_t r = split_req[si];
+    const PReq q = pl.req[r];
+    const int64_t c_lo = cta_of(q.cstart, G, T);
+    const int pieces = static_cast<int>(cta_of(q.cstart + q.chunks - 1, G, T) - c_lo + 1);
+    int old = 0;
+    if (lane == 0) old = atomicAdd(&pl.counters[r * kHeads + w], 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    if (old != pieces - 1) continue;  // another piece is still running: it merges r
+    __threadfence();
+    // lanes 8k..8k+7 take row rg + k, 16 dims each; every piece's (m, l) first, then its O
+    const int rows_used = q.q_len * p.group;
+    const int d0 = (lane & 7) * 16;
+    for (int rg = 0; rg < rows_used; rg += 4) {
+      const int i = rg + (lane >> 3);
+      const bool ok = i < rows_used;
+      const int ii = ok ? i : 0;
+      auto src_of = [&](int pc) {
+        const int64_t c2 = c_lo + pc;
+        const int which = (pc == 0 && q.cstart > range_begin(c2, G, T)) ? 1 : 0;
+        return part_row(c2, which, ii);
+      };
+      float M = -INFINITY;
+      for (int pc = 0; pc < pieces; ++pc) M = fmaxf(M, __ldcg(src_of(pc)));
+      const float m_use = M == -INFINITY ? 0.f : M;
+      float L = 0.f, acc[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) acc[e] = 0.f;
+      for (int pc = 0; pc < pieces; ++pc) {
+        const float* src = src_of(pc);
+        const float f = exp2f(__ldcg(src) - m_use);
+        L += __ldcg(src + 1) * f;
+#pragma unroll
+        for (int e = 0; e < 16; e += 2) {
+          const float2 v2 = __ldcg(reinterpret_cast<const float2*>(src + 2 + d0 + e));
+          acc[e] += f * v2.x;
+          acc[e + 1] += f * v2.y;
+        }
+      }
+      if (!ok) continue;
+      int t, head;
+      row_token(i, t, head);
+      const int64_t tok = q.q_start + t;
+      const float inv = L > 0.f ? p.v_scale / L : 0.f;
+      uint32_t pk[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) pk[e] = pack2<BF16>(acc[2 * e] * inv, acc[2 * e + 1] * inv);
+      uint4* dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d0);
+      dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+      dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
+      if (p.lse != nullptr && (lane & 7) == 0)
+        p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] =
+            L > 0.f ? (M + __log2f(L)) * (p.lse_natural ? kLn2 : 1.f) : -INFINITY;
+    }
+    __syncwarp();
+    if (lane == 0) pl.counters[r * kHeads + w] = 0;  // ready for the next call
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------
+std::atomic<int> g_mode{-1};
+std::atomic<int64_t> g_launches{0};
+
+int mode_now() {
+  int m = g_mode.load(std::memory_order_relaxed);
+  if (m >= 0) return m;
+  m = 0;
+  if (const char* e = std::getenv("KVATTN_PAGE_DECODE")) {
+    if (std::strcmp(e, "off") == 0) m = 1;
+    if (std::strcmp(e, "force") == 0) m = 2;
+  }
+  int expected = -1;
+  g_mode.compare_exchange_strong(expected, m, std::memory_order_relaxed);
+  return g_mode.load(std::memory_order_relaxed);
+}
+
+// Shared memory one block may opt into on the current device (cached per device).
+int smem_optin() {
+  static int cached[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int& v = cached[dev & 63];
+  if (v == 0) {
+    int x = 0;
+    if (cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      x = -1;
+    }
+    v = x;
+  }
+  return v;
+}
+
+template <bool BF16, bool R16>
+int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid) {
+  constexpr auto kern = page_decode_kernel<BF16, R16>;
+  if (const int e = opt_in_dynamic_smem<kern>(kSmem)) return e;
+  kern<<<grid, kThreads, kSmem>>>(p, pl);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+void set_page_decode_mode(PageDecodeMode m) { g_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
+PageDecodeMode page_decode_mode() { return static_cast<PageDecodeMode>(mode_now()); }
+int64_t page_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len) {
+  if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return "the cache is not bf16 / f16";
+  if (p.q_t != p.kv_t || p.out_t != p.kv_t) return "the query or output type is not the cache's";
+  if (!p.q_vec || !p.o_vec) return "query / output rows are not 16-byte aligned vectors";
+  if (p.head_dim != kDim) return "head_dim is not 128";
+  if (p.hkv != kHeads) return "the call does not have 8 KV heads";
+  if (max_q_len < 1 || max_q_len * p.group > 16) return "max_query_len x GQA group is unknown or above 16";
+  if (p.page_size % kSlots != 0) return "the page size is not a multiple of 16";
+  if (p.k_so != p.v_so || p.k_sh != p.v_sh) return "K and V views differ in slot / head strides";
+  if (15 * p.k_so + 7 * p.k_sh + 256 >= (int64_t(1) << 32)) return "a chunk spans more than 4 GB of the cache view";
+  if (p.soft_cap > 0.f || p.window_left >= 0 || p.sinks != nullptr || p.mm != nullptr || p.xqa != nullptr)
+    return "soft cap, sliding window, sinks, PrefixLM and XQA masks are not implemented on this path";
+  if (smem_optin() < kSmem) return "the device has less shared memory per block than the path's 192 KB ring";
+  return nullptr;
+}
+
+bool page_decode_batch_ok(const AttnParams& p, int num_sms) { return int64_t(p.batch) * 4 > num_sms; }
+
+PageDecodeShape page_decode_shape(const AttnParams& p, int num_sms, int64_t max_q_len) {
+  PageDecodeShape s;
+  s.grid = num_sms > 0 ? num_sms : 1;
+  s.rows = static_cast<int>(max_q_len * p.group);
+  const PageWs w = page_ws(p.batch, s.grid, s.rows);
+  s.plan_bytes = w.plan_total;
+  s.scratch_bytes = w.scratch_total;
+  return s;
+}
+
+int launch_page_decode(const AttnParams& p, const PageDecodeShape& s, void* plan_ws, void* scratch_ws, bool run_plan) {
+  if (p.batch == 0 || p.num_tokens == 0) return 0;
+  const PageWs w = page_ws(p.batch, s.grid, s.rows);
+  char* base = static_cast<char*>(plan_ws);
+  PagePlan pl;
+  pl.hdr = reinterpret_cast<Hdr*>(base + w.hdr);
+  pl.req = reinterpret_cast<PReq*>(base + w.req);
+  pl.first_req = reinterpret_cast<int32_t*>(base + w.first_req);
+  pl.empties = reinterpret_cast<int32_t*>(base + w.empties);
+  pl.counters = reinterpret_cast<int32_t*>(base + w.counters);
+  pl.part = reinterpret_cast<float*>(static_cast<char*>(scratch_ws) + w.part);
+  pl.rows = s.rows;
+  if (run_plan) {
+    page_plan_kernel<<<1, kPlanThreads>>>(p, pl, s.grid);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+  }
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  const bool bf16 = p.kv_t == Elt::bf16, r16 = s.rows > 8;
+  if (bf16) return r16 ? launch_kernel<true, true>(p, pl, s.grid) : launch_kernel<true, false>(p, pl, s.grid);
+  return r16 ? launch_kernel<false, true>(p, pl, s.grid) : launch_kernel<false, false>(p, pl, s.grid);
+}
+
+}  // namespace kvattn::ops::cuda_impl::k
