@@ -48,7 +48,8 @@ enum class LseBase { Two, E };
 // mixed: decode calls of bf16 / f16 caches with at least one (request, KV head) pair per CTA run
 // the stream-K schedule (every CTA an equal share of the tiles), measured 2 % faster on
 // 128 x U[256, 8192] and 1.5 % slower on uniform 128 x 4096 (docs/PERFORMANCE.md).  fp8 caches
-// take stream-K by that size rule anyway.  CPU tensors ignore it.
+// take stream-K by that size rule anyway.  CPU tensors ignore it, and so do the calls the
+// whole-page decode path takes (max_query_len below; its equal chunk ranges need no hint).
 enum class KvLengthsHint { unknown, uniform, mixed };
 // mixed when the longest non-empty request is at least twice the shortest, else uniform
 // (unknown for no non-empty request): what the native decode wrapper passes.
