@@ -6,20 +6,124 @@
 // page sizes 16 / 32 / 64, GQA 1 / 2 / 4 / 8 / 16, multi-token rows (causal and not, up to 16 rows
 // per KV head), f16, LSE in both bases and none, one request cut over every CTA, more requests
 // than the plan kernel's block, fewer chunks than CTAs, a plan kept across calls (the split
-// counters must reset themselves).  Also: what the automatic route takes and leaves, and a
-// request that breaks the max_query_len promise (NaN rows, nothing else touched).
+// counters must reset themselves).  Also: what the automatic route takes and leaves, a request
+// that breaks the max_query_len promise (NaN rows, nothing else touched), and on the CPU (no GPU
+// needed) the chunk-range arithmetic of page_decode_schedule.h against a simulation of the plan
+// kernel, every CTA's walk and the merge.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_attn_case.h"
 #include "kvattn/core/cuda_runtime_api.h"
+#include "ops/cuda/page_decode_schedule.h"
 
 namespace kvattn::ops::testing {
 namespace {
+
+// ---- the schedule on the CPU (no GPU needed): the functions the kernels run ------------------
+namespace ps = cuda_impl::k::page_sched;
+
+// Plans chunk counts as page_plan_kernel does, walks every CTA's range as page_decode_kernel does
+// (which requests it holds, which it writes whole, which it leaves in which slot) and merges as
+// its last piece does; checks that the ranges partition the chunks, that each CTA's first request
+// is the one the plan kernel writes, that a CTA holds at most two cut requests in distinct slots,
+// and that the merge finds exactly the (CTA, slot) pieces the CTAs wrote.
+void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
+  SCOPED_TRACE(::testing::Message() << chunks.size() << " requests, grid " << grid);
+  const int64_t B = static_cast<int64_t>(chunks.size());
+  std::vector<int64_t> cstart(chunks.size() + 1, 0);
+  for (int64_t r = 0; r < B; ++r) cstart[r + 1] = cstart[r] + chunks[r];
+  const int64_t T = cstart[B];
+  if (T == 0) return;
+  const int64_t G = std::min(grid, T);
+  // the plan kernel's first request of each range
+  std::vector<int64_t> first(static_cast<size_t>(G), -1);
+  for (int64_t r = 0; r < B; ++r) {
+    if (chunks[r] == 0) continue;
+    for (int64_t c = ps::first_cta_starting_in(cstart[r], G, T); c < G && ps::range_begin(c, G, T) < cstart[r + 1]; ++c) {
+      EXPECT_EQ(first[c], -1) << "CTA " << c << " given two first requests";
+      first[c] = r;
+    }
+  }
+  std::map<int64_t, std::set<std::pair<int64_t, int>>> written;  // cut request -> (CTA, slot)
+  std::vector<int> whole(chunks.size(), 0);
+  for (int64_t c = 0; c < G; ++c) {
+    const int64_t x0 = ps::range_begin(c, G, T), x1 = ps::range_begin(c + 1, G, T);
+    ASSERT_LT(x0, x1) << "CTA " << c << " has an empty range";
+    if (c == 0) EXPECT_EQ(x0, 0);
+    if (c == G - 1) EXPECT_EQ(x1, T);
+    ASSERT_GE(first[c], 0) << "CTA " << c << " has no first request";
+    EXPECT_TRUE(cstart[first[c]] <= x0 && x0 < cstart[first[c] + 1]) << "CTA " << c << ": wrong first request";
+    EXPECT_EQ(ps::cta_of(x0, G, T), c);
+    EXPECT_EQ(ps::cta_of(x1 - 1, G, T), c);
+    int cut = 0, slots = 0;
+    for (int64_t r = first[c]; r < B && cstart[r] < x1; ++r) {
+      if (chunks[r] == 0) continue;
+      if (cstart[r] < x0 || cstart[r + 1] > x1) {
+        const int slot = ps::cut_slot(cstart[r], x0);
+        EXPECT_TRUE(written[r].insert({c, slot}).second);
+        ++cut;
+        slots |= 1 << slot;
+      } else {
+        ++whole[r];
+      }
+    }
+    EXPECT_LE(cut, 2) << "CTA " << c;
+    EXPECT_EQ(__builtin_popcount(static_cast<unsigned>(slots)), cut) << "CTA " << c << ": two cut requests in one slot";
+  }
+  for (int64_t r = 0; r < B; ++r) {
+    if (chunks[r] == 0) continue;
+    const int64_t c_lo = ps::cta_of(cstart[r], G, T);
+    const int64_t pieces = ps::cta_of(cstart[r + 1] - 1, G, T) - c_lo + 1;
+    if (pieces == 1) {
+      EXPECT_EQ(whole[r], 1) << "request " << r << " in one range must be written whole, once";
+      EXPECT_EQ(written.count(r), 0u);
+      continue;
+    }
+    EXPECT_EQ(whole[r], 0);
+    std::set<std::pair<int64_t, int>> merged;
+    for (int64_t pc = 0; pc < pieces; ++pc) {
+      const int64_t c2 = c_lo + pc;
+      merged.insert({c2, pc == 0 ? ps::cut_slot(cstart[r], ps::range_begin(c2, G, T)) : 0});
+    }
+    EXPECT_EQ(merged, written[r]) << "request " << r << ": the merge reads other slots than the pieces wrote";
+  }
+}
+
+TEST(PageDecodeSchedule, HandCases) {
+  check_page_schedule({256, 256, 256}, 132);   // every request over ~44 CTAs
+  check_page_schedule({1, 1, 1}, 132);         // fewer chunks than CTAs: 3 ranges
+  check_page_schedule({0, 5, 0, 0, 7, 0}, 4);  // requests without chunks skipped
+  check_page_schedule({10}, 1);
+  check_page_schedule({3, 3, 3, 3}, 4);        // ranges on request boundaries: nothing cut
+  check_page_schedule({100000, 1, 100000}, 132);
+  // 64 x 4096 and 128 x 4096 at page 16 on 132 SMs (the benchmark shapes)
+  check_page_schedule(std::vector<int64_t>(64, 256), 132);
+  check_page_schedule(std::vector<int64_t>(128, 256), 132);
+}
+
+TEST(PageDecodeSchedule, Randomised) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t B = 1 + static_cast<int64_t>(rng() % 300);
+    std::vector<int64_t> chunks(static_cast<size_t>(B));
+    const int kind = trial % 3;
+    for (auto& n : chunks) {
+      const uint32_t u = rng();
+      n = kind == 0 ? u % 40 : kind == 1 ? (u % 4 == 0 ? 0 : u % 600) : (u % 50 == 0 ? 5000 + u % 9000 : u % 3);
+    }
+    const int64_t grids[] = {1, 2, 7, 108, 132, 264};
+    check_page_schedule(chunks, grids[rng() % 6]);
+  }
+}
 
 class CudaPageDecodeTest : public ::testing::Test {
  protected:

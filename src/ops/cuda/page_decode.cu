@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/page_decode_schedule.h"
 #include "ops/cuda/ptx.cuh"
 
 namespace kvattn::ops::cuda_impl::k {
@@ -103,11 +104,8 @@ PageWs page_ws(int64_t batch, int grid, int rows) {
   return w;
 }
 
-// The CTA (of G equal ranges of T chunks: CTA c holds [c T / G, (c + 1) T / G)) holding chunk x.
-__host__ __device__ __forceinline__ int64_t cta_of(int64_t x, int64_t G, int64_t T) {
-  return ((x + 1) * G + T - 1) / T - 1;
-}
-__host__ __device__ __forceinline__ int64_t range_begin(int64_t c, int64_t G, int64_t T) { return c * T / G; }
+using page_sched::cta_of;
+using page_sched::range_begin;
 
 // Shared-memory offset of (slot, KV head, 16-byte piece) in a staged chunk: 256-byte rows in
 // (slot, head) order, pieces XOR-swizzled by slot so ldmatrix's 8 rows of one head (2 KB apart)
@@ -174,9 +172,7 @@ __global__ void __launch_bounds__(kPlanThreads) page_plan_kernel(AttnParams p, P
     const PReq q = pl.req[r];  // this block's own stores, ordered by the barriers above
     if (q.chunks == 0) continue;
     const int64_t cend = q.cstart + q.chunks;
-    int64_t c = cta_of(q.cstart, G, T);
-    if (range_begin(c, G, T) < q.cstart) ++c;
-    for (; c < G && range_begin(c, G, T) < cend; ++c) pl.first_req[c] = r;
+    for (int64_t c = page_sched::first_cta_starting_in(q.cstart, G, T); c < G && range_begin(c, G, T) < cend; ++c) pl.first_req[c] = r;
   }
   if (tid == 0) *pl.hdr = Hdr{T, s_empties, static_cast<int32_t>(G)};
 }
@@ -337,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     const int rows_used = r_ql * p.group;
     const int64_t cend = r_cstart + r_chunks;
     if (r_cstart < x0 || cend > x1) {  // cut by a range boundary: the partial now, the merge later
-      const int which = r_cstart <= x0 ? 0 : 1;
+      const int which = page_sched::cut_slot(r_cstart, x0);
 #pragma unroll
       for (int rr = 0; rr < NR; ++rr) {
         const int i = g + 8 * rr;
@@ -513,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       const int ii = ok ? i : 0;
       auto src_of = [&](int pc) {
         const int64_t c2 = c_lo + pc;
-        const int which = (pc == 0 && q.cstart > range_begin(c2, G, T)) ? 1 : 0;
+        const int which = pc == 0 ? page_sched::cut_slot(q.cstart, range_begin(c2, G, T)) : 0;
         return part_row(c2, which, ii);
       };
       float M = -INFINITY;

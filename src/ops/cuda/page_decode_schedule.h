@@ -1,0 +1,48 @@
+// src/ops/cuda/page_decode_schedule.h — the chunk-range arithmetic of the whole-page decode path
+// (page_decode.cu): which CTA owns which chunks, where each CTA's range starts, and which partial
+// slot a cut request's piece uses.  Plain C++ (host and device), so tests/ops/
+// page_decode_schedule_test.cpp checks the same functions the kernels run, on the CPU.
+//
+// The call's T chunks (16 slots of one page each, numbered request after request) are cut into G
+// equal contiguous ranges, G = min(CTAs, T) so that no range is empty: CTA c owns
+// [range_begin(c), range_begin(c + 1)).  A request whose chunks cross a range boundary is "cut";
+// each CTA holding part of it keeps that piece's partial state in one of its two slots: slot 0
+// when the request is the first of the CTA's range (it started at or before the range), slot 1
+// when it is the last (it started inside the range and runs past its end).  A range holds at most
+// one request of each kind, so two slots per CTA suffice.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KVATTN_PD_HD __host__ __device__ __forceinline__
+#else
+#define KVATTN_PD_HD inline
+#endif
+
+namespace kvattn::ops::cuda_impl::k::page_sched {
+
+// First chunk of CTA c's range (c = G: one past the last chunk).
+KVATTN_PD_HD int64_t range_begin(int64_t c, int64_t G, int64_t T) { return c * T / G; }
+
+// The CTA whose range holds chunk x (0 <= x < T): the smallest c with x < range_begin(c + 1).
+KVATTN_PD_HD int64_t cta_of(int64_t x, int64_t G, int64_t T) { return ((x + 1) * G + T - 1) / T - 1; }
+
+// The first CTA whose range starts inside a request beginning at chunk cstart (the plan kernel
+// writes the request as that CTA's first, and as the first of every later CTA whose range starts
+// before the request's end).
+KVATTN_PD_HD int64_t first_cta_starting_in(int64_t cstart, int64_t G, int64_t T) {
+  int64_t c = cta_of(cstart, G, T);
+  if (range_begin(c, G, T) < cstart) ++c;
+  return c;
+}
+
+// Slot of a cut request's piece, seen from the CTA holding it (range starting at x0): 0 when the
+// request began at or before x0 (the range's first request), else 1 (its last).  The merge finds
+// the slot of piece pc (0 = the request's first CTA, c) as pc == 0 ? cut_slot(cstart,
+// range_begin(c)) : 0 — only the first piece can be its range's last request.
+KVATTN_PD_HD int cut_slot(int64_t cstart, int64_t x0) { return cstart <= x0 ? 0 : 1; }
+
+}  // namespace kvattn::ops::cuda_impl::k::page_sched
+
+#undef KVATTN_PD_HD
