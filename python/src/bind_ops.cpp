@@ -74,7 +74,8 @@ re-plans by itself.  CPU tensors ignore it.)doc")
          py::object block_table, py::object seq_lens, py::object lse, const std::string& lse_base, bool causal,
          int64_t window_left, double logits_soft_cap, std::optional<double> sm_scale, double q_scale,
          double k_scale, double v_scale, py::object sinks, py::object mm_prefix_ranges,
-         py::object xqa_draft_mask, ops::PagedAttentionPlan* plan, const std::string& kv_lengths) {
+         py::object xqa_draft_mask, ops::PagedAttentionPlan* plan, const std::string& kv_lengths,
+         int64_t max_query_len) {
         ops::PagedAttentionArgs a;
         a.query = as_tensor(query);
         a.k_cache = as_tensor(k_cache);
@@ -99,6 +100,7 @@ re-plans by itself.  CPU tensors ignore it.)doc")
         a.mm_prefix_ranges = optional_tensor(mm_prefix_ranges);
         a.xqa_draft_mask = optional_tensor(xqa_draft_mask);
         a.plan = plan;
+        a.max_query_len = max_query_len;
         if (kv_lengths == "mixed") a.kv_lengths = ops::KvLengthsHint::mixed;
         else if (kv_lengths == "uniform") a.kv_lengths = ops::KvLengthsHint::uniform;
         else if (kv_lengths != "unknown")
@@ -115,6 +117,7 @@ re-plans by itself.  CPU tensors ignore it.)doc")
       py::arg("sm_scale") = py::none(), py::arg("q_scale") = 1.0, py::arg("k_scale") = 1.0,
       py::arg("v_scale") = 1.0, py::arg("sinks") = py::none(), py::arg("mm_prefix_ranges") = py::none(),
       py::arg("xqa_draft_mask") = py::none(), py::arg("plan") = nullptr, py::arg("kv_lengths") = "unknown",
+      py::arg("max_query_len") = -1,
       R"doc(Batched attention over a paged KV cache (FlashInfer's prefill/decode wrappers' run()).
 
 query [num_tokens, num_qo_heads, head_dim]; k_cache/v_cache [num_pages, page_size,
@@ -125,6 +128,8 @@ each sequence.  out [num_tokens, num_qo_heads, head_dim] is written in place; ls
 [num_tokens, num_qo_heads] float32 optionally (lse_base '2' as FlashInfer, or 'e').  plan: an
 optional PagedAttentionPlan kept across the layers of a step.  kv_lengths: 'unknown', 'uniform'
 or 'mixed' (what the caller knows of the KV lengths; 'mixed' lets CUDA decode run stream-K).
+max_query_len: the most query rows of any request (vLLM's max_query_len; -1 unknown), checked on
+CPU arrays; on CUDA a known small bound lets decode calls take the whole-page decode kernel.
 The GIL is released while the kernel runs.)doc");
 
   m.def("split_kv_cache_layer_view",

@@ -92,6 +92,13 @@ def test_paged_attention_with_a_kept_plan_over_layers(rng):
     with pytest.raises(Exception, match="kv_lengths must be"):
         kvattn.paged_attention(q, kc, vc, qo, out=out, block_table=bt, seq_lens=np.array(kv_lens, np.int32),
                                kv_lengths="ragged")
+    # max_query_len: a promise about the longest query (2 here), checked on CPU arrays
+    kvattn.paged_attention(q, kc, vc, qo, out=out, block_table=bt, seq_lens=np.array(kv_lens, np.int32),
+                           max_query_len=2)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+    with pytest.raises(Exception, match="request 1 has 2 query rows but max_query_len = 1"):
+        kvattn.paged_attention(q, kc, vc, qo, out=out, block_table=bt, seq_lens=np.array(kv_lens, np.int32),
+                               max_query_len=1)
 
 
 def test_paged_attention_flashinfer_form_hnd_cache_and_window(rng):
