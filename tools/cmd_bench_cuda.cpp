@@ -424,6 +424,12 @@ int run(const Opts& o) {
         for (int mode : {0, 1, 2}) print_row(bench_page_probe(one, o.batch, o.kv_len, mode));
       }
       print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
+      // the same call with the whole-page decode path off (attn_kernel's decode), same process
+      const k::PageDecodeMode pm = k::page_decode_mode();
+      k::set_page_decode_mode(k::PageDecodeMode::off);
+      print_row(bench_decode(name + " [page path off]", one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true,
+                             o.kept_plan));
+      k::set_page_decode_mode(pm);
       return 0;
     }
     // A/B of the v6 path's knobs in one process (kernels.h set_decode_options / _splits)
@@ -642,7 +648,7 @@ std::function<int()> setup(CLI::App& app) {
   app.add_flag("--quick", o->quick, "fewer repetitions and a smaller pool");
   app.add_option("--only", o->only, "decode, prefill, write or merge; small: the small-call measurement set")
       ->check(CLI::IsMember({"decode", "prefill", "write", "merge", "small"}));
-  app.add_option("--batch", o->batch, "with --kv-len: time one decode shape only");
+  app.add_option("--batch", o->batch, "with --kv-len: time one decode shape only (and the same call with the whole-page path off)");
   app.add_option("--kv-len", o->kv_len, "kv length of the --batch decode case");
   app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");
   app.add_flag("--mixed", o->mixed, "the --batch case with kv lengths U[256, kv-len] (as the 128xU row)");
