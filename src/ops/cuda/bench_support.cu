@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/page_tile.cuh"
 #include "ops/cuda/ptx.cuh"
 
 namespace kvattn::ops::cuda_impl::k {
@@ -161,9 +162,8 @@ constexpr int kPbSmem = kPbStages * 2 * kPbPageBytes;
 // Shared-memory offset of (slot, KV head, 16-byte chunk) in a staged page: rows of 256 bytes in
 // page order, chunks XOR-swizzled by slot so ldmatrix's 8 rows of one head (2 KB apart) hit 8
 // different bank groups.
-__device__ __forceinline__ uint32_t pb_swz(int slot, int head, int chunk) {
-  return static_cast<uint32_t>(((slot * kPbHeads + head) << 8) + ((chunk ^ (slot & 7)) << 4));
-}
+__device__ __forceinline__ uint32_t pb_swz(int slot, int head, int chunk) { return page_tile::swz(slot, head, chunk); }
+static_assert(page_tile::kHeads == kPbHeads, "the probe stages chunks of 8 KV heads");
 // The CTA (of G, equal ranges of `total` pages: CTA c holds [c * total / G, (c + 1) * total / G))
 // that holds page x.
 __device__ __forceinline__ int64_t pb_cta_of(int64_t x, int64_t G, int64_t total) {
@@ -273,18 +273,7 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
     const unsigned char* tK = sm + (it % kPbStages) * 2 * kPbPageBytes;
     const unsigned char* tV = tK + kPbPageBytes;
     float sc[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-      const int krow = 8 * j + (lane & 7);
-#pragma unroll
-      for (int ks = 0; ks < 8; ks += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(smem_u32(tK + pb_swz(krow, w, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
-        mma16816<true>(sc[j], qf[ks], b0, b1);
-        mma16816<true>(sc[j], qf[ks + 1], b2, b3);
-      }
-    }
+    page_tile::scores<true>(sc, qf, tK, w, lane);
     float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])) * scale_log2;
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -307,14 +296,7 @@ __global__ void __launch_bounds__(256, 1) page_decode_probe_kernel(const char* k
     a[1] = 0u;
     a[2] = pack2<true>(p[1][0], p[1][1]);
     a[3] = 0u;
-    const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-    for (int nn = 0; nn < 16; nn += 2) {
-      uint32_t b0, b1, b2, b3;
-      ldsm_x4_t(smem_u32(tV + pb_swz(vrow, w, nn + (lane >> 4))), b0, b1, b2, b3);
-      mma16816<true>(o[nn], a, b0, b1);
-      mma16816<true>(o[nn + 1], a, b2, b3);
-    }
+    page_tile::accumulate_pv<true>(o, a, tV, w, lane);
   }
   if (req >= 0) flush();
   if constexpr (FUSED) {

@@ -28,6 +28,7 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/page_decode_schedule.h"
+#include "ops/cuda/page_tile.cuh"
 #include "ops/cuda/ptx.cuh"
 
 namespace kvattn::ops::cuda_impl::k {
@@ -107,12 +108,8 @@ PageWs page_ws(int64_t batch, int grid, int rows) {
 using page_sched::cta_of;
 using page_sched::range_begin;
 
-// Shared-memory offset of (slot, KV head, 16-byte piece) in a staged chunk: 256-byte rows in
-// (slot, head) order, pieces XOR-swizzled by slot so ldmatrix's 8 rows of one head (2 KB apart)
-// fall in 8 different bank groups.
-__device__ __forceinline__ uint32_t swz(int slot, int head, int piece) {
-  return static_cast<uint32_t>(((slot * kHeads + head) << 8) + ((piece ^ (slot & 7)) << 4));
-}
+using page_tile::swz;
+static_assert(page_tile::kHeads == kHeads, "a staged chunk holds the call's KV heads");
 
 __global__ void __launch_bounds__(kPlanThreads) page_plan_kernel(AttnParams p, PagePlan pl, int grid) {
   __shared__ int64_t s_warp[32];
@@ -422,18 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     const unsigned char* tK = sm + (it % kStages) * 2 * kChunkBytes;
     const unsigned char* tV = tK + kChunkBytes;
     float sc[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-      const int krow = 8 * j + (lane & 7);
-#pragma unroll
-      for (int ks = 0; ks < 8; ks += 2) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(smem_u32(tK + swz(krow, w, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
-        mma16816<BF16>(sc[j], qf[ks], b0, b1);
-        mma16816<BF16>(sc[j], qf[ks + 1], b2, b3);
-      }
-    }
+    page_tile::scores<BF16>(sc, qf, tK, w, lane);
     // scores in log2 units; keys at or past a row's limit -inf (the request's last chunk, and
     // the causal diagonal of a multi-token row)
     const bool masked = key0 + kSlots > lim_min;
@@ -475,14 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     a[2] = pack2<BF16>(sc[1][0], sc[1][1]);
     a[1] = R16 ? pack2<BF16>(sc[0][2], sc[0][3]) : 0u;
     a[3] = R16 ? pack2<BF16>(sc[1][2], sc[1][3]) : 0u;
-    const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-    for (int nn = 0; nn < 16; nn += 2) {
-      uint32_t b0, b1, b2, b3;
-      ldsm_x4_t(smem_u32(tV + swz(vrow, w, nn + (lane >> 4))), b0, b1, b2, b3);
-      mma16816<BF16>(o[nn], a, b0, b1);
-      mma16816<BF16>(o[nn + 1], a, b2, b3);
-    }
+    page_tile::accumulate_pv<BF16>(o, a, tV, w, lane);
   }
   if (req >= 0) flush();
   if (n_split == 0) return;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# scripts/same_sass.sh REV FILE.cu [ARCH] — is a refactor of a CUDA source free of code changes?
+# Compiles FILE.cu (path relative to the repository) as it is at git revision REV and as it is in
+# the working tree, at the same path (the anonymous-namespace names nvcc mangles depend on it),
+# for ARCH (default 90a) with the build's flags, and compares every kernel's machine code (.text
+# sections of the two cubins).  Exit 0 when every kernel is byte-identical: then the refactor
+# needs no GPU run.  Needs nvcc only (no GPU, no cuobjdump).
+set -euo pipefail
+rev=$1 file=$2 arch=${3:-90a}
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+tmp="$(mktemp -d)"
+trap 'cp "$tmp/now.cu" "$file"; rm -rf "$tmp"' EXIT
+cp "$file" "$tmp/now.cu"
+flags=(-std=c++20 -O3 "-gencode=arch=compute_$arch,code=sm_$arch" -Isrc -Iinclude -cubin)
+git show "$rev:$file" > "$file"
+"$NVCC" "${flags[@]}" "$file" -o "$tmp/then.cubin"
+cp "$tmp/now.cu" "$file"
+"$NVCC" "${flags[@]}" "$file" -o "$tmp/now.cubin"
+/usr/bin/python3 - "$tmp/then.cubin" "$tmp/now.cubin" <<'PY'
+import struct, sys
+def text_sections(path):
+    d = open(path, 'rb').read()
+    shoff, = struct.unpack_from('<Q', d, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from('<HHH', d, 0x3A)
+    hdrs = [struct.unpack_from('<IIQQQQIIQQ', d, shoff + i * shentsize) for i in range(shnum)]
+    stroff = hdrs[shstrndx][4]
+    def name(o):
+        return d[stroff + o:d.index(b'\0', stroff + o)].decode()
+    return {name(h[0]): d[h[4]:h[4] + h[5]] for h in hdrs if name(h[0]).startswith('.text.')}
+a, b = text_sections(sys.argv[1]), text_sections(sys.argv[2])
+same = set(a) == set(b) and all(a[k] == b[k] for k in b)
+for k in sorted(set(a) | set(b)):
+    status = 'identical' if a.get(k) == b.get(k) else ('only then' if k not in b else 'only now' if k not in a else 'DIFFERS')
+    print(f'{status:9} {len(b.get(k, a.get(k, b""))):7} {k[6:]}')
+print('same machine code' if same else 'machine code differs')
+sys.exit(0 if same else 1)
+PY
