@@ -87,8 +87,8 @@ struct PagePlan {
 };
 
 struct PageWs {
-  int64_t hdr, req, first_req, empties, counters, plan_total;
-  int64_t part, scratch_total;
+  int64_t hdr, req, first_req, empties, counters, plan_total;  // plan region offsets
+  int64_t scratch_total;  // the scratch region is the partial slots alone
 };
 PageWs page_ws(int64_t batch, int grid, int rows) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
@@ -100,7 +100,6 @@ PageWs page_ws(int64_t batch, int grid, int rows) {
   w.empties = off; off += al(batch * 4 + 16);
   w.counters = off; off += al(batch * kHeads * 4 + 16);
   w.plan_total = off;
-  w.part = 0;
   w.scratch_total = al(int64_t(grid) * 2 * kHeads * rows * kRow * 4);
   return w;
 }
@@ -614,7 +613,7 @@ int launch_page_decode(const AttnParams& p, const PageDecodeShape& s, void* plan
   pl.first_req = reinterpret_cast<int32_t*>(base + w.first_req);
   pl.empties = reinterpret_cast<int32_t*>(base + w.empties);
   pl.counters = reinterpret_cast<int32_t*>(base + w.counters);
-  pl.part = reinterpret_cast<float*>(static_cast<char*>(scratch_ws) + w.part);
+  pl.part = static_cast<float*>(scratch_ws);
   pl.rows = s.rows;
   if (run_plan) {
     page_plan_kernel<<<1, kPlanThreads>>>(p, pl, s.grid);
