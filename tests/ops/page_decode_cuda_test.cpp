@@ -9,7 +9,7 @@
 // counters must reset themselves).  Also: what the automatic route takes and leaves, a request
 // that breaks the max_query_len promise (NaN rows, nothing else touched), and on the CPU (no GPU
 // needed) the chunk-range arithmetic of page_decode_schedule.h against a simulation of the plan
-// kernel, every CTA's walk and the merge.
+// kernel, every CTA's walk and both merges (from the slots, and into a range-end piece's registers).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,7 +35,9 @@ namespace ps = cuda_impl::k::page_sched;
 // (which requests it holds, which it writes whole, which it leaves in which slot) and merges as
 // its last piece does; checks that the ranges partition the chunks, that each CTA's first request
 // is the one the plan kernel writes, that a CTA holds at most two cut requests in distinct slots,
-// and that the merge finds exactly the (CTA, slot) pieces the CTAs wrote.
+// that the merge finds exactly the (CTA, slot) pieces the CTAs wrote, that only a request's last
+// piece ends inside its range (the kernel counts it early), and that a piece running to its
+// range's end, merging into registers, reads every other piece's slot.
 void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
   SCOPED_TRACE(::testing::Message() << chunks.size() << " requests, grid " << grid);
   const int64_t B = static_cast<int64_t>(chunks.size());
@@ -55,11 +57,16 @@ void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
   }
   std::map<int64_t, std::set<std::pair<int64_t, int>>> written;  // cut request -> (CTA, slot)
   std::vector<int> whole(chunks.size(), 0);
+  std::map<int64_t, std::vector<std::pair<int64_t, int>>> held_at_end;  // pieces running to a range's end
   for (int64_t c = 0; c < G; ++c) {
     const int64_t x0 = ps::range_begin(c, G, T), x1 = ps::range_begin(c + 1, G, T);
     ASSERT_LT(x0, x1) << "CTA " << c << " has an empty range";
-    if (c == 0) EXPECT_EQ(x0, 0);
-    if (c == G - 1) EXPECT_EQ(x1, T);
+    if (c == 0) {
+      EXPECT_EQ(x0, 0);
+    }
+    if (c == G - 1) {
+      EXPECT_EQ(x1, T);
+    }
     ASSERT_GE(first[c], 0) << "CTA " << c << " has no first request";
     EXPECT_TRUE(cstart[first[c]] <= x0 && x0 < cstart[first[c] + 1]) << "CTA " << c << ": wrong first request";
     EXPECT_EQ(ps::cta_of(x0, G, T), c);
@@ -70,6 +77,14 @@ void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
       if (cstart[r] < x0 || cstart[r + 1] > x1) {
         const int slot = ps::cut_slot(cstart[r], x0);
         EXPECT_TRUE(written[r].insert({c, slot}).second);
+        // only the request's last piece ends inside its range (and is counted early); every
+        // other piece runs to its range's end, where it may merge into registers
+        EXPECT_EQ(ps::ends_inside(cstart[r], chunks[r], x1), c == ps::cta_of(cstart[r + 1] - 1, G, T))
+            << "request " << r << " in CTA " << c;
+        if (!ps::ends_inside(cstart[r], chunks[r], x1)) {
+          EXPECT_EQ(x1, ps::range_begin(c + 1, G, T));
+          held_at_end[r].push_back({c, slot});
+        }
         ++cut;
         slots |= 1 << slot;
       } else {
@@ -82,7 +97,8 @@ void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
   for (int64_t r = 0; r < B; ++r) {
     if (chunks[r] == 0) continue;
     const int64_t c_lo = ps::cta_of(cstart[r], G, T);
-    const int64_t pieces = ps::cta_of(cstart[r + 1] - 1, G, T) - c_lo + 1;
+    const int64_t pieces = ps::piece_count(cstart[r], chunks[r], G, T);
+    EXPECT_EQ(pieces, ps::cta_of(cstart[r + 1] - 1, G, T) - c_lo + 1);
     if (pieces == 1) {
       EXPECT_EQ(whole[r], 1) << "request " << r << " in one range must be written whole, once";
       EXPECT_EQ(written.count(r), 0u);
@@ -90,11 +106,16 @@ void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
     }
     EXPECT_EQ(whole[r], 0);
     std::set<std::pair<int64_t, int>> merged;
-    for (int64_t pc = 0; pc < pieces; ++pc) {
-      const int64_t c2 = c_lo + pc;
-      merged.insert({c2, pc == 0 ? ps::cut_slot(cstart[r], ps::range_begin(c2, G, T)) : 0});
-    }
+    for (int64_t c2 = c_lo; c2 < c_lo + pieces; ++c2) merged.insert({c2, ps::piece_slot(cstart[r], c2, c_lo, G, T)});
     EXPECT_EQ(merged, written[r]) << "request " << r << ": the merge reads other slots than the pieces wrote";
+    // a piece at a range's end merging into registers reads every other piece's slot
+    EXPECT_EQ(held_at_end[r].size(), static_cast<size_t>(pieces - 1)) << "request " << r;
+    for (const auto& [c, own] : held_at_end[r]) {
+      std::set<std::pair<int64_t, int>> read{{c, own}};
+      for (int64_t c2 = c_lo; c2 < c_lo + pieces; ++c2)
+        if (c2 != c) read.insert({c2, ps::piece_slot(cstart[r], c2, c_lo, G, T)});
+      EXPECT_EQ(read, written[r]) << "request " << r << ", register merge in CTA " << c;
+    }
   }
 }
 

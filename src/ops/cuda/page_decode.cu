@@ -306,8 +306,9 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
   int lim_min = 0;  // chunks starting at or past it need the mask
   int64_t req = -1, r_cstart = 0;
   int r_chunks = 0, r_qs = 0, r_ql = 0;
+  // cut requests of this range still to count or merge after it: at most its first and last
   int64_t split_req[2] = {-1, -1};
-  int split_which[2] = {0, 0};
+  int split_counted = 0;  // bit si: entry si was counted early (and found last)
   int n_split = 0;
   const int rows_per_head = pl.rows;
   float* part = pl.part;
@@ -318,36 +319,18 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     t = i / p.group;
     head = w * p.group + (i - t * p.group);
   };
-  auto flush = [&]() {
-    float l[NR];
+  // l summed over the quad (each lane holds 4 of a row's 16 key columns)
+  auto row_sums = [&](float (&l)[NR]) {
 #pragma unroll
     for (int rr = 0; rr < NR; ++rr) {
       l[rr] = l_r[rr];
       l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
       l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
     }
+  };
+  // the current request's output rows and LSE from (m_r, l, o)
+  auto write_rows = [&](const float (&l)[NR]) {
     const int rows_used = r_ql * p.group;
-    const int64_t cend = r_cstart + r_chunks;
-    if (r_cstart < x0 || cend > x1) {  // cut by a range boundary: the partial now, the merge later
-      const int which = page_sched::cut_slot(r_cstart, x0);
-#pragma unroll
-      for (int rr = 0; rr < NR; ++rr) {
-        const int i = g + 8 * rr;
-        if (i >= rows_used) continue;
-        float* dst = part_row(c, which, i);
-        if (t4 == 0) {
-          dst[0] = m_r[rr];
-          dst[1] = l[rr];
-        }
-#pragma unroll
-        for (int nn = 0; nn < 16; ++nn)
-          *reinterpret_cast<float2*>(dst + 2 + 8 * nn + 2 * t4) = make_float2(o[nn][2 * rr], o[nn][2 * rr + 1]);
-      }
-      split_req[n_split] = req;
-      split_which[n_split] = which;
-      ++n_split;
-      return;
-    }
 #pragma unroll
     for (int rr = 0; rr < NR; ++rr) {
       const int i = g + 8 * rr;
@@ -364,6 +347,85 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
         p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] =
             l[rr] > 0.f ? (m_r[rr] + __log2f(l[rr])) * (p.lse_natural ? kLn2 : 1.f) : -INFINITY;
     }
+  };
+  // The current request is done in this range: written whole, or (cut by a range boundary) its
+  // partial state left in this CTA's slot.  A piece that ends inside the range is the request's
+  // last and counts itself now, so that the piece running to the end of an earlier range finds
+  // it counted (page_sched::ends_inside); the first of them to see every piece counted merges.
+  auto flush = [&]() {
+    float l[NR];
+    row_sums(l);
+    const int64_t cend = r_cstart + r_chunks;
+    if (r_cstart >= x0 && cend <= x1) {
+      write_rows(l);
+      return;
+    }
+    const int rows_used = r_ql * p.group;
+    const int which = page_sched::cut_slot(r_cstart, x0);
+#pragma unroll
+    for (int rr = 0; rr < NR; ++rr) {
+      const int i = g + 8 * rr;
+      if (i >= rows_used) continue;
+      float* dst = part_row(c, which, i);
+      if (t4 == 0) {
+        dst[0] = m_r[rr];
+        dst[1] = l[rr];
+      }
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn)
+        *reinterpret_cast<float2*>(dst + 2 + 8 * nn + 2 * t4) = make_float2(o[nn][2 * rr], o[nn][2 * rr + 1]);
+    }
+    const bool early = page_sched::ends_inside(r_cstart, r_chunks, x1);
+    if (early) {
+      __threadfence();  // this warp's partial rows are visible before it counts them
+      __syncwarp();
+      int old = 0;
+      if (lane == 0) old = atomicAdd(&pl.counters[req * kHeads + w], 1);
+      old = __shfl_sync(0xffffffffu, old, 0);
+      if (old != page_sched::piece_count(r_cstart, r_chunks, G, T) - 1) return;  // a later piece merges
+    }
+    split_req[n_split] = req;
+    if (early) split_counted |= 1 << n_split;  // counted and found last: only the merge is left
+    ++n_split;
+  };
+  // The range's last request runs past the range.  When every other piece has already counted
+  // itself, merge them into this warp's registers and write the rows (no partial written, no
+  // count: nobody else is waiting on the counter, which goes back to 0).  Else false.
+  auto merge_into_registers = [&]() -> bool {
+    const int pieces = page_sched::piece_count(r_cstart, r_chunks, G, T);
+    // every lane's own acquire, so each lane's loads of the partials below are ordered after it
+    if (ld_acquire_gpu(&pl.counters[req * kHeads + w]) != pieces - 1) return false;
+    float l[NR];
+    row_sums(l);
+    const int rows_used = r_ql * p.group;
+    const int64_t c_lo = cta_of(r_cstart, G, T);
+#pragma unroll
+    for (int rr = 0; rr < NR; ++rr) {
+      const int i = g + 8 * rr;
+      if (i >= rows_used) continue;
+      for (int64_t c2 = c_lo; c2 < c_lo + pieces; ++c2) {
+        if (c2 == c) continue;
+        const float* src = part_row(c2, page_sched::piece_slot(r_cstart, c2, c_lo, G, T), i);
+        const float pm = __ldcg(src), pls = __ldcg(src + 1);
+        float2 v[16];
+#pragma unroll
+        for (int nn = 0; nn < 16; ++nn) v[nn] = __ldcg(reinterpret_cast<const float2*>(src + 2 + 8 * nn + 2 * t4));
+        const float mn = fmaxf(m_r[rr], pm);
+        const float mu = mn == -INFINITY ? 0.f : mn;
+        const float fa = exp2f(m_r[rr] - mu), fb = exp2f(pm - mu);
+        l[rr] = l[rr] * fa + pls * fb;
+#pragma unroll
+        for (int nn = 0; nn < 16; ++nn) {
+          o[nn][2 * rr] = o[nn][2 * rr] * fa + v[nn].x * fb;
+          o[nn][2 * rr + 1] = o[nn][2 * rr + 1] * fa + v[nn].y * fb;
+        }
+        m_r[rr] = mn;
+      }
+    }
+    write_rows(l);
+    __syncwarp();
+    if (lane == 0) pl.counters[req * kHeads + w] = 0;  // ready for the next call
+    return true;
   };
 
   for (int64_t x = x0; x < x1; ++x) {
@@ -462,21 +524,24 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     a[3] = R16 ? pack2<BF16>(sc[1][2], sc[1][3]) : 0u;
     page_tile::accumulate_pv<BF16>(o, a, tV, w, lane);
   }
-  if (req >= 0) flush();
+  if (req >= 0 && !(r_cstart + r_chunks > x1 && merge_into_registers())) flush();
   if (n_split == 0) return;
 
-  // ---- the cut requests: count this piece; the last piece to arrive merges every piece
+  // ---- the cut requests left: count this piece (unless counted early); the last piece to
+  // arrive merges every piece from the partial slots
   __threadfence();  // this warp's partials are visible before it counts them
   __syncwarp();
   for (int si = 0; si < n_split; ++si) {
     const int64_t r = split_req[si];
     const PReq q = pl.req[r];
     const int64_t c_lo = cta_of(q.cstart, G, T);
-    const int pieces = static_cast<int>(cta_of(q.cstart + q.chunks - 1, G, T) - c_lo + 1);
-    int old = 0;
-    if (lane == 0) old = atomicAdd(&pl.counters[r * kHeads + w], 1);
-    old = __shfl_sync(0xffffffffu, old, 0);
-    if (old != pieces - 1) continue;  // another piece is still running: it merges r
+    const int pieces = page_sched::piece_count(q.cstart, q.chunks, G, T);
+    if (!(split_counted >> si & 1)) {
+      int old = 0;
+      if (lane == 0) old = atomicAdd(&pl.counters[r * kHeads + w], 1);
+      old = __shfl_sync(0xffffffffu, old, 0);
+      if (old != pieces - 1) continue;  // another piece is still running: it merges r
+    }
     __threadfence();
     // lanes 8k..8k+7 take row rg + k, 16 dims each; every piece's (m, l) first, then its O
     const int rows_used = q.q_len * p.group;
@@ -487,8 +552,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       const int ii = ok ? i : 0;
       auto src_of = [&](int pc) {
         const int64_t c2 = c_lo + pc;
-        const int which = pc == 0 ? page_sched::cut_slot(q.cstart, range_begin(c2, G, T)) : 0;
-        return part_row(c2, which, ii);
+        return part_row(c2, page_sched::piece_slot(q.cstart, c2, c_lo, G, T), ii);
       };
       float M = -INFINITY;
       for (int pc = 0; pc < pieces; ++pc) M = fmaxf(M, __ldcg(src_of(pc)));

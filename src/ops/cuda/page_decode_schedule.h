@@ -39,9 +39,27 @@ KVATTN_PD_HD int64_t first_cta_starting_in(int64_t cstart, int64_t G, int64_t T)
 
 // Slot of a cut request's piece, seen from the CTA holding it (range starting at x0): 0 when the
 // request began at or before x0 (the range's first request), else 1 (its last).  The merge finds
-// the slot of piece pc (0 = the request's first CTA, c) as pc == 0 ? cut_slot(cstart,
-// range_begin(c)) : 0 — only the first piece can be its range's last request.
+// the slot of each piece with piece_slot().
 KVATTN_PD_HD int cut_slot(int64_t cstart, int64_t x0) { return cstart <= x0 ? 0 : 1; }
+
+// Pieces of a request of `chunks` chunks (> 0) starting at chunk cstart: the CTAs its chunks span.
+KVATTN_PD_HD int piece_count(int64_t cstart, int64_t chunks, int64_t G, int64_t T) {
+  return static_cast<int>(cta_of(cstart + chunks - 1, G, T) - cta_of(cstart, G, T) + 1);
+}
+
+// Slot holding the piece of a cut request (starting at chunk cstart) that CTA c2 computed: only
+// the request's first CTA, c_lo, can hold it as its range's last request.
+KVATTN_PD_HD int piece_slot(int64_t cstart, int64_t c2, int64_t c_lo, int64_t G, int64_t T) {
+  return c2 == c_lo ? cut_slot(cstart, range_begin(c2, G, T)) : 0;
+}
+
+// When the pieces of a cut request finish: its last piece (CTA cta_of(cstart + chunks - 1))
+// lies at the start of its range and ends inside it, long before the range ends; every other
+// piece runs to the end of its range.  So the kernel counts a piece that ends inside its range
+// (end <= x1) as soon as it is done, and the piece that runs to the end of a range first looks
+// whether every other piece has counted (then it merges them with its own state, still in
+// registers, without writing it out).
+KVATTN_PD_HD bool ends_inside(int64_t cstart, int64_t chunks, int64_t x1) { return cstart + chunks <= x1; }
 
 }  // namespace kvattn::ops::cuda_impl::k::page_sched
 

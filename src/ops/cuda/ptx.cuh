@@ -28,6 +28,13 @@ __device__ __forceinline__ void cp_async_idx(uint32_t dst, const void* src, bool
       " @!p cp.async.ca.shared.global [%0], [%1], 4;\n}\n" ::"r"(dst),
       "l"(src), "r"(static_cast<uint32_t>(is64)));
 }
+// A GPU-scope acquire load of a counter: this thread's later loads see every write that was
+// made visible (fence, then count) before the count it reads.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N committed groups are pending.  The kernels that follow it with
 // __syncthreads() use this form; cp_async_wait_mem also orders the compiler's shared-memory
