@@ -1,5 +1,6 @@
 // src/ops/cuda/ptx.cuh — the inline-PTX wrappers the attention kernels share (paged_attention.cu,
-// prefill_kernel.cu, small_decode.cu): cp.async, ldmatrix, mma.sync m16n8k16 and the 16-bit pack.
+// prefill_kernel.cu, small_decode.cu, page_decode.cu): cp.async, an acquire load, ldmatrix,
+// mma.sync m16n8k16 and the 16-bit pack.
 // Device code only; every function is force-inlined, so sharing them changes no kernel's code.
 #pragma once
 
