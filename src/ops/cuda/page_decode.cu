@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/knobs.h"
 #include "ops/cuda/page_decode_schedule.h"
 #include "ops/cuda/page_tile.cuh"
 #include "ops/cuda/ptx.cuh"
@@ -598,18 +599,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
 std::atomic<int> g_mode{-1};
 std::atomic<int64_t> g_launches{0};
 
-int mode_now() {
-  int m = g_mode.load(std::memory_order_relaxed);
-  if (m >= 0) return m;
-  m = 0;
-  if (const char* e = std::getenv("KVATTN_PAGE_DECODE")) {
-    if (std::strcmp(e, "off") == 0) m = 1;
-    if (std::strcmp(e, "force") == 0) m = 2;
-  }
-  int expected = -1;
-  g_mode.compare_exchange_strong(expected, m, std::memory_order_relaxed);
-  return g_mode.load(std::memory_order_relaxed);
-}
+int mode_now() { return knob(g_mode, "KVATTN_PAGE_DECODE", off_or_force); }
 
 // Shared memory one block may opt into on the current device (cached per device).
 int smem_optin() {

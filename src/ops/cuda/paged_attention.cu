@@ -20,6 +20,7 @@
 // Decode option bit 16 (KVATTN_DECODE_STREAMK=1) replaces 1-2 for the decode config by a
 // stream-K schedule (plan_streamk_kernel, attn_kernel<..., SK>, merge_streamk_kernel).
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/knobs.h"
 #include "ops/cuda/ptx.cuh"
 #include "ops/cuda/small_decode.h"
 #include "ops/cuda/streamk_schedule.h"
@@ -2171,17 +2172,7 @@ int32_t* small_counters(int dev, int64_t n, int* err) {
 
 std::atomic<int> g_small_mode{-1};  // SmallDecodeMode, -1 = not read from the environment yet
 std::atomic<int64_t> g_small_launches{0};
-int small_mode_now() {
-  int m = g_small_mode.load(std::memory_order_relaxed);
-  if (m >= 0) return m;
-  m = 0;
-  if (const char* e = std::getenv("KVATTN_SMALL_DECODE")) {
-    if (!std::strcmp(e, "off")) m = 1;
-    else if (!std::strcmp(e, "force")) m = 2;
-  }
-  g_small_mode.store(m, std::memory_order_relaxed);
-  return m;
-}
+int small_mode_now() { return knob(g_small_mode, "KVATTN_SMALL_DECODE", off_or_force); }
 // Fewest KV tiles per piece on the small path (KVATTN_SMALL_MIN_TILES, default 1).
 int small_min_tiles() {
   static const int v = [] {

@@ -23,6 +23,7 @@
 // Epilogue: sinks, LSE (base 2 or e), O scaled and staged through the warp's own rows of the
 // Q tile for 16-byte row stores.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/knobs.h"
 #include "ops/cuda/ptx.cuh"
 
 #include <algorithm>
@@ -869,17 +870,7 @@ bool pf_rows_aligned(const AttnParams& p) {
          al(p.k_sh) && al(p.v_sb) && al(p.v_so) && al(p.v_sh);
 }
 
-int mode_now() {
-  int m = g_mode.load(std::memory_order_relaxed);
-  if (m >= 0) return m;
-  m = 0;
-  if (const char* e = std::getenv("KVATTN_PREFILL")) {
-    if (!std::strcmp(e, "off")) m = 1;
-    else if (!std::strcmp(e, "force")) m = 2;
-  }
-  g_mode.store(m, std::memory_order_relaxed);
-  return m;
-}
+int mode_now() { return knob(g_mode, "KVATTN_PREFILL", off_or_force); }
 int variant_now() {
   int v = g_variant.load(std::memory_order_relaxed);
   if (v >= 0) return v;

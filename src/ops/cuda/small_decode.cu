@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/knobs.h"
 
 // Before sm_90 the cluster kernel's body is compiled out (the host never picks it there), so its
 // tile constants go unreferenced in that pass.
@@ -659,17 +660,6 @@ std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
 std::atomic<int64_t> g_launches{0};
 std::atomic<int64_t> g_launches8{0};  // of which with 8 warps per CTA
 
-// A host knob: read from the environment variable `env` once (parse gets its value or nullptr),
-// cached in `cache` (-1 = not read yet), where the set_*() functions store overrides.
-int knob(std::atomic<int>& cache, const char* env, int (*parse)(const char*)) {
-  int v = cache.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = parse(std::getenv(env));
-    cache.store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-bool is_zero(const char* e) { return e != nullptr && std::strcmp(e, "0") == 0; }
 
 int kernel_now() {
   return knob(g_kernel, "KVATTN_SMALL_KERNEL", [](const char* e) { return e != nullptr && !std::strcmp(e, "v8") ? 1 : 0; });
