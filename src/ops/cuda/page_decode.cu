@@ -10,12 +10,13 @@
 //     the T in the call.  Thread 0 walks the requests four chunks ahead of the math and leaves
 //     each chunk's request and key offset in a ring of Meta records, its page id copied in by
 //     cp.async (it lands two barriers before the chunk's copies read it); every thread
-//     copies 8 + 8 16-byte pieces of each chunk's K and V into a 3-stage ring (cp.async), one
-//     __syncthreads per chunk; warp w runs KV head w's query rows (query length x GQA group
-//     <= 16, one m16n8k16 row tile) through S = QK^T, the online softmax and O += PV with
-//     mma.sync.  A request that lies inside the range is normalised and written when its last
-//     chunk is done.  One cut by range boundaries (at most the range's first and last) is
-//     computed in pieces, one per CTA, counted on a (request, KV head) counter: its last piece
+//     copies 8 + 8 16-byte pieces of each chunk's K and V into a 3-stage ring (cp.async, L2
+//     evict-first: every chunk is read once per call), one __syncthreads per chunk; warp w
+//     runs KV head w's query rows (query length x GQA group <= 16, one m16n8k16 row tile)
+//     through S = QK^T, the online softmax and O += PV with mma.sync.  A request that lies
+//     inside the range is normalised and written when its last chunk is done.  One cut by
+//     range boundaries (at most the range's first and last) is computed in pieces, one per
+//     CTA, counted on a (request, KV head) counter: its last piece
 //     (at a range's start) leaves its unnormalised (m, l, O) in a partial slot and counts itself
 //     as soon as it is done; a piece running to its range's end that finds every other piece
 //     counted folds their slots into its registers and writes the rows, else it leaves its slot
@@ -254,6 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     soff[i] = swz(slot, head, piece);
     slot_of[i] = slot;
   }
+  const uint64_t evict_first = l2_evict_first_policy();  // K and V are read once per call
   auto issue = [&](const Meta& m, int st) {
     const int64_t pg = meta_page(m, pidx.is64, p.num_pages);
     const int valid = pg < 0 ? 0 : m.valid;
@@ -264,15 +266,15 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     if (valid == kSlots) {  // a whole chunk (all but a request's last)
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        cp_async16(sk + soff[i], kp + goff[i], 16);
-        cp_async16(sv + soff[i], vp + goff[i], 16);
+        cp_async16_policy(sk + soff[i], kp + goff[i], 16, evict_first);
+        cp_async16_policy(sv + soff[i], vp + goff[i], 16, evict_first);
       }
     } else {  // slots at or past kv_len zero-filled (their V must not be NaN: P is 0 there)
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const bool ok = slot_of[i] < valid;
-        cp_async16(sk + soff[i], ok ? kp + goff[i] : kp, ok ? 16 : 0);
-        cp_async16(sv + soff[i], ok ? vp + goff[i] : vp, ok ? 16 : 0);
+        cp_async16_policy(sk + soff[i], ok ? kp + goff[i] : kp, ok ? 16 : 0, evict_first);
+        cp_async16_policy(sv + soff[i], ok ? vp + goff[i] : vp, ok ? 16 : 0, evict_first);
       }
     }
   };
