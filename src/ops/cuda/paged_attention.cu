@@ -1202,6 +1202,10 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     };
     auto issue = [&](int tile) {
       const int st = tile % kStages;
+      // K/V evict-first in L2 when each request has one query token (the rows of a request are
+      // then one unit's: K/V read once per call); other calls copy without a policy
+      const uint64_t ef = l2_evict_first_policy();
+      const bool ef_on = p.num_tokens == p.batch;
       if constexpr (kFast || kAbsLoader) {
         // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
         // swizzle: constant shared-memory offsets from the first chunk's address; both offsets
@@ -1217,8 +1221,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
           constexpr int kStep = C::kRowStepPerChunk * kCPR * 16;  // bytes between a thread's rows
           // zero-fill rows: 0 bytes read from (cache base + chunk), inside the first row
           const int nk = 16 - (static_cast<int>(o.x >> 59) & 16), nv = 16 - (static_cast<int>(o.y >> 59) & 16);
-          cp_async16(sk + i * kStep, reinterpret_cast<const void*>((o.x & ~kZeroFill) + my_chunk * 16), nk);
-          cp_async16(sv + i * kStep, reinterpret_cast<const void*>((o.y & ~kZeroFill) + my_chunk * 16), nv);
+          cp_async16_policy_if(sk + i * kStep, reinterpret_cast<const void*>((o.x & ~kZeroFill) + my_chunk * 16), nk, ef, ef_on);
+          cp_async16_policy_if(sv + i * kStep, reinterpret_cast<const void*>((o.y & ~kZeroFill) + my_chunk * 16), nv, ef, ef_on);
         }
         return;
       }
@@ -1233,8 +1237,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
         const int row = my_row0 + i * C::kRowStepPerChunk;
         const int off = swz<kCPR>(row, my_chunk);
         const int64_t ok = offk[row], ov = offv[row];
-        cp_async16(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
-        cp_async16(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
+        cp_async16_policy_if(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0, ef, ef_on);
+        cp_async16_policy_if(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0, ef, ef_on);
       }
     };
 

@@ -309,6 +309,10 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
       const int st = tile % kStages;
       const uint32_t sk = smem_u32(wbuf + st * 2 * C::kSliceBytes);
       const uint32_t sv = sk + C::kSliceBytes;
+      // K/V evict-first in L2 when each request has one query token (the rows of a request are
+      // then one unit's: K/V read once per call); other calls copy without a policy
+      const uint64_t ef = l2_evict_first_policy();
+      const bool ef_on = p.num_tokens == p.batch;
       if (one_page) {
         const int key0 = first + tile * kTile;
         const int slot0 = p.page_shift >= 0 ? (key0 & (p.page_size - 1)) : (key0 % p.page_size);
@@ -321,8 +325,8 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
           const int row = my_row0 + i * C::kRowStep;
           const bool ok = row < nvalid;
           const int off = swz<kCPR>(row, my_chunk);
-          cp_async16(sk + off, ok ? ka + i * k_step : kb, ok ? 16 : 0);
-          cp_async16(sv + off, ok ? va + i * v_step : vb, ok ? 16 : 0);
+          cp_async16_policy_if(sk + off, ok ? ka + i * k_step : kb, ok ? 16 : 0, ef, ef_on);
+          cp_async16_policy_if(sv + off, ok ? va + i * v_step : vb, ok ? 16 : 0, ef, ef_on);
         }
         return;
       }
@@ -337,8 +341,8 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
           const bool ok = pg >= 0;
           const int64_t ko = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh + my_chunk * 16;
           const int64_t vo = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh + my_chunk * 16;
-          cp_async16(sk + off, ok ? kb + ko : kb, ok ? 16 : 0);
-          cp_async16(sv + off, ok ? vb + vo : vb, ok ? 16 : 0);
+          cp_async16_policy_if(sk + off, ok ? kb + ko : kb, ok ? 16 : 0, ef, ef_on);
+          cp_async16_policy_if(sv + off, ok ? vb + vo : vb, ok ? 16 : 0, ef, ef_on);
         }
       }
     };
