@@ -4,14 +4,14 @@
 # sanitizers on two of them), then the path against attn_kernel's decode (KVATTN_PAGE_DECODE=off)
 # in alternating processes: the --batch rows of 64 / 128 x 4096 with the loads-only gathers and
 # the whole-page probe in the same process, then decode rows only on more shapes.
-# PAGE_TESTS=0 skips the tests (PAGE_TEST_LIMIT seconds, default 300; PAGE_MEMCHECK / PAGE_RACECHECK
-# replace the sanitizers' gtest filters), PAGE_FULL=0 the --batch rows with gathers and probe;
+# PAGE_TESTS=0 skips the tests (PAGE_TEST_LIMIT seconds, default 300; PAGE_FILTER replaces their gtest
+# filter, PAGE_MEMCHECK / PAGE_RACECHECK the sanitizers'), PAGE_FULL=0 the --batch rows with gathers and probe;
 # PAGE_SHAPES="B L ..." replaces the decode-only shapes; PAGE_ARMS (device_alternate.sh settings,
 # default "KVATTN_PAGE_DECODE=off|-") replaces the arms, e.g. "BIN=kvattn_base|-|KVATTN_PAGE_DECODE=off".
 . "$(dirname "$0")/device-prebuilt.sh"
 stamp() { echo "[$(($(date +%s) - t0)) s] $*"; }
 if [ "${PAGE_TESTS:-1}" = 1 ]; then
-  timeout "${PAGE_TEST_LIMIT:-300}" "$T" --gtest_filter='CudaPageDecode*' > "$OUTDIR/page_tests.log" 2>&1
+  timeout "${PAGE_TEST_LIMIT:-300}" "$T" --gtest_filter="${PAGE_FILTER:-CudaPageDecode*}" > "$OUTDIR/page_tests.log" 2>&1
   stamp "tests rc $?"; grep -E "^\[  FAILED|^\[ +OK|^\[  PASSED" "$OUTDIR/page_tests.log" | sort -u
   timeout 150 "$CS" --tool memcheck --print-limit 5 "$T" \
     --gtest_filter="${PAGE_MEMCHECK:-CudaPageDecodeTest.IndexWidths*}" > "$OUTDIR/page_memcheck.log" 2>&1
