@@ -12,6 +12,11 @@
 
 namespace kvattn::ops::cuda_impl::k {
 
+// Whether the call reads each K/V byte once: every request has one query token, so its rows
+// are one unit's (attn_kernel, the small path).  Their K/V copies are then evict-first in L2
+// (ptx.cuh l2_evict_first_policy; other calls copy without a policy).
+__device__ __forceinline__ bool kv_read_once(const AttnParams& p) { return p.num_tokens == p.batch; }
+
 __device__ __forceinline__ int64_t load_idx(const Idx& x, int64_t i) {
   if (x.is64) return static_cast<const int64_t*>(x.ptr)[i * x.s0];
   return static_cast<const int32_t*>(x.ptr)[i * x.s0];

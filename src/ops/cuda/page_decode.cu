@@ -16,12 +16,12 @@
 //     through S = QK^T, the online softmax and O += PV with mma.sync.  A request that lies
 //     inside the range is normalised and written when its last chunk is done.  One cut by
 //     range boundaries (at most the range's first and last) is computed in pieces, one per
-//     CTA, counted on a (request, KV head) counter: its last piece
-//     (at a range's start) leaves its unnormalised (m, l, O) in a partial slot and counts itself
-//     as soon as it is done; a piece running to its range's end that finds every other piece
-//     counted folds their slots into its registers and writes the rows, else it leaves its slot
-//     and counts, and the last to count merges them all.  Whoever merges puts the counter back
-//     to 0 (CUDA-graph safe; nothing is left for the next call).
+//     CTA, counted on a (request, KV head) counter: its last piece (at a range's start) leaves
+//     its unnormalised (m, l, O) in a partial slot and counts itself as soon as it is done; a
+//     piece running to its range's end that finds every other piece counted folds their slots
+//     into its registers and writes the rows, else it leaves its slot and counts, and the last
+//     to count merges them all.  Whoever merges puts the counter back to 0 (CUDA-graph safe;
+//     nothing is left for the next call).
 // See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Sessions 13, 14".
 #include "ops/cuda/page_decode.h"
 

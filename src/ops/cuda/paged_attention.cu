@@ -1202,10 +1202,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     };
     auto issue = [&](int tile) {
       const int st = tile % kStages;
-      // K/V evict-first in L2 when each request has one query token (the rows of a request are
-      // then one unit's: K/V read once per call); other calls copy without a policy
       const uint64_t ef = l2_evict_first_policy();
-      const bool ef_on = p.num_tokens == p.batch;
+      const bool ef_on = kv_read_once(p);  // K/V evict-first only then
       if constexpr (kFast || kAbsLoader) {
         // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
         // swizzle: constant shared-memory offsets from the first chunk's address; both offsets

@@ -309,10 +309,8 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
       const int st = tile % kStages;
       const uint32_t sk = smem_u32(wbuf + st * 2 * C::kSliceBytes);
       const uint32_t sv = sk + C::kSliceBytes;
-      // K/V evict-first in L2 when each request has one query token (the rows of a request are
-      // then one unit's: K/V read once per call); other calls copy without a policy
       const uint64_t ef = l2_evict_first_policy();
-      const bool ef_on = p.num_tokens == p.batch;
+      const bool ef_on = kv_read_once(p);  // K/V evict-first only then
       if (one_page) {
         const int key0 = first + tile * kTile;
         const int slot0 = p.page_shift >= 0 ? (key0 & (p.page_size - 1)) : (key0 % p.page_size);
