@@ -60,6 +60,10 @@ struct AttnCase {
   KvLengthsHint kv_hint = KvLengthsHint::unknown;  // PagedAttentionArgs::kv_lengths of the GPU call
   int64_t max_q_len = -1;  // PagedAttentionArgs::max_query_len of both calls (the CPU one checks it)
   bool keep_plan = false;  // the GPU calls share one PagedAttentionPlan (the repeats reuse it)
+  // the slots of each request's last page at or past its kv_len hold NaN in K and V: keys that do
+  // not exist must not reach the output (a kernel that copies whole pages must mask them and keep
+  // their V out of P V, where 0 x NaN would still be NaN)
+  bool nan_tails = true;
   std::string name;
 };
 
@@ -131,10 +135,18 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   Batch b = make_batch(c.q_lens, c.kv_lens, c.page, rng, c.pad_rows);
   KVCache cache = make_kv_cache(c.layout, b.num_pages, c.page, c.hkv, c.dim, c.kv_dt);
-  fill_cache(cache, rng);
-  if (c.kv_dt == DType::fp8_e4m3 || c.kv_dt == DType::fp8_e5m2) {
-    // page 0 holds NaN codes; keep them (never read)
-  }
+  fill_cache(cache, rng);  // page 0 holds NaN (never read)
+  if (c.nan_tails)
+    for (size_t r = 0; r < c.kv_lens.size(); ++r) {
+      const int64_t n = b.indptr.at<int32_t>({static_cast<int64_t>(r) + 1}) - b.indptr.at<int32_t>({static_cast<int64_t>(r)});
+      const int64_t used = c.kv_lens[r] - (n - 1) * c.page;  // slots of the last page in use
+      if (n == 0 || used == c.page) continue;
+      const int64_t pg = b.indices.at<int32_t>({b.indptr.at<int32_t>({static_cast<int64_t>(r) + 1}) - 1});
+      for (int64_t s = used; s < c.page; ++s) {
+        fill_nan(cache.k.select(0, pg).select(0, s));
+        fill_nan(cache.v.select(0, pg).select(0, s));
+      }
+    }
   Tensor q = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.q_dt);
   fill_uniform(q, rng, -2, 2);
   Tensor out_ref = Tensor::empty({b.num_tokens, c.hq, c.dim}, c.out_dt);

@@ -141,6 +141,77 @@ __global__ void kv_gather_pages_kernel(const char* k, const char* v, int64_t pag
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+// The pages gather's bytes moved by the bulk copy engine instead of register loads: one 256-thread
+// CTA per SM, each an equal contiguous range of the call's (request, page) pairs, a 3-stage ring
+// of whole pages in shared memory (K 32 KB + V 32 KB per stage, one cp.async.bulk each, L2
+// evict-first, completing on the stage's mbarrier).  Thread 0 issues; every thread waits on the
+// stage, reads one 16-byte word of it, and a block barrier frees it for the page three ahead.
+// Measured on an H200 (docs/cuda-notes.md "Session 16"): 1.1-1.5 % above the register-load
+// gather, the highest read rate of any schedule tried over the decode's pages.  sm_90+ only.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define KVATTN_BULK_ONLY(...) __trap()
+#else
+#define KVATTN_BULK_ONLY(...) __VA_ARGS__
+#endif
+__device__ __forceinline__ void bench_mbar_init(uint32_t bar) {
+  KVATTN_BULK_ONLY(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
+                                "fence.mbarrier_init.release.cluster;\n" ::"r"(bar)
+                                : "memory"));
+}
+__device__ __forceinline__ void bench_mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  KVATTN_BULK_ONLY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory"));
+}
+__device__ __forceinline__ void bench_mbar_wait(uint32_t bar, uint32_t parity) {
+  KVATTN_BULK_ONLY(asm volatile(
+      "{\n .reg .pred p;\n KVATTN_BW_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra KVATTN_BW_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory"));
+}
+__device__ __forceinline__ void bench_bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t pol) {
+  KVATTN_BULK_ONLY(asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+      : "memory"));
+}
+#undef KVATTN_BULK_ONLY
+constexpr int kBulkStages = 3, kBulkPage = 16 * 8 * 256;  // K (or V) of one page: 16 slots x 8 heads x 256 B
+constexpr int kBulkSmem = kBulkStages * 2 * kBulkPage + 128 + 64;
+__global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, const char* v, int64_t page_b,
+                                                                const int32_t* indices, int64_t total, uint32_t* sink) {
+  extern __shared__ unsigned char smraw[];
+  const uint32_t raw = smem_u32(smraw);
+  const uint32_t base = (raw + 127u) & ~127u;
+  const uint32_t bars = base + kBulkStages * 2 * kBulkPage;
+  const unsigned char* gen = smraw + (base - raw);
+  const int64_t G = gridDim.x, c = blockIdx.x;
+  const int64_t x0 = c * total / G, x1 = (c + 1) * total / G;
+  const int tid = threadIdx.x;
+  const uint64_t pol = l2_evict_first_policy();
+  if (tid == 0)
+    for (int s = 0; s < kBulkStages; ++s) bench_mbar_init(bars + 8 * s);
+  __syncthreads();
+  auto issue = [&](int64_t x, int s) {
+    const int64_t pg = indices[x];
+    const uint32_t bar = bars + 8 * s, dk = base + s * 2 * kBulkPage;
+    bench_mbar_expect_tx(bar, 2 * kBulkPage);
+    bench_bulk_copy(dk, k + pg * page_b, kBulkPage, bar, pol);
+    bench_bulk_copy(dk + kBulkPage, v + pg * page_b, kBulkPage, bar, pol);
+  };
+  if (tid == 0)
+    for (int s = 0; s < kBulkStages && x0 + s < x1; ++s) issue(x0 + s, s);
+  uint32_t acc = 0;
+  for (int64_t x = x0; x < x1; ++x) {
+    const int i = static_cast<int>(x - x0), s = i % kBulkStages;
+    bench_mbar_wait(bars + 8 * s, (i / kBulkStages) & 1);
+    const uint4 d = *reinterpret_cast<const uint4*>(gen + s * 2 * kBulkPage + tid * 16);
+    acc ^= d.x ^ d.y ^ d.z ^ d.w;
+    __syncthreads();
+    if (tid == 0 && x + kBulkStages < x1) issue(x + kBulkStages, s);
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 // ---- whole-page decode probe (bench only): the decode's math over the pages that the pages
 // gather reads.  A resident grid of one 8-warp CTA per SM; CTA c takes an equal contiguous range
 // of the call's (request, page) pairs; each page's K and V (32 KB each: 16 slots x 8 KV heads x
@@ -469,6 +540,33 @@ double measure_stream3_tbps(int64_t bytes) {
 double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
                               const int32_t* indices, int batch, int tiles, int hkv, int mode) {
   if (tiles % 8 != 0 || batch <= 0) return 0;
+  if (mode == 3) {  // whole pages by the bulk copy engine (kv_gather_bulk_kernel): 32 KB K / V pages only
+    int major = 0, sms = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    if (major < 9 || hkv != 8 || slot_b != 8 * 256 || head_b != 256 ||
+        cudaFuncSetAttribute(kv_gather_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    uint32_t* sink = nullptr;
+    cudaMalloc(&sink, 16);
+    struct Ctx {
+      const char *k, *v;
+      int64_t page_b, total;
+      const int32_t* indices;
+      int grid;
+      uint32_t* sink;
+    } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, int64_t(batch) * tiles * 4, indices, sms, sink};
+    const double us = time_median_us(
+        [](void* c, int) {
+          auto* x = static_cast<Ctx*>(c);
+          kv_gather_bulk_kernel<<<x->grid, 256, kBulkSmem>>>(x->k, x->v, x->page_b, x->indices, x->total, x->sink);
+        },
+        &ctx, 4, 20);
+    cudaFree(sink);
+    return cudaGetLastError() == cudaSuccess ? double(batch) * tiles * 64 * hkv * 256 * 2 / (us * 1e-6) / 1e12 : 0;
+  }
   const bool ranges = mode != 0;
   uint32_t* sink = nullptr;
   cudaMalloc(&sink, 16);
