@@ -27,7 +27,7 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
 // slower.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
 // cp_async16 with an L2 cache policy (l2_evict_first_policy).
