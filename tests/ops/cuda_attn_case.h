@@ -138,10 +138,10 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   fill_cache(cache, rng);  // page 0 holds NaN (never read)
   if (c.nan_tails)
     for (size_t r = 0; r < c.kv_lens.size(); ++r) {
-      const int64_t n = b.indptr.at<int32_t>({static_cast<int64_t>(r) + 1}) - b.indptr.at<int32_t>({static_cast<int64_t>(r)});
-      const int64_t used = c.kv_lens[r] - (n - 1) * c.page;  // slots of the last page in use
-      if (n == 0 || used == c.page) continue;
-      const int64_t pg = b.indices.at<int32_t>({b.indptr.at<int32_t>({static_cast<int64_t>(r) + 1}) - 1});
+      const int64_t used = c.kv_lens[r] % c.page;  // slots in use of the request's last page
+      if (c.kv_lens[r] == 0 || used == 0) continue;  // no page, or a full last page
+      const int64_t last = b.indptr.at<int32_t>({static_cast<int64_t>(r) + 1}) - 1;  // its entry in indices
+      const int64_t pg = b.indices.at<int32_t>({last});
       for (int64_t s = used; s < c.page; ++s) {
         fill_nan(cache.k.select(0, pg).select(0, s));
         fill_nan(cache.v.select(0, pg).select(0, s));
