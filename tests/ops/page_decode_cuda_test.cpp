@@ -9,7 +9,8 @@
 // counters must reset themselves).  Also: what the automatic route takes and leaves, a request
 // that breaks the max_query_len promise (NaN rows, nothing else touched), and on the CPU (no GPU
 // needed) the chunk-range arithmetic of page_decode_schedule.h against a simulation of the plan
-// kernel, every CTA's walk and both merges (from the slots, and into a range-end piece's registers).
+// kernel, every CTA's walk and the merges (from the slots, in two levels past 8 pieces, and into a
+// range-end piece's registers).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,8 +37,10 @@ namespace ps = cuda_impl::k::page_sched;
 // its last piece does; checks that the ranges partition the chunks, that each CTA's first request
 // is the one the plan kernel writes, that a CTA holds at most two cut requests in distinct slots,
 // that the merge finds exactly the (CTA, slot) pieces the CTAs wrote, that only a request's last
-// piece ends inside its range (the kernel counts it early), and that a piece running to its
-// range's end, merging into registers, reads every other piece's slot.
+// piece ends inside its range (the kernel counts it early), that a piece running to its
+// range's end, merging into registers, reads every other piece's slot, and that a request of more
+// than kGroup pieces splits into groups that cover its pieces once, each merged into its first
+// piece's slot, with a counter per group.
 void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
   SCOPED_TRACE(::testing::Message() << chunks.size() << " requests, grid " << grid);
   const int64_t B = static_cast<int64_t>(chunks.size());
@@ -50,7 +53,7 @@ void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
   std::vector<int64_t> first(static_cast<size_t>(G), -1);
   for (int64_t r = 0; r < B; ++r) {
     if (chunks[r] == 0) continue;
-    for (int64_t c = ps::first_cta_starting_in(cstart[r], G, T); c < G && ps::range_begin(c, G, T) < cstart[r + 1]; ++c) {
+    for (int64_t c = ps::first_cta_starting_in(cstart[r], G, T); c < ps::cta_of(cstart[r + 1] - 1, G, T) + 1; ++c) {
       EXPECT_EQ(first[c], -1) << "CTA " << c << " given two first requests";
       first[c] = r;
     }
@@ -108,6 +111,24 @@ void check_page_schedule(const std::vector<int64_t>& chunks, int64_t grid) {
     std::set<std::pair<int64_t, int>> merged;
     for (int64_t c2 = c_lo; c2 < c_lo + pieces; ++c2) merged.insert({c2, ps::piece_slot(cstart[r], c2, c_lo, G, T)});
     EXPECT_EQ(merged, written[r]) << "request " << r << ": the merge reads other slots than the pieces wrote";
+    // two levels past kGroup pieces: the groups cover every piece once, each group's partial goes
+    // to its first piece's slot, and the call's counters have room for every group
+    const int groups = ps::group_count(static_cast<int>(pieces));
+    EXPECT_LE(1 + groups, ps::counters_per_unit(G)) << "request " << r;
+    if (pieces > ps::kGroup) {
+      int covered = 0;
+      for (int gi = 0; gi < groups; ++gi) {
+        const int n = ps::group_size(gi, static_cast<int>(pieces));
+        EXPECT_GE(n, 1);
+        EXPECT_LE(n, ps::kGroup);
+        const int64_t first_piece = c_lo + int64_t(gi) * ps::kGroup;
+        EXPECT_EQ(written[r].count({first_piece, ps::piece_slot(cstart[r], first_piece, c_lo, G, T)}), 1u);
+        covered += n;
+      }
+      EXPECT_EQ(covered, pieces) << "request " << r;
+      continue;  // no register merge: the groups merge
+    }
+    EXPECT_EQ(groups, 1);
     // a piece at a range's end merging into registers reads every other piece's slot
     EXPECT_EQ(held_at_end[r].size(), static_cast<size_t>(pieces - 1)) << "request " << r;
     for (const auto& [c, own] : held_at_end[r]) {

@@ -20,21 +20,34 @@
 //     its unnormalised (m, l, O) in a partial slot and counts itself as soon as it is done; a
 //     piece running to its range's end that finds every other piece counted folds their slots
 //     into its registers and writes the rows, else it leaves its slot and counts, and the last
-//     to count merges them all.  Whoever merges puts the counter back to 0 (CUDA-graph safe;
-//     nothing is left for the next call).
-// See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Sessions 13, 14".
+//     to count merges them all.  A request of more than page_sched::kGroup pieces merges in two
+//     levels (groups of 8 consecutive pieces, each merged by its last piece into the slot of its
+//     first, then the groups by the last group), so no one CTA reads every piece's partial.
+//     Whoever merges puts its counter back to 0 (CUDA-graph safe; nothing is left for the next
+//     call).
+// See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Sessions 13, 14, 17".
 #include "ops/cuda/page_decode.h"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/knobs.h"
 #include "ops/cuda/page_decode_schedule.h"
 #include "ops/cuda/page_tile.cuh"
 #include "ops/cuda/ptx.cuh"
+
+// 1: build the page decode's timeline tool (KVATTN_PAGE_TIMELINE, below); off in normal builds
+#ifndef KVATTN_PAGE_TIMELINE_TOOL
+#define KVATTN_PAGE_TIMELINE_TOOL 0
+#endif
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -49,7 +62,12 @@ constexpr int kChunkBytes = kSlots * kHeads * kDim * 2;  // K (or V) of one chun
 // x + 4's (its page id lands by cp.async with the copies of x + 2, two barriers before x + 4's copies)
 constexpr int kMetaSlots = 8;
 constexpr int kMetaAhead = 4;
-constexpr int kRow = 2 + kDim;  // a partial row: m, l, O[128] (f32)
+// A partial row (f32): m, l, two unused words, O[128] (O 16-byte aligned: every row starts at a
+// multiple of 16 bytes, the merge reads O in 16-byte pieces)
+constexpr int kRowO = 4;
+constexpr int kRow = kRowO + kDim;
+constexpr int kMergeBatch = 4;  // pieces of a cut request whose partial rows the merge loads at once
+constexpr int kMergeRows = 4;   // rows of a (request, KV head) the merge folds together
 constexpr int kPlanThreads = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -86,7 +104,9 @@ struct PagePlan {
   PReq* req;            // [batch]
   int32_t* first_req;   // [grid] first request of each CTA's range
   int32_t* empties;     // [batch] requests with rows and no chunk
-  int32_t* counters;    // [batch * 8] arrivals per (request, KV head), 0 between launches
+  int32_t* counters;    // [batch * 8][cstride] arrivals per (request, KV head): the request's, then
+                        // one per group of pieces (page_sched::kGroup); 0 between launches
+  int cstride;          // counters per (request, KV head): page_sched::counters_per_unit(grid)
   float* part;          // [grid][2][8][rows][kRow] partial slots of the cut requests
   int rows;             // rows per (slot, KV head): max_q_len x group
 };
@@ -103,7 +123,7 @@ PageWs page_ws(int64_t batch, int grid, int rows) {
   w.req = off; off += al(batch * int64_t(sizeof(PReq)) + 16);
   w.first_req = off; off += al(int64_t(grid) * 4 + 16);
   w.empties = off; off += al(batch * 4 + 16);
-  w.counters = off; off += al(batch * kHeads * 4 + 16);
+  w.counters = off; off += al(batch * kHeads * page_sched::counters_per_unit(grid) * 4 + 16);
   w.plan_total = off;
   w.scratch_total = al(int64_t(grid) * 2 * kHeads * rows * kRow * 4);
   return w;
@@ -125,7 +145,7 @@ __global__ void __launch_bounds__(kPlanThreads) page_plan_kernel(AttnParams p, P
     s_carry = 0;
     s_empties = 0;
   }
-  for (int64_t i = tid; i < int64_t(p.batch) * kHeads; i += kPlanThreads) pl.counters[i] = 0;
+  for (int64_t i = tid; i < int64_t(p.batch) * kHeads * pl.cstride; i += kPlanThreads) pl.counters[i] = 0;
   __syncthreads();
   for (int base = 0; base < p.batch; base += kPlanThreads) {
     const int r = base + tid;
@@ -172,8 +192,10 @@ __global__ void __launch_bounds__(kPlanThreads) page_plan_kernel(AttnParams p, P
   for (int r = tid; r < p.batch; r += kPlanThreads) {
     const PReq q = pl.req[r];  // this block's own stores, ordered by the barriers above
     if (q.chunks == 0) continue;
-    const int64_t cend = q.cstart + q.chunks;
-    for (int64_t c = page_sched::first_cta_starting_in(q.cstart, G, T); c < G && range_begin(c, G, T) < cend; ++c) pl.first_req[c] = r;
+    // the ranges starting inside the request: from the first starting at or after its first chunk
+    // to the one holding its last chunk (no division per range: a long request spans many)
+    const int64_t c_end = cta_of(q.cstart + q.chunks - 1, G, T) + 1;
+    for (int64_t c = page_sched::first_cta_starting_in(q.cstart, G, T); c < c_end; ++c) pl.first_req[c] = r;
   }
   if (tid == 0) *pl.hdr = Hdr{T, s_empties, static_cast<int32_t>(G)};
 }
@@ -198,9 +220,57 @@ __device__ void write_empty_request(const AttnParams& p, const PagePlan& pl, int
     }
 }
 
-template <bool BF16, bool R16>
-__global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnParams p, const PagePlan pl) {
+// Timeline of one launch (debug; compiled only with -DKVATTN_PAGE_TIMELINE_TOOL=1, then switched
+// on at run time by KVATTN_PAGE_TIMELINE, see launch_kernel): the TL = true instantiation,
+// launched only for the recorded calls, writes one row of kTl words per CTA.  The production
+// kernel (TL = false) carries no stamping code, and without the macro the TL = true kernels are
+// not instantiated at all.
+enum TlWord : int {
+  kTlEntry,   // %globaltimer at kernel entry (thread 0)
+  kTlFirst,   // the first chunk has landed (thread 0, after the loop's first barrier)
+  kTlLoop,    // the chunk loop is done (thread 0)
+  kTlExit,    // the last warp is done (the latest of every warp's exit stamp)
+  kTlSm,      // not a time: the SM the CTA ran on
+  kTlChunks,  // not a time: chunks in the CTA's range (0: a CTA past the ranges)
+  kTlWork0,   // SM cycles warp 0 spent per loop between its barrier and the next wait (summed)
+  kTlWork1,   // the same for warp 1 (no cursor work: the math alone)
+  kTlCyc1,    // SM cycles of warp 1's whole loop
+  kTlIssue1,  // the part of kTlWork1 from the barrier to the chunk copies' commit (Meta, copies issued)
+  kTlMerge0,  // %globaltimer when thread 0 starts merging a cut request (after its count), 0: none
+  kTlMerge1,  // ... when it is done
+  kTlPieces,  // not a time: pieces of the request it merged
+  kTl
+};
+__device__ __forceinline__ uint64_t tl_now() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+
+template <bool BF16, bool R16, bool TL>
+__global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnParams p, const PagePlan pl, uint64_t* tl) {
   extern __shared__ __align__(128) unsigned char sm[];
+  uint64_t* tl_row = nullptr;
+  if constexpr (TL) {
+    tl_row = tl + int64_t(blockIdx.x) * kTl;
+    if (threadIdx.x == 0) {
+      uint32_t smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      tl_row[kTlEntry] = tl_now();
+      tl_row[kTlSm] = smid;
+      tl_row[kTlChunks] = 0;
+      tl_row[kTlExit] = 0;
+      tl_row[kTlMerge0] = tl_row[kTlMerge1] = tl_row[kTlPieces] = 0;
+    }
+  } else {
+    (void)tl;
+  }
+  // every warp's lane 0 at its exit: the CTA's exit is the latest
+  auto tl_exit = [&]() {
+    if constexpr (TL) {
+      if ((threadIdx.x & 31) == 0) atomicMax(reinterpret_cast<unsigned long long*>(tl_row + kTlExit), tl_now());
+    }
+  };
   Meta* meta = reinterpret_cast<Meta*>(sm + kStages * 2 * kChunkBytes);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const Hdr hdr = *pl.hdr;
@@ -208,7 +278,10 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
   const int32_t first_req = tid == 0 ? __ldg(pl.first_req + blockIdx.x) : 0;
   for (int e = blockIdx.x; e < hdr.empties; e += gridDim.x) write_empty_request(p, pl, __ldg(pl.empties + e));
   const int64_t G = hdr.ctas, T = hdr.total;
-  if (blockIdx.x >= G) return;
+  if (blockIdx.x >= G) {
+    tl_exit();
+    return;
+  }
   const int64_t c = blockIdx.x, x0 = range_begin(c, G, T), x1 = range_begin(c + 1, G, T);
   const char* kbase = static_cast<const char*>(p.k);
   const char* vbase = static_cast<const char*>(p.v);
@@ -279,21 +352,24 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     }
   };
 
-  // the first kMetaAhead chunks' page ids loaded here; later ones by cp.async in the loop
-  if (tid == 0)
-    for (int i = 0; i < kMetaAhead && x0 + i < x1; ++i) {
-      Meta m;
-      const int64_t e = cursor(x0 + i, m);
-      if (pidx.is64) {
-        const uint64_t v = static_cast<const uint64_t*>(pidx.ptr)[e];
-        m.page_lo = static_cast<uint32_t>(v);
-        m.page_hi = static_cast<uint32_t>(v >> 32);
-      } else {
-        m.page_lo = static_cast<const uint32_t*>(pidx.ptr)[e];
-        m.page_hi = 0;
-      }
-      meta[i] = m;
+  // the first kMetaAhead chunks' page ids loaded here (later ones by cp.async in the loop): every
+  // offset first, then all the loads, so that they are in flight together (one round trip, not
+  // one per chunk: a load may not pass a shared-memory store the compiler cannot tell apart from it)
+  if (tid == 0) {
+    int64_t e[kMetaAhead];
+#pragma unroll
+    for (int i = 0; i < kMetaAhead; ++i) e[i] = x0 + i < x1 ? cursor(x0 + i, meta[i]) : int64_t(-1);
+    uint64_t v[kMetaAhead];
+#pragma unroll
+    for (int i = 0; i < kMetaAhead; ++i)
+      v[i] = e[i] < 0 ? 0 : pidx.is64 ? static_cast<const uint64_t*>(pidx.ptr)[e[i]]
+                                      : uint64_t(static_cast<const uint32_t*>(pidx.ptr)[e[i]]);
+#pragma unroll
+    for (int i = 0; i < kMetaAhead; ++i) {
+      meta[i].page_lo = static_cast<uint32_t>(v[i]);
+      meta[i].page_hi = static_cast<uint32_t>(v[i] >> 32);
     }
+  }
   __syncthreads();
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
@@ -321,6 +397,8 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
   auto part_row = [&](int64_t cta, int which, int i) {
     return part + (((cta * 2 + which) * kHeads + w) * rows_per_head + i) * kRow;
   };
+  // counter k of (request r, this warp's KV head): 0 the request's, 1 + g group g's
+  auto counter = [&](int64_t r, int k) { return &pl.counters[(r * kHeads + w) * pl.cstride + k]; };
   auto row_token = [&](int i, int& t, int& head) {
     t = i / p.group;
     head = w * p.group + (i - t * p.group);
@@ -379,28 +457,46 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       }
 #pragma unroll
       for (int nn = 0; nn < 16; ++nn)
-        *reinterpret_cast<float2*>(dst + 2 + 8 * nn + 2 * t4) = make_float2(o[nn][2 * rr], o[nn][2 * rr + 1]);
+        *reinterpret_cast<float2*>(dst + kRowO + 8 * nn + 2 * t4) = make_float2(o[nn][2 * rr], o[nn][2 * rr + 1]);
     }
     const bool early = page_sched::ends_inside(r_cstart, r_chunks, x1);
     if (early) {
       __threadfence();  // this warp's partial rows are visible before it counts them
       __syncwarp();
+      const int pieces = page_sched::piece_count(r_cstart, r_chunks, G, T);
+      int k = 0, need = pieces;  // one level: the request's counter; two: this piece's group's
+      if (pieces > page_sched::kGroup) {
+        const int gi = static_cast<int>((c - cta_of(r_cstart, G, T)) / page_sched::kGroup);
+        k = 1 + gi;
+        need = page_sched::group_size(gi, pieces);
+      }
       int old = 0;
-      if (lane == 0) old = atomicAdd(&pl.counters[req * kHeads + w], 1);
+      if (lane == 0) old = atomicAdd(counter(req, k), 1);
       old = __shfl_sync(0xffffffffu, old, 0);
-      if (old != page_sched::piece_count(r_cstart, r_chunks, G, T) - 1) return;  // a later piece merges
+      if (old != need - 1) return;  // a later piece merges
     }
     split_req[n_split] = req;
     if (early) split_counted |= 1 << n_split;  // counted and found last: only the merge is left
     ++n_split;
   };
+  // The counter of the request the range ends in, read two chunks before the end (pre_req: the
+  // request it belongs to), so that a failed check costs no round trip after the loop.
+  int64_t pre_req = -1;
+  int pre_count = 0;
+  const int64_t pre_x = x1 - 2 > x0 ? x1 - 2 : x0;
   // The range's last request runs past the range.  When every other piece has already counted
-  // itself, merge them into this warp's registers and write the rows (no partial written, no
-  // count: nobody else is waiting on the counter, which goes back to 0).  Else false.
+  // itself (one-level requests only), merge them into this warp's registers and write the rows
+  // (no partial written, no count: nobody else is waiting on the counter, which goes back to 0).
+  // Else false.
   auto merge_into_registers = [&]() -> bool {
     const int pieces = page_sched::piece_count(r_cstart, r_chunks, G, T);
-    // every lane's own acquire, so each lane's loads of the partials below are ordered after it
-    if (ld_acquire_gpu(&pl.counters[req * kHeads + w]) != pieces - 1) return false;
+    if (pieces > page_sched::kGroup) return false;  // merged in two levels (groups count, not pieces)
+    if (pre_req == req) {  // read early: every lane's relaxed load, then a fence for the acquire
+      if (pre_count != pieces - 1) return false;
+      __threadfence();
+    } else if (ld_acquire_gpu(counter(req, 0)) != pieces - 1) {
+      return false;  // every lane's own acquire orders its loads of the partials below
+    }
     float l[NR];
     row_sums(l);
     const int rows_used = r_ql * p.group;
@@ -415,7 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
         const float pm = __ldcg(src), pls = __ldcg(src + 1);
         float2 v[16];
 #pragma unroll
-        for (int nn = 0; nn < 16; ++nn) v[nn] = __ldcg(reinterpret_cast<const float2*>(src + 2 + 8 * nn + 2 * t4));
+        for (int nn = 0; nn < 16; ++nn) v[nn] = __ldcg(reinterpret_cast<const float2*>(src + kRowO + 8 * nn + 2 * t4));
         const float mn = fmaxf(m_r[rr], pm);
         const float mu = mn == -INFINITY ? 0.f : mn;
         const float fa = exp2f(m_r[rr] - mu), fb = exp2f(pm - mu);
@@ -430,14 +526,26 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     }
     write_rows(l);
     __syncwarp();
-    if (lane == 0) pl.counters[req * kHeads + w] = 0;  // ready for the next call
+    if (lane == 0) *counter(req, 0) = 0;  // ready for the next call
     return true;
   };
 
+  [[maybe_unused]] uint64_t tl_work = 0, tl_issue = 0, tl_loop0 = 0, tl_t = 0;
+  if constexpr (TL) tl_loop0 = clock64();
   for (int64_t x = x0; x < x1; ++x) {
     const int it = static_cast<int>(x - x0);
+    if constexpr (TL) {
+      if (x > x0) tl_work += clock64() - tl_t;
+    }
     cp_async_wait<kStages - 2>();
     __syncthreads();  // chunk x landed (every thread's pieces); every warp is done with chunk x - 1
+    if constexpr (TL) {
+      tl_t = clock64();
+      if (tid == 0 && x == x0) {
+        tl_row[kTlFirst] = tl_now();
+        tl_row[kTlChunks] = static_cast<uint64_t>(x1 - x0);
+      }
+    }
     if (tid == 0 && x + kMetaAhead < x1) {  // x + 4's Meta; its page id joins this commit group
       Meta& m = meta[(it + kMetaAhead) % kMetaSlots];
       const int64_t e = cursor(x + kMetaAhead, m);
@@ -446,6 +554,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     }
     if (x + kStages - 1 < x1) issue(meta[(it + kStages - 1) % kMetaSlots], (it + kStages - 1) % kStages);
     cp_async_commit();
+    if constexpr (TL) tl_issue += clock64() - tl_t;
     const Meta& mt = meta[it % kMetaSlots];
     const int64_t r = mt.req;
     if (r != req) {  // a new request: finish the last one, load this one's query rows
@@ -481,6 +590,10 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       }
 #pragma unroll
       for (int nn = 0; nn < 16; ++nn) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.f;
+    }
+    if (x == pre_x && r_cstart + r_chunks > x1) {
+      pre_req = req;
+      pre_count = ld_relaxed_gpu(counter(req, 0));
     }
     const int key0 = mt.jc * kSlots;
     const unsigned char* tK = sm + (it % kStages) * 2 * kChunkBytes;
@@ -530,71 +643,157 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     a[3] = R16 ? pack2<BF16>(sc[1][2], sc[1][3]) : 0u;
     page_tile::accumulate_pv<BF16>(o, a, tV, w, lane);
   }
+  if constexpr (TL) {
+    const uint64_t now = clock64();
+    tl_work += now - tl_t;
+    if (tid == 0) {
+      tl_row[kTlLoop] = tl_now();
+      tl_row[kTlWork0] = tl_work;
+    }
+    if (tid == 32) {
+      tl_row[kTlIssue1] = tl_issue;
+      tl_row[kTlWork1] = tl_work;
+      tl_row[kTlCyc1] = now - tl_loop0;
+    }
+  }
   if (req >= 0 && !(r_cstart + r_chunks > x1 && merge_into_registers())) flush();
-  if (n_split == 0) return;
+  if (n_split == 0) {
+    tl_exit();
+    return;
+  }
 
   // ---- the cut requests left: count this piece (unless counted early); the last piece to
   // arrive merges every piece from the partial slots
   __threadfence();  // this warp's partials are visible before it counts them
   __syncwarp();
+  // Folds the partial rows of request q held by n pieces, CTAs c_first, c_first + step, ...
+  // (each in its piece slot), for this warp's KV head, into the output rows (dst_cta < 0) or into
+  // the partial slot (dst_cta, dst_slot).  Lane j holds dims 4j .. 4j + 3 of kMergeRows rows, so
+  // one 16-byte load per lane reads a partial row's whole O (512 contiguous bytes, every sector
+  // used once).  Sources are taken kMergeBatch at a time, all their loads issued before any is
+  // used, and folded in online: (M, L, acc) of each row rescaled to the running maximum.
+  auto merge_slots = [&](const PReq& q, int64_t c_lo, int64_t c_first, int step, int n, int64_t dst_cta, int dst_slot) {
+    const int rows_used = q.q_len * p.group;
+    const int slot_lo = page_sched::piece_slot(q.cstart, c_lo, c_lo, G, T);  // every other piece: slot 0
+    for (int rg = 0; rg < rows_used; rg += kMergeRows) {
+      float M[kMergeRows], L[kMergeRows], acc[kMergeRows][4];
+#pragma unroll
+      for (int k = 0; k < kMergeRows; ++k) {
+        M[k] = -INFINITY;
+        L[k] = 0.f;
+        acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.f;
+      }
+      for (int s0 = 0; s0 < n; s0 += kMergeBatch) {
+        float pm[kMergeBatch][kMergeRows], pls[kMergeBatch][kMergeRows];
+        float4 v[kMergeBatch][kMergeRows];
+#pragma unroll
+        for (int b = 0; b < kMergeBatch; ++b) {
+          const int64_t c2 = c_first + int64_t(min(s0 + b, n - 1)) * step;  // past the last: reloaded, unused
+          const int slot = c2 == c_lo ? slot_lo : 0;
+#pragma unroll
+          for (int k = 0; k < kMergeRows; ++k) {
+            const float* src = part_row(c2, slot, min(rg + k, rows_used - 1));
+            pm[b][k] = __ldcg(src);
+            pls[b][k] = __ldcg(src + 1);
+            v[b][k] = __ldcg(reinterpret_cast<const float4*>(src + kRowO) + lane);
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kMergeRows; ++k) {
+          float mb = M[k];
+#pragma unroll
+          for (int b = 0; b < kMergeBatch; ++b)
+            if (s0 + b < n) mb = fmaxf(mb, pm[b][k]);
+          const float m_use = mb == -INFINITY ? 0.f : mb;
+          const float fo = exp2f(M[k] - m_use);  // 0 while nothing is folded in (M = -inf)
+          L[k] *= fo;
+          acc[k][0] *= fo;
+          acc[k][1] *= fo;
+          acc[k][2] *= fo;
+          acc[k][3] *= fo;
+#pragma unroll
+          for (int b = 0; b < kMergeBatch; ++b) {
+            if (s0 + b >= n) continue;
+            const float f = exp2f(pm[b][k] - m_use);
+            L[k] += pls[b][k] * f;
+            acc[k][0] += f * v[b][k].x;
+            acc[k][1] += f * v[b][k].y;
+            acc[k][2] += f * v[b][k].z;
+            acc[k][3] += f * v[b][k].w;
+          }
+          M[k] = mb;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kMergeRows; ++k) {
+        const int i = rg + k;
+        if (i >= rows_used) break;
+        if (dst_cta >= 0) {  // a group's partial: unnormalised, as a piece leaves it
+          float* dst = part_row(dst_cta, dst_slot, i);
+          if (lane == 0) {
+            dst[0] = M[k];
+            dst[1] = L[k];
+          }
+          reinterpret_cast<float4*>(dst + kRowO)[lane] = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
+          continue;
+        }
+        int t, head;
+        row_token(i, t, head);
+        const int64_t tok = q.q_start + t;
+        const float inv = L[k] > 0.f ? p.v_scale / L[k] : 0.f;
+        uint2* dst = reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh) + lane;
+        *dst = make_uint2(pack2<BF16>(acc[k][0] * inv, acc[k][1] * inv), pack2<BF16>(acc[k][2] * inv, acc[k][3] * inv));
+        if (p.lse != nullptr && lane == 0)
+          p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] =
+              L[k] > 0.f ? (M[k] + __log2f(L[k])) * (p.lse_natural ? kLn2 : 1.f) : -INFINITY;
+      }
+    }
+  };
+
   for (int si = 0; si < n_split; ++si) {
     const int64_t r = split_req[si];
     const PReq q = pl.req[r];
     const int64_t c_lo = cta_of(q.cstart, G, T);
     const int pieces = page_sched::piece_count(q.cstart, q.chunks, G, T);
+    const bool two = pieces > page_sched::kGroup;
+    const int gi = two ? static_cast<int>((c - c_lo) / page_sched::kGroup) : 0;
     if (!(split_counted >> si & 1)) {
       int old = 0;
-      if (lane == 0) old = atomicAdd(&pl.counters[r * kHeads + w], 1);
+      if (lane == 0) old = atomicAdd(counter(r, two ? 1 + gi : 0), 1);
       old = __shfl_sync(0xffffffffu, old, 0);
-      if (old != pieces - 1) continue;  // another piece is still running: it merges r
+      if (old != (two ? page_sched::group_size(gi, pieces) : pieces) - 1) continue;  // another piece merges
     }
-    __threadfence();
-    // lanes 8k..8k+7 take row rg + k, 16 dims each; every piece's (m, l) first, then its O
-    const int rows_used = q.q_len * p.group;
-    const int d0 = (lane & 7) * 16;
-    for (int rg = 0; rg < rows_used; rg += 4) {
-      const int i = rg + (lane >> 3);
-      const bool ok = i < rows_used;
-      const int ii = ok ? i : 0;
-      auto src_of = [&](int pc) {
-        const int64_t c2 = c_lo + pc;
-        return part_row(c2, page_sched::piece_slot(q.cstart, c2, c_lo, G, T), ii);
-      };
-      float M = -INFINITY;
-      for (int pc = 0; pc < pieces; ++pc) M = fmaxf(M, __ldcg(src_of(pc)));
-      const float m_use = M == -INFINITY ? 0.f : M;
-      float L = 0.f, acc[16];
-#pragma unroll
-      for (int e = 0; e < 16; ++e) acc[e] = 0.f;
-      for (int pc = 0; pc < pieces; ++pc) {
-        const float* src = src_of(pc);
-        const float f = exp2f(__ldcg(src) - m_use);
-        L += __ldcg(src + 1) * f;
-#pragma unroll
-        for (int e = 0; e < 16; e += 2) {
-          const float2 v2 = __ldcg(reinterpret_cast<const float2*>(src + 2 + d0 + e));
-          acc[e] += f * v2.x;
-          acc[e + 1] += f * v2.y;
-        }
+    __threadfence();  // every piece counted before this one: its partial rows are visible
+    if constexpr (TL) {
+      if (tid == 0) {
+        tl_row[kTlMerge0] = tl_now();
+        tl_row[kTlPieces] = static_cast<uint64_t>(pieces);
       }
-      if (!ok) continue;
-      int t, head;
-      row_token(i, t, head);
-      const int64_t tok = q.q_start + t;
-      const float inv = L > 0.f ? p.v_scale / L : 0.f;
-      uint32_t pk[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) pk[e] = pack2<BF16>(acc[2 * e] * inv, acc[2 * e + 1] * inv);
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + tok * p.o_st + int64_t(head) * p.o_sh + d0);
-      dst[0] = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-      dst[1] = make_uint4(pk[4], pk[5], pk[6], pk[7]);
-      if (p.lse != nullptr && (lane & 7) == 0)
-        p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] =
-            L > 0.f ? (M + __log2f(L)) * (p.lse_natural ? kLn2 : 1.f) : -INFINITY;
+    }
+    if (two) {  // this group into its first piece's slot, then count the group
+      const int64_t c_first = c_lo + int64_t(gi) * page_sched::kGroup;
+      merge_slots(q, c_lo, c_first, 1, page_sched::group_size(gi, pieces), c_first,
+                  page_sched::piece_slot(q.cstart, c_first, c_lo, G, T));
+      __syncwarp();
+      if (lane == 0) *counter(r, 1 + gi) = 0;  // ready for the next call
+      __threadfence();  // the group's partial rows are visible before it counts
+      __syncwarp();
+      int old = 0;
+      if (lane == 0) old = atomicAdd(counter(r, 0), 1);
+      old = __shfl_sync(0xffffffffu, old, 0);
+      if (old != page_sched::group_count(pieces) - 1) continue;  // another group merges
+      __threadfence();
+      merge_slots(q, c_lo, c_lo, page_sched::kGroup, page_sched::group_count(pieces), -1, 0);
+    } else {
+      merge_slots(q, c_lo, c_lo, 1, pieces, -1, 0);
+    }
+    if constexpr (TL) {
+      if (tid == 0) tl_row[kTlMerge1] = tl_now();
     }
     __syncwarp();
-    if (lane == 0) pl.counters[r * kHeads + w] = 0;  // ready for the next call
+    if (lane == 0) *counter(r, 0) = 0;  // ready for the next call
   }
+  tl_exit();
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -620,13 +819,187 @@ int smem_optin() {
   return v;
 }
 
-template <bool BF16, bool R16>
-int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid) {
-  constexpr auto kern = page_decode_kernel<BF16, R16>;
+template <bool BF16, bool R16, bool TL>
+int launch_kernel_tl(const AttnParams& p, const PagePlan& pl, int grid, uint64_t* tl) {
+  constexpr auto kern = page_decode_kernel<BF16, R16, TL>;
   if (const int e = opt_in_dynamic_smem<kern>(kSmem)) return e;
-  kern<<<grid, kThreads, kSmem>>>(p, pl);
+  kern<<<grid, kThreads, kSmem>>>(p, pl, tl);
   return static_cast<int>(cudaGetLastError());
 }
+
+#if KVATTN_PAGE_TIMELINE_TOOL
+// ---- KVATTN_PAGE_TIMELINE=N[,K] (debug): launches N .. N + K - 1 of the process (K = 4 by
+// default) run the stamping kernel; after each, the host waits for it and prints to stderr how
+// long the CTAs' chunk loops took and how unequal they were, and after the K-th, per SM, the loop
+// rate of each recorded launch — whether the same SMs are slow every time.  A recorded launch
+// synchronises the device, so it is skipped while a stream is being captured.
+struct TlState {
+  int64_t first = -1, count = 0;  // recorded launches (first = 0: off)
+  uint64_t* dev = nullptr;
+  int grid = 0;
+  std::vector<std::vector<double>> rate;  // [launch][smid] chunks per microsecond of loop
+};
+TlState& tl_state() {
+  static TlState st = [] {
+    TlState t;
+    t.first = 0;
+    if (const char* e = std::getenv("KVATTN_PAGE_TIMELINE")) {
+      t.first = std::max<int64_t>(0, std::atoll(e));
+      t.count = 4;
+      if (const char* comma = std::strchr(e, ',')) t.count = std::max<int64_t>(1, std::atoll(comma + 1));
+    }
+    return t;
+  }();
+  return st;
+}
+
+void tl_report(int64_t call, int grid, const std::vector<uint64_t>& h) {
+  TlState& st = tl_state();
+  uint64_t t0 = ~uint64_t(0), t_end = 0;
+  std::vector<double> loop_us, first_us, exit_us;
+  std::vector<double> rate(1024, 0.0);
+  double chunks_total = 0;
+  for (int b = 0; b < grid; ++b) {
+    const uint64_t* r = h.data() + int64_t(b) * kTl;
+    t0 = std::min(t0, r[kTlEntry]);
+    t_end = std::max(t_end, r[kTlExit]);
+  }
+  for (int b = 0; b < grid; ++b) {
+    const uint64_t* r = h.data() + int64_t(b) * kTl;
+    if (r[kTlChunks] == 0) continue;
+    const double loop = (r[kTlLoop] - r[kTlFirst]) * 1e-3;
+    loop_us.push_back(loop);
+    first_us.push_back((r[kTlFirst] - t0) * 1e-3);
+    exit_us.push_back((r[kTlExit] - t0) * 1e-3);
+    chunks_total += static_cast<double>(r[kTlChunks]);
+    if (r[kTlSm] < rate.size() && loop > 0) rate[r[kTlSm]] = static_cast<double>(r[kTlChunks]) / loop;
+  }
+  if (loop_us.empty()) return;
+  auto stats = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return std::array<double, 3>{v.front(), v[v.size() / 2], v.back()};
+  };
+  const auto L = stats(loop_us), F = stats(first_us), X = stats(exit_us);
+  const double span = (t_end - t0) * 1e-3;
+  double busy = 0;
+  for (double x : loop_us) busy += x;
+  std::fprintf(stderr,
+               "page timeline launch %lld: %d CTAs, %.0f chunks, kernel span %.2f us | first chunk landed "
+               "%.2f / %.2f / %.2f us | chunk loop %.2f / %.2f / %.2f us (min / median / max) | exit %.2f / %.2f "
+               "/ %.2f us | loops fill %.1f %% of CTAs x span\n",
+               static_cast<long long>(call), static_cast<int>(loop_us.size()), chunks_total, span, F[0], F[1], F[2],
+               L[0], L[1], L[2], X[0], X[1], X[2], 100.0 * busy / (span * static_cast<double>(loop_us.size())));
+  // the tail: how many CTAs are still in their chunk loop k us before the kernel's last exit
+  std::string tail = "page timeline: CTAs still looping at span -";
+  for (double k : {80.0, 60.0, 40.0, 30.0, 20.0, 10.0, 5.0, 2.0}) {
+    int n = 0;
+    for (int b = 0; b < grid; ++b) {
+      const uint64_t* r = h.data() + int64_t(b) * kTl;
+      if (r[kTlChunks] != 0 && (r[kTlLoop] - t0) * 1e-3 > span - k) ++n;
+    }
+    char buf[48];
+    std::snprintf(buf, sizeof buf, " %.0f us: %d,", k, n);
+    tail += buf;
+  }
+  double last_loop = 0, last_entry = 0;
+  for (int b = 0; b < grid; ++b) {
+    const uint64_t* r = h.data() + int64_t(b) * kTl;
+    last_entry = std::max(last_entry, (r[kTlEntry] - t0) * 1e-3);
+    if (r[kTlChunks] != 0) last_loop = std::max(last_loop, (r[kTlLoop] - t0) * 1e-3);
+  }
+  std::fprintf(stderr, "%s last loop end %.2f us, last CTA entry %.2f us\n", tail.c_str(), last_loop, last_entry);
+  for (int b = 0; b < grid; ++b) {  // the CTAs that exit last, and the merges that run longest
+    const uint64_t* r = h.data() + int64_t(b) * kTl;
+    const double ex = (r[kTlExit] - t0) * 1e-3;
+    const double mg = r[kTlMerge0] != 0 ? (r[kTlMerge1] - r[kTlMerge0]) * 1e-3 : 0.0;
+    if (ex > span - 3.0 || mg > 3.0)
+      std::fprintf(stderr,
+                   "page timeline: CTA %d (SM %llu, %llu chunks): loop end %.2f us, merge %.2f .. %.2f us of %llu "
+                   "pieces, exit %.2f us\n",
+                   b, static_cast<unsigned long long>(r[kTlSm]), static_cast<unsigned long long>(r[kTlChunks]),
+                   (r[kTlLoop] - t0) * 1e-3, r[kTlMerge0] ? (r[kTlMerge0] - t0) * 1e-3 : 0.0,
+                   r[kTlMerge0] ? (r[kTlMerge1] - t0) * 1e-3 : 0.0, static_cast<unsigned long long>(r[kTlPieces]), ex);
+  }
+  // the math's share of the loop: cycles between a chunk's barrier and the next wait
+  std::vector<double> f0, f1, ns1, nsi;
+  for (int b = 0; b < grid; ++b) {
+    const uint64_t* r = h.data() + int64_t(b) * kTl;
+    if (r[kTlChunks] == 0 || r[kTlCyc1] == 0) continue;
+    const double cyc = static_cast<double>(r[kTlCyc1]), loop_ns = static_cast<double>(r[kTlLoop] - r[kTlFirst]);
+    f0.push_back(r[kTlWork0] / cyc);
+    f1.push_back(r[kTlWork1] / cyc);
+    ns1.push_back(r[kTlWork1] / cyc * loop_ns / static_cast<double>(r[kTlChunks]));
+    nsi.push_back(r[kTlIssue1] / cyc * loop_ns / static_cast<double>(r[kTlChunks]));
+  }
+  if (!f0.empty()) {
+    const auto a = stats(f0), b = stats(f1), n = stats(ns1), ni = stats(nsi);
+    std::fprintf(stderr,
+                 "page timeline: loop share between barrier and next wait: warp 0 %.3f / %.3f / %.3f, warp 1 %.3f / "
+                 "%.3f / %.3f; warp 1 per chunk %.0f / %.0f / %.0f ns, of which issuing the copies %.0f / %.0f / %.0f ns\n",
+                 a[0], a[1], a[2], b[0], b[1], b[2], n[0], n[1], n[2], ni[0], ni[1], ni[2]);
+  }
+  st.rate.push_back(rate);
+  if (static_cast<int64_t>(st.rate.size()) < st.count) return;
+  // per SM: each launch's loop rate; the correlation of every launch with the first
+  const auto& a = st.rate.front();
+  for (size_t k = 1; k < st.rate.size(); ++k) {
+    const auto& b = st.rate[k];
+    double ma = 0, mb = 0, n = 0;
+    for (size_t s = 0; s < a.size(); ++s)
+      if (a[s] > 0 && b[s] > 0) { ma += a[s]; mb += b[s]; ++n; }
+    if (n < 2) continue;
+    ma /= n; mb /= n;
+    double sab = 0, saa = 0, sbb = 0;
+    for (size_t s = 0; s < a.size(); ++s)
+      if (a[s] > 0 && b[s] > 0) {
+        sab += (a[s] - ma) * (b[s] - mb);
+        saa += (a[s] - ma) * (a[s] - ma);
+        sbb += (b[s] - mb) * (b[s] - mb);
+      }
+    std::fprintf(stderr, "page timeline: per-SM loop rate, launch %zu vs the first: correlation %.3f over %.0f SMs\n", k,
+                 saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0, n);
+  }
+  std::string line = "page timeline: chunks/us per SM (smid: one value per recorded launch)";
+  for (size_t s = 0; s < a.size(); ++s) {
+    if (a[s] <= 0) continue;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s%zu:", (line.size() % 100 < 12 ? "\n  " : " "), s);
+    line += buf;
+    for (const auto& r : st.rate) {
+      std::snprintf(buf, sizeof buf, "%s%.3f", &r == &st.rate.front() ? "" : "/", r[s]);
+      line += buf;
+    }
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+  st.rate.clear();
+}
+
+template <bool BF16, bool R16>
+int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid, int64_t call) {
+  TlState& st = tl_state();
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (st.first <= 0 || call < st.first || call >= st.first + st.count ||
+      cudaStreamIsCapturing(0, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
+    return launch_kernel_tl<BF16, R16, false>(p, pl, grid, nullptr);
+  if (st.dev == nullptr || st.grid < grid) {
+    cudaFree(st.dev);
+    st.dev = nullptr;
+    if (const cudaError_t e = cudaMalloc(&st.dev, sizeof(uint64_t) * kTl * grid); e != cudaSuccess) return static_cast<int>(e);
+    st.grid = grid;
+  }
+  if (const int e = launch_kernel_tl<BF16, R16, true>(p, pl, grid, st.dev)) return e;
+  std::vector<uint64_t> h(static_cast<size_t>(kTl) * grid);
+  if (const cudaError_t e = cudaMemcpy(h.data(), st.dev, h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost); e != cudaSuccess)
+    return static_cast<int>(e);
+  tl_report(call, grid, h);
+  return 0;
+}
+#else
+template <bool BF16, bool R16>
+int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid, int64_t) {
+  return launch_kernel_tl<BF16, R16, false>(p, pl, grid, nullptr);
+}
+#endif
 
 }  // namespace
 
@@ -674,14 +1047,15 @@ int launch_page_decode(const AttnParams& p, const PageDecodeShape& s, void* plan
   pl.counters = reinterpret_cast<int32_t*>(base + w.counters);
   pl.part = static_cast<float*>(scratch_ws);
   pl.rows = s.rows;
+  pl.cstride = page_sched::counters_per_unit(s.grid);
   if (run_plan) {
     page_plan_kernel<<<1, kPlanThreads>>>(p, pl, s.grid);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
-  g_launches.fetch_add(1, std::memory_order_relaxed);
+  const int64_t call = g_launches.fetch_add(1, std::memory_order_relaxed) + 1;
   const bool bf16 = p.kv_t == Elt::bf16, r16 = s.rows > 8;
-  if (bf16) return r16 ? launch_kernel<true, true>(p, pl, s.grid) : launch_kernel<true, false>(p, pl, s.grid);
-  return r16 ? launch_kernel<false, true>(p, pl, s.grid) : launch_kernel<false, false>(p, pl, s.grid);
+  if (bf16) return r16 ? launch_kernel<true, true>(p, pl, s.grid, call) : launch_kernel<true, false>(p, pl, s.grid, call);
+  return r16 ? launch_kernel<false, true>(p, pl, s.grid, call) : launch_kernel<false, false>(p, pl, s.grid, call);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k

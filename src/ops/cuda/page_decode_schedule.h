@@ -61,6 +61,25 @@ KVATTN_PD_HD int piece_slot(int64_t cstart, int64_t c2, int64_t c_lo, int64_t G,
 // registers, without writing it out).
 KVATTN_PD_HD bool ends_inside(int64_t cstart, int64_t chunks, int64_t x1) { return cstart + chunks <= x1; }
 
+// A request cut into more than kGroup pieces is merged in two levels, so that no single CTA reads
+// every piece's partial rows: its pieces form groups of kGroup consecutive CTAs (the last group
+// may be smaller); the last piece of a group to count merges the group into the partial slot of
+// the group's first piece, then counts the group on the request's counter, and the last group to
+// count merges the group partials.  Up to kGroup pieces, one level: the last piece merges them all.
+constexpr int kGroup = 8;
+
+// Groups of a request of `pieces` pieces: 1 (one level) up to kGroup pieces.
+KVATTN_PD_HD int group_count(int pieces) { return pieces <= kGroup ? 1 : (pieces + kGroup - 1) / kGroup; }
+
+// Pieces in group g of a request of `pieces` pieces (two levels).
+KVATTN_PD_HD int group_size(int g, int pieces) {
+  const int left = pieces - g * kGroup;
+  return left < kGroup ? left : kGroup;
+}
+
+// Counters per (request, KV head) in a call of G ranges: the request's own, then one per group.
+KVATTN_PD_HD int counters_per_unit(int64_t G) { return 1 + static_cast<int>((G + kGroup - 1) / kGroup); }
+
 }  // namespace kvattn::ops::cuda_impl::k::page_sched
 
 #undef KVATTN_PD_HD

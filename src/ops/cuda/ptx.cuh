@@ -63,6 +63,13 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// A GPU-scope relaxed load of a counter, to read it early: a thread that acts on the value it
+// saw follows it with __threadfence() (the fence makes it an acquire of the counts it observed).
+__device__ __forceinline__ int ld_relaxed_gpu(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N committed groups are pending.  The kernels that follow it with
 // __syncthreads() use this form; cp_async_wait_mem also orders the compiler's shared-memory
