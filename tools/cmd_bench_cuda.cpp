@@ -42,6 +42,7 @@ struct Opts {
   int64_t batch = 0, kv_len = 0;  // --shape: one decode case only
   bool fp8 = false;
   bool mixed = false;  // --batch case with lengths U[256, kv_len] (the 128xU row's generator)
+  int64_t long_len = 0;  // --batch case: the last request's length instead (one long request among short ones)
   std::string variants;  // --batch case once per "opts/splits" pair of the decode v6 path
   bool kept_plan = false;  // --kept-plan: the --batch case on a plan kept across calls
   bool sequential_pages = false;  // --sequential-pages: decode page ids in pool order (diagnostic)
@@ -315,12 +316,17 @@ Tensor first_set_page_ids(const Pool& pool, int64_t count) {
 // requests of L keys on the pages bench_decode gives its first set (same permutation), loaded
 // and discarded in the decode's unit order (k::measure_kv_gather_tbps).
 // mode 1: balanced ranges of tiles; 2: balanced ranges of whole pages (every KV head at once);
-// 3: the same pages by the bulk copy engine (the highest read rate measured over these pages).
+// 3: the same pages by the bulk copy engine (the highest read rate measured over these pages);
+// 4: mode 3 with pages claimed in blocks of 4 at run time (no equal-range imbalance at the end).
 Row bench_gather(const Pool& pool, int64_t B, int64_t L, int mode = 0) {
   const int64_t n = L / kPage;
   Row r;
   r.name = fmt::format("ceiling: K/V gather {}x{}{} (decode's pages, loads only)", B, L,
-                       mode == 1 ? ", ranges" : mode == 2 ? ", pages" : mode == 3 ? ", pages, bulk copy" : "");
+                       mode == 1   ? ", ranges"
+                       : mode == 2 ? ", pages"
+                       : mode == 3 ? ", pages, bulk copy"
+                       : mode == 4 ? ", pages, bulk, claimed"
+                                   : "");
   r.unit = "TB/s";
   if (B * n > pool.pages - 1) {
     r.target = "(pool too small: not measured)";
@@ -408,20 +414,24 @@ int run(const Opts& o) {
   print_row(Row{"ceiling: empty launch, 128 CTAs in clusters of 16", k::measure_empty_launch_us(128, 16), 0, "", ""});
   const bool all = o.only.empty();
   if (o.batch > 0) {
-    Pool one = make_pool(std::max<int64_t>(o.batch * ((o.kv_len + kPage - 1) / kPage) * 2 + 1, 1024),
-                         o.fp8 ? DType::fp8_e4m3 : DType::bf16);
     std::vector<int64_t> lens(static_cast<size_t>(o.batch), o.kv_len);
     if (o.mixed) {
       std::mt19937 rng(99);
       std::uniform_int_distribution<int64_t> u(256, o.kv_len);
       for (auto& x : lens) x = u(rng);
     }
+    if (o.long_len > 0) lens.back() = o.long_len;
+    int64_t pages = 0;
+    for (int64_t x : lens) pages += (x + kPage - 1) / kPage;
+    Pool one = make_pool(std::max<int64_t>(pages * 2 + 1, 1024), o.fp8 ? DType::fp8_e4m3 : DType::bf16);
     const std::string name = fmt::format("decode {} {}x{}{}", o.fp8 ? "fp8" : "bf16", o.batch, o.mixed ? "U[256," : "",
-                                         o.kv_len) + (o.mixed ? "]" : "") + (o.sequential_pages ? " [sequential pages]" : "");
+                                         o.kv_len) + (o.mixed ? "]" : "") +
+                             (o.long_len > 0 ? fmt::format(" (last {})", o.long_len) : std::string()) +
+                             (o.sequential_pages ? " [sequential pages]" : "");
     if (o.variants.empty()) {
       // bf16 uniform lengths of whole 512-key chunks: the loads-only kernel over the same pages first
-      if (!o.fp8 && !o.mixed && o.kv_len % 512 == 0) {
-        for (int mode : {0, 1, 2, 3}) print_row(bench_gather(one, o.batch, o.kv_len, mode));
+      if (!o.fp8 && !o.mixed && o.long_len == 0 && o.kv_len % 512 == 0) {
+        for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(one, o.batch, o.kv_len, mode));
         for (int mode : {0, 1, 2}) print_row(bench_page_probe(one, o.batch, o.kv_len, mode));
       }
       print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
@@ -560,10 +570,10 @@ int run(const Opts& o) {
       k::set_page_decode_mode(pm);
       return kept;
     };
-    for (int mode : {0, 1, 2, 3}) print_row(bench_gather(pool, 64, 4096, mode));
+    for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(pool, 64, 4096, mode));
     for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 64, 4096, mode));
     both("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s");
-    for (int mode : {0, 1, 2, 3}) print_row(bench_gather(pool, 128, 4096, mode));
+    for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(pool, 128, 4096, mode));
     for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 128, 4096, mode));
     both("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s");
     std::mt19937 rng(99);
@@ -574,6 +584,11 @@ int run(const Opts& o) {
     // the mixed row without the lengths hint (work counter, as before session 7's hint)
     print_row(bench_decode("decode bf16 128xU[256,8192] [plan kept, no hint]", pool, mixed, DType::bf16, "", o.quick,
                            true, false));
+    // one long request among short ones: its pieces span most CTAs, so the merge of a cut request
+    // (two levels past page_sched::kGroup pieces) is on this row's tail
+    std::vector<int64_t> skewed = uni(64, 1024);
+    skewed.back() = 131072;
+    both("decode bf16 63x1024 + 1x131072", pool, skewed, DType::bf16, "");
     if (!o.quick || pool_pages >= 131072) {
       const Row bf = both("decode bf16 256x8192", pool, uni(256, 8192), DType::bf16, "(FI 4.3-4.5)");
       pool = Pool{};
@@ -653,6 +668,8 @@ std::function<int()> setup(CLI::App& app) {
   app.add_option("--kv-len", o->kv_len, "kv length of the --batch decode case");
   app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");
   app.add_flag("--mixed", o->mixed, "the --batch case with kv lengths U[256, kv-len] (as the 128xU row)");
+  app.add_option("--long", o->long_len, "the --batch case with its last request this long instead (one long request among short ones)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--kept-plan", o->kept_plan, "the --batch case on a plan kept across calls (plan kernel once per page set)");
   app.add_flag("--sequential-pages", o->sequential_pages,
                "decode page ids in pool order instead of a random permutation (diagnostic; the targets use random order)");

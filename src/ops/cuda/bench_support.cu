@@ -177,21 +177,41 @@ __device__ __forceinline__ void bench_bulk_copy(uint32_t dst, const void* src, u
 #undef KVATTN_BULK_ONLY
 constexpr int kBulkStages = 3, kBulkPage = 16 * 8 * 256;  // K (or V) of one page: 16 slots x 8 heads x 256 B
 constexpr int kBulkSmem = kBulkStages * 2 * kBulkPage + 128 + 64;
+// DYN (mode 4): the same copies, but pages taken in blocks of kBulkBlock from a call-wide claim
+// counter (CTA c's first block is block c, later ones claimed as the issue pointer needs them), so
+// a CTA on a faster SM reads more of them and every CTA runs until the pages run out: the
+// schedule's tail without equal ranges' imbalance.  ctr[0] counts claims, ctr[1] finished CTAs;
+// the last CTA to finish puts both back to 0 for the next launch.
+constexpr int kBulkBlock = 4;
+template <bool DYN>
 __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, const char* v, int64_t page_b,
-                                                                const int32_t* indices, int64_t total, uint32_t* sink) {
+                                                                const int32_t* indices, int64_t total, uint32_t* sink,
+                                                                int* ctr) {
   extern __shared__ unsigned char smraw[];
+  // DYN: the page each stage holds, -1 past the CTA's last (thread 0 writes a stage's entry after
+  // the barrier of the iteration that consumed it; it is read three barriers later)
+  __shared__ int64_t stage_x[kBulkStages];
   const uint32_t raw = smem_u32(smraw);
   const uint32_t base = (raw + 127u) & ~127u;
   const uint32_t bars = base + kBulkStages * 2 * kBulkPage;
   const unsigned char* gen = smraw + (base - raw);
   const int64_t G = gridDim.x, c = blockIdx.x;
-  const int64_t x0 = c * total / G, x1 = (c + 1) * total / G;
+  const int64_t x0 = DYN ? c * kBulkBlock : c * total / G, x1 = DYN ? total : (c + 1) * total / G;
   const int tid = threadIdx.x;
   const uint64_t pol = l2_evict_first_policy();
   if (tid == 0)
     for (int s = 0; s < kBulkStages; ++s) bench_mbar_init(bars + 8 * s);
-  __syncthreads();
+  int64_t next = x0, block_end = x0 + kBulkBlock;  // DYN, thread 0: the next page to issue
+  auto next_page = [&]() -> int64_t {  // DYN: the next page of this CTA, -1 when none is left
+    if (next >= block_end) {
+      next = (atomicAdd(ctr, 1) + G) * kBulkBlock;
+      block_end = next + kBulkBlock;
+    }
+    return next < total ? next++ : int64_t(-1);
+  };
   auto issue = [&](int64_t x, int s) {
+    if constexpr (DYN) stage_x[s] = x;
+    if (x < 0) return;
     const int64_t pg = indices[x];
     const uint32_t bar = bars + 8 * s, dk = base + s * 2 * kBulkPage;
     bench_mbar_expect_tx(bar, 2 * kBulkPage);
@@ -199,17 +219,35 @@ __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, c
     bench_bulk_copy(dk + kBulkPage, v + pg * page_b, kBulkPage, bar, pol);
   };
   if (tid == 0)
-    for (int s = 0; s < kBulkStages && x0 + s < x1; ++s) issue(x0 + s, s);
+    for (int s = 0; s < kBulkStages; ++s) {
+      if constexpr (DYN) issue(x0 < total ? next_page() : -1, s);
+      else if (x0 + s < x1) issue(x0 + s, s);
+    }
+  __syncthreads();
   uint32_t acc = 0;
-  for (int64_t x = x0; x < x1; ++x) {
-    const int i = static_cast<int>(x - x0), s = i % kBulkStages;
+  for (int64_t x = x0, i = 0;; ++x, ++i) {
+    const int s = static_cast<int>(i % kBulkStages);
+    if constexpr (DYN) {
+      if (stage_x[s] < 0) break;
+    } else if (x >= x1) {
+      break;
+    }
     bench_mbar_wait(bars + 8 * s, (i / kBulkStages) & 1);
     const uint4 d = *reinterpret_cast<const uint4*>(gen + s * 2 * kBulkPage + tid * 16);
     acc ^= d.x ^ d.y ^ d.z ^ d.w;
     __syncthreads();
-    if (tid == 0 && x + kBulkStages < x1) issue(x + kBulkStages, s);
+    if (tid == 0) {
+      if constexpr (DYN) issue(next_page(), s);
+      else if (x + kBulkStages < x1) issue(x + kBulkStages, s);
+    }
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
+  if constexpr (DYN) {
+    if (tid == 0 && atomicAdd(ctr + 1, 1) == G - 1) {
+      ctr[0] = 0;
+      ctr[1] = 0;
+    }
+  }
 }
 
 // ---- whole-page decode probe (bench only): the decode's math over the pages that the pages
@@ -540,28 +578,32 @@ double measure_stream3_tbps(int64_t bytes) {
 double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
                               const int32_t* indices, int batch, int tiles, int hkv, int mode) {
   if (tiles % 8 != 0 || batch <= 0) return 0;
-  if (mode == 3) {  // whole pages by the bulk copy engine (kv_gather_bulk_kernel): 32 KB K / V pages only
+  if (mode == 3 || mode == 4) {  // whole pages by the bulk copy engine (kv_gather_bulk_kernel): 32 KB K / V pages only
     int major = 0, sms = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const auto kern = mode == 4 ? kv_gather_bulk_kernel<true> : kv_gather_bulk_kernel<false>;
     if (major < 9 || hkv != 8 || slot_b != 8 * 256 || head_b != 256 ||
-        cudaFuncSetAttribute(kv_gather_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem) != cudaSuccess) {
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
     uint32_t* sink = nullptr;
     cudaMalloc(&sink, 16);
+    cudaMemset(sink, 0, 16);  // sink[1..2]: mode 4's claim and finish counters
     struct Ctx {
       const char *k, *v;
       int64_t page_b, total;
       const int32_t* indices;
       int grid;
       uint32_t* sink;
-    } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, int64_t(batch) * tiles * 4, indices, sms, sink};
+      void (*kern)(const char*, const char*, int64_t, const int32_t*, int64_t, uint32_t*, int*);
+    } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, int64_t(batch) * tiles * 4, indices, sms, sink, kern};
     const double us = time_median_us(
         [](void* c, int) {
           auto* x = static_cast<Ctx*>(c);
-          kv_gather_bulk_kernel<<<x->grid, 256, kBulkSmem>>>(x->k, x->v, x->page_b, x->indices, x->total, x->sink);
+          x->kern<<<x->grid, 256, kBulkSmem>>>(x->k, x->v, x->page_b, x->indices, x->total, x->sink,
+                                               reinterpret_cast<int*>(x->sink + 1));
         },
         &ctx, 4, 20);
     cudaFree(sink);

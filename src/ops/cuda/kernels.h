@@ -279,7 +279,8 @@ double measure_stream3_tbps(int64_t bytes);
 // whole pages, every KV head's rows of a page read together (slot_b * 16 contiguous bytes of K
 // and of V per page, as in the NHD pool) — the pattern of a decode that reads a page once for all
 // its KV heads; 3 (pages, bulk copy): mode 2's pages moved by the bulk copy engine into a 3-stage
-// shared-memory ring, one CTA per SM (sm_90+, 16-slot pages of 8 heads x 256 bytes; else 0).
+// shared-memory ring, one CTA per SM (sm_90+, 16-slot pages of 8 heads x 256 bytes; else 0);
+// 4: mode 3 with the pages claimed in blocks of 4 at run time instead of equal ranges.
 double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
                               const int32_t* indices, int batch, int tiles, int hkv, int mode);
 // A probe of a decode that reads whole pages (bench only, not an op): one 8-warp CTA per SM, equal
