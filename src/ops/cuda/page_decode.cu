@@ -237,7 +237,7 @@ enum TlWord : int {
   kTlCyc1,    // SM cycles of warp 1's whole loop
   kTlIssue1,  // the part of kTlWork1 from the barrier to the chunk copies' commit (Meta, copies issued)
   kTlMerge0,  // %globaltimer when thread 0 starts merging a cut request (after its count), 0: none
-  kTlMerge1,  // ... when it is done
+  kTlMerge1,  // ... when it is done (with its group, or with the whole request)
   kTlPieces,  // not a time: pieces of the request it merged
   kTl
 };
@@ -774,6 +774,9 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       const int64_t c_first = c_lo + int64_t(gi) * page_sched::kGroup;
       merge_slots(q, c_lo, c_first, 1, page_sched::group_size(gi, pieces), c_first,
                   page_sched::piece_slot(q.cstart, c_first, c_lo, G, T));
+      if constexpr (TL) {
+        if (tid == 0) tl_row[kTlMerge1] = tl_now();
+      }
       __syncwarp();
       if (lane == 0) *counter(r, 1 + gi) = 0;  // ready for the next call
       __threadfence();  // the group's partial rows are visible before it counts
