@@ -28,15 +28,10 @@
 // See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Sessions 13, 14, 17".
 #include "ops/cuda/page_decode.h"
 
-#include <algorithm>
-#include <array>
 #include <atomic>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
-#include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/knobs.h"
@@ -47,6 +42,13 @@
 // 1: build the page decode's timeline tool (KVATTN_PAGE_TIMELINE, below); off in normal builds
 #ifndef KVATTN_PAGE_TIMELINE_TOOL
 #define KVATTN_PAGE_TIMELINE_TOOL 0
+#endif
+#if KVATTN_PAGE_TIMELINE_TOOL  // the tool's host-side report
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
 #endif
 
 namespace kvattn::ops::cuda_impl::k {
