@@ -35,12 +35,12 @@ __global__ void mma_peak_kernel(float* out, int iters) {
 }
 
 // out = a + b over 16-byte vectors (32-bit lane adds), one vector per thread, a full grid of
-// 256-thread CTAs: the memory pattern of merge_attn_states' vector kernel (two streams read, one
-// written, same addresses) without its arithmetic or LSE loads.
+// 256-thread CTAs: the memory pattern of merge_attn_states' vector kernel (two streams read with
+// plain loads, one written with st.global.cs, same addresses) without its arithmetic or LSE loads.
 __global__ void stream3_kernel(const uint4* a, const uint4* b, uint4* out, int64_t n) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const uint4 x = __ldcs(a + i), y = __ldcs(b + i);
+  const uint4 x = a[i], y = b[i];
   __stcs(out + i, make_uint4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w));
 }
 

@@ -60,13 +60,16 @@ __global__ void merge_vec16(MergeParams p) {
       h = row - t * p.num_heads;
     }
     // data loads first (independent of the LSEs, so both are in flight together); the
-    // prefix is skipped only where it is known unused (tokens past the context ones)
+    // prefix is skipped only where it is known unused (tokens past the context ones).  Plain
+    // loads, not ld.global.cs: on the H200 the streaming hint (and L1::no_allocate alike) made
+    // this kernel 5 % slower, 3.71 vs 3.90 TB/s at 8192 x 32 x 128 (docs/cuda-notes.md
+    // "Session 18"); plain loads are also safe when out is the prefix or suffix (in place)
     const uint16_t* pp = static_cast<const uint16_t*>(p.prefix) + t * p.p_st + h * p.p_sh + d;
     const uint16_t* sp = static_cast<const uint16_t*>(p.suffix) + t * p.s_st + h * p.s_sh + d;
     const bool need_prefix = p.prefill_tokens_with_context < 0 || t < p.prefill_tokens_with_context;
     uint4 pv = make_uint4(0, 0, 0, 0);
-    if (need_prefix) pv = __ldcs(reinterpret_cast<const uint4*>(pp));
-    const uint4 sv = __ldcs(reinterpret_cast<const uint4*>(sp));
+    if (need_prefix) pv = *reinterpret_cast<const uint4*>(pp);
+    const uint4 sv = *reinterpret_cast<const uint4*>(sp);
     const MergeW w = merge_weights(p, t, h);
     const uint16_t* pe = reinterpret_cast<const uint16_t*>(&pv);
     const uint16_t* se = reinterpret_cast<const uint16_t*>(&sv);
