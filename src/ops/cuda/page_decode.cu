@@ -434,6 +434,23 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
             l[rr] > 0.f ? (m_r[rr] + __log2f(l[rr])) * (p.lse_natural ? kLn2 : 1.f) : -INFINITY;
     }
   };
+  // Counts this CTA's piece of request r (first chunk cstart, `chunks` chunks) on its first-level
+  // counter — the request's own, or, for a request of more than page_sched::kGroup pieces, its
+  // group's — and says whether it arrived last there (then it merges that level).  The warp's
+  // partial rows must be visible first (__threadfence).
+  auto count_piece = [&](int64_t r, int64_t cstart, int chunks) -> bool {
+    const int pieces = page_sched::piece_count(cstart, chunks, G, T);
+    int k = 0, need = pieces;
+    if (pieces > page_sched::kGroup) {
+      const int gi = static_cast<int>((c - cta_of(cstart, G, T)) / page_sched::kGroup);
+      k = 1 + gi;
+      need = page_sched::group_size(gi, pieces);
+    }
+    int old = 0;
+    if (lane == 0) old = atomicAdd(counter(r, k), 1);
+    old = __shfl_sync(0xffffffffu, old, 0);
+    return old == need - 1;
+  };
   // The current request is done in this range: written whole, or (cut by a range boundary) its
   // partial state left in this CTA's slot.  A piece that ends inside the range is the request's
   // last and counts itself now, so that the piece running to the end of an earlier range finds
@@ -465,17 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     if (early) {
       __threadfence();  // this warp's partial rows are visible before it counts them
       __syncwarp();
-      const int pieces = page_sched::piece_count(r_cstart, r_chunks, G, T);
-      int k = 0, need = pieces;  // one level: the request's counter; two: this piece's group's
-      if (pieces > page_sched::kGroup) {
-        const int gi = static_cast<int>((c - cta_of(r_cstart, G, T)) / page_sched::kGroup);
-        k = 1 + gi;
-        need = page_sched::group_size(gi, pieces);
-      }
-      int old = 0;
-      if (lane == 0) old = atomicAdd(counter(req, k), 1);
-      old = __shfl_sync(0xffffffffu, old, 0);
-      if (old != need - 1) return;  // a later piece merges
+      if (!count_piece(req, r_cstart, r_chunks)) return;  // a later piece merges
     }
     split_req[n_split] = req;
     if (early) split_counted |= 1 << n_split;  // counted and found last: only the merge is left
@@ -759,12 +766,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     const int pieces = page_sched::piece_count(q.cstart, q.chunks, G, T);
     const bool two = pieces > page_sched::kGroup;
     const int gi = two ? static_cast<int>((c - c_lo) / page_sched::kGroup) : 0;
-    if (!(split_counted >> si & 1)) {
-      int old = 0;
-      if (lane == 0) old = atomicAdd(counter(r, two ? 1 + gi : 0), 1);
-      old = __shfl_sync(0xffffffffu, old, 0);
-      if (old != (two ? page_sched::group_size(gi, pieces) : pieces) - 1) continue;  // another piece merges
-    }
+    if (!(split_counted >> si & 1) && !count_piece(r, q.cstart, q.chunks)) continue;  // another piece merges
     __threadfence();  // every piece counted before this one: its partial rows are visible
     if constexpr (TL) {
       if (tid == 0) {
