@@ -387,6 +387,12 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
   float o[16][4];
   float m_r[NR], l_r[NR];
   int lim[NR];      // keys [0, lim) visible to the row
+  // Tiles of at most 8 rows (!R16) run the transposed product in the chunk loop
+  // (page_tile::scores_t): this lane holds rows 2 t4 and 2 t4 + 1 there — their running max,
+  // sums over its keys, visible keys, and O^T — and to_rows() moves them into m_r / l_r / o's
+  // row-g layout when the request is done (what flush, write_rows and the merges read).
+  float m_t[2] = {-INFINITY, -INFINITY}, l_t[2] = {0.f, 0.f}, ot[8][4];
+  int lim_t[2];
   int lim_min = 0;  // chunks starting at or past it need the mask
   int64_t req = -1, r_cstart = 0;
   int r_chunks = 0, r_qs = 0, r_ql = 0;
@@ -432,6 +438,35 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       if (p.lse != nullptr && t4 == 0)
         p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] =
             l[rr] > 0.f ? (m_r[rr] + __log2f(l[rr])) * (p.lse_natural ? kLn2 : 1.f) : -INFINITY;
+    }
+  };
+  // !R16: the transposed loop state (rows 2 t4, 2 t4 + 1 per lane) into the row-g layout: m_r[0]
+  // = row g's max; l_r[0] = row g's sum on the quad's first lane and 0 on the others (row_sums
+  // adds the quad); o[nn][c] = row g, dim 8 nn + 2 t4 + c, which lane 4 (2 t4 + c) + g / 2 holds
+  // as ot[nn / 2][2 (nn % 2) + g % 2] — two shuffles per value, the row parity picks one.
+  auto to_rows = [&]() {
+    if constexpr (!R16) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        l_t[j] += __shfl_xor_sync(0xffffffffu, l_t[j], 4);
+        l_t[j] += __shfl_xor_sync(0xffffffffu, l_t[j], 8);
+        l_t[j] += __shfl_xor_sync(0xffffffffu, l_t[j], 16);
+      }
+      const bool odd = g & 1;
+      const int src_q = g >> 1;  // the lane (g' = 0, t4 = g / 2) holds row g's max and sum
+      const float m0 = __shfl_sync(0xffffffffu, m_t[0], src_q), m1 = __shfl_sync(0xffffffffu, m_t[1], src_q);
+      const float s0 = __shfl_sync(0xffffffffu, l_t[0], src_q), s1 = __shfl_sync(0xffffffffu, l_t[1], src_q);
+      m_r[0] = odd ? m1 : m0;
+      l_r[0] = t4 == 0 ? (odd ? s1 : s0) : 0.f;
+#pragma unroll
+      for (int nn = 0; nn < 16; ++nn)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc) {
+          const int src = 4 * (2 * t4 + cc) + src_q;
+          const float v0 = __shfl_sync(0xffffffffu, ot[nn / 2][2 * (nn % 2)], src);
+          const float v1 = __shfl_sync(0xffffffffu, ot[nn / 2][2 * (nn % 2) + 1], src);
+          o[nn][cc] = odd ? v1 : v0;
+        }
     }
   };
   // Counts this CTA's piece of request r (first chunk cstart, `chunks` chunks) on its first-level
@@ -567,7 +602,10 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     const Meta& mt = meta[it % kMetaSlots];
     const int64_t r = mt.req;
     if (r != req) {  // a new request: finish the last one, load this one's query rows
-      if (req >= 0) flush();
+      if (req >= 0) {
+        to_rows();
+        flush();
+      }
       req = r;
       r_cstart = mt.cstart;
       r_chunks = mt.chunks;
@@ -596,9 +634,20 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       if constexpr (!R16) {
 #pragma unroll
         for (int s2 = 0; s2 < 8; ++s2) qf[s2][1] = qf[s2][3] = 0u;
-      }
 #pragma unroll
-      for (int nn = 0; nn < 16; ++nn) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.f;
+        for (int j = 0; j < 2; ++j) {
+          int t, head;
+          row_token(2 * t4 + j, t, head);
+          lim_t[j] = p.causal ? min(kv_len - r_ql + 1 + t, kv_len) : kv_len;
+          m_t[j] = -INFINITY;
+          l_t[j] = 0.f;
+        }
+#pragma unroll
+        for (int mb = 0; mb < 8; ++mb) ot[mb][0] = ot[mb][1] = ot[mb][2] = ot[mb][3] = 0.f;
+      } else {
+#pragma unroll
+        for (int nn = 0; nn < 16; ++nn) o[nn][0] = o[nn][1] = o[nn][2] = o[nn][3] = 0.f;
+      }
     }
     if (x == pre_x && r_cstart + r_chunks > x1) {
       pre_req = req;
@@ -607,11 +656,46 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     const int key0 = mt.jc * kSlots;
     const unsigned char* tK = sm + (it % kStages) * 2 * kChunkBytes;
     const unsigned char* tV = tK + kChunkBytes;
+    const bool masked = key0 + kSlots > lim_min;
+    if constexpr (!R16) {  // the transposed product: rows 2 t4 + j, keys g and g + 8
+      float st[4];
+      page_tile::scores_t<BF16>(st, qf, tK, w, lane);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float sv = st[e] * scale_log2;
+        if (masked && key0 + g + 8 * (e >> 1) >= lim_t[e & 1]) sv = -INFINITY;
+        st[e] = sv;
+      }
+      float alpha_t[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float mx = fmaxf(st[j], st[2 + j]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_t[j], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet
+        alpha_t[j] = exp2f(m_t[j] - m_use);
+        m_t[j] = m_new;
+        st[j] = exp2f(st[j] - m_use);
+        st[2 + j] = exp2f(st[2 + j] - m_use);
+        l_t[j] = l_t[j] * alpha_t[j] + st[j] + st[2 + j];
+      }
+#pragma unroll
+      for (int mb = 0; mb < 8; ++mb) {
+        ot[mb][0] *= alpha_t[0];
+        ot[mb][1] *= alpha_t[1];
+        ot[mb][2] *= alpha_t[0];
+        ot[mb][3] *= alpha_t[1];
+      }
+      const uint32_t pt[2] = {pack2<BF16>(st[0], st[1]), pack2<BF16>(st[2], st[3])};
+      page_tile::accumulate_pv_t<BF16>(ot, pt, tV, w, lane);
+      continue;
+    }
     float sc[2][4];
     page_tile::scores<BF16>(sc, qf, tK, w, lane);
     // scores in log2 units; keys at or past a row's limit -inf (the request's last chunk, and
     // the causal diagonal of a multi-token row)
-    const bool masked = key0 + kSlots > lim_min;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -665,7 +749,10 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       tl_row[kTlCyc1] = now - tl_loop0;
     }
   }
-  if (req >= 0 && !(r_cstart + r_chunks > x1 && merge_into_registers())) flush();
+  if (req >= 0) {
+    to_rows();
+    if (!(r_cstart + r_chunks > x1 && merge_into_registers())) flush();
+  }
   if (n_split == 0) {
     tl_exit();
     return;

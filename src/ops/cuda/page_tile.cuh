@@ -53,4 +53,56 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[16][4], const uint32_t 
   }
 }
 
+// ---- the transposed product, for tiles of at most 8 query rows (one token at GQA <= 8): the
+// chunk's 16 keys are the mma's M rows and the query rows its N columns, so one m16n8 tile per
+// k-step instead of two (half the mma of scores() + accumulate_pv(), where 8 or more of the 16
+// tile rows would be padding).  Fragments (g = lane / 4, t4 = lane % 4):
+//   st (S^T, 16 keys x 8 rows): st[0], st[1] = key g, rows 2 t4 and 2 t4 + 1; st[2], st[3] = key g + 8
+//   ot[mt] (O^T, dims 16 mt .. 16 mt + 15 x 8 rows): [0], [1] = dim 16 mt + g, rows 2 t4, 2 t4 + 1;
+//   [2], [3] = dim 16 mt + g + 8
+
+// The transpose of an 8 x 8 matrix of 16-bit pairs held as one mma fragment register per lane.
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
+// st = K Q^T for KV head w: the K rows are the A operand (ldmatrix, 16 keys x 16 dims per
+// k-step), qf's row-g registers (qf[ks][0], qf[ks][2]) the B operand; two accumulator chains
+// (even and odd k-steps) halve the dependent mma chain.
+template <bool BF16>
+__device__ __forceinline__ void scores_t(float (&st)[4], const uint32_t (&qf)[8][4], const unsigned char* tK, int w,
+                                         int lane) {
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  // ldmatrix x4: matrix i from lanes 8i .. 8i + 7 = (keys 0-7 | 8-15) x (dims 0-7 | 8-15 of the k-step)
+  const int key = (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t a[4];
+    ldsm_x4(smem_u32(tK + swz(key, w, 2 * ks + (lane >> 4))), a);
+    mma16816<BF16>((ks & 1) ? c1 : c0, a, qf[ks][0], qf[ks][2]);
+  }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) st[e] = c0[e] + c1[e];
+}
+
+// ot += V^T P^T for KV head w: pt holds P (st's layout, exponentiated) packed as 16-bit pairs,
+// pt[0] = keys g, pt[1] = keys g + 8 (rows 2 t4, 2 t4 + 1); movmatrix turns them into the B
+// operand (keys 2 t4, 2 t4 + 1 (+ 8) of row g); V^T comes from ldmatrix.trans of the V rows.
+template <bool BF16>
+__device__ __forceinline__ void accumulate_pv_t(float (&ot)[8][4], const uint32_t (&pt)[2], const unsigned char* tV,
+                                                int w, int lane) {
+  const uint32_t b0 = movmatrix_t(pt[0]), b1 = movmatrix_t(pt[1]);
+  // ldmatrix x4 .trans: matrix i from lanes 8i .. 8i + 7 = keys (0-7 | 8-15) x dims (0-7 | 8-15)
+  const int key = (lane & 7) + (lane >> 4) * 8;
+  const int half = (lane >> 3) & 1;
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    uint32_t a[4];
+    ldsm_x4_t(smem_u32(tV + swz(key, w, 2 * mt + half)), a);
+    mma16816<BF16>(ot[mt], a, b0, b1);
+  }
+}
+
 }  // namespace kvattn::ops::cuda_impl::k::page_tile
