@@ -13,7 +13,8 @@
 //     copies 8 + 8 16-byte pieces of each chunk's K and V into a 3-stage ring (cp.async, L2
 //     evict-first: every chunk is read once per call), one __syncthreads per chunk; warp w
 //     runs KV head w's query rows (query length x GQA group <= 16, one m16n8k16 row tile)
-//     through S = QK^T, the online softmax and O += PV with mma.sync.  A request that lies
+//     through S = QK^T, the online softmax and O += PV with mma.sync (a tile of <= 8 rows as
+//     the transposed S^T = K Q^T, O^T += V^T P^T: half the mma).  A request that lies
 //     inside the range is normalised and written when its last chunk is done.  One cut by
 //     range boundaries (at most the range's first and last) is computed in pieces, one per
 //     CTA, counted on a (request, KV head) counter: its last piece (at a range's start) leaves
@@ -200,6 +201,18 @@ __global__ void __launch_bounds__(kPlanThreads) page_plan_kernel(AttnParams p, P
     for (int64_t c = page_sched::first_cta_starting_in(q.cstart, G, T); c < c_end; ++c) pl.first_req[c] = r;
   }
   if (tid == 0) *pl.hdr = Hdr{T, s_empties, static_cast<int32_t>(G)};
+}
+
+// One online-softmax step of a row whose maximum over the chunk's keys is mx: the running max m
+// moves to max(m, mx), alpha is the factor the row's running sum and output are rescaled by, and
+// the result is what the chunk's scores are taken from (0 while the row has no visible key yet:
+// m stays -inf and every p is 0).
+__device__ __forceinline__ float online_max_step(float& m, float mx, float& alpha) {
+  const float m_new = fmaxf(m, mx);
+  const float m_use = m_new == -INFINITY ? 0.f : m_new;
+  alpha = exp2f(m - m_use);
+  m = m_new;
+  return m_use;
 }
 
 // Output rows of a request with no chunk: zeros and LSE -inf when it has no key; NaN when it has
@@ -673,10 +686,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m_t[j], mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet
-        alpha_t[j] = exp2f(m_t[j] - m_use);
-        m_t[j] = m_new;
+        const float m_use = online_max_step(m_t[j], mx, alpha_t[j]);
         st[j] = exp2f(st[j] - m_use);
         st[2 + j] = exp2f(st[2 + j] - m_use);
         l_t[j] = l_t[j] * alpha_t[j] + st[j] + st[2 + j];
@@ -711,10 +721,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       float mx = fmaxf(fmaxf(sc[0][2 * rr], sc[0][2 * rr + 1]), fmaxf(sc[1][2 * rr], sc[1][2 * rr + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_r[rr], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet
-      alpha[rr] = exp2f(m_r[rr] - m_use);
-      m_r[rr] = m_new;
+      const float m_use = online_max_step(m_r[rr], mx, alpha[rr]);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         sc[j][2 * rr] = exp2f(sc[j][2 * rr] - m_use);
