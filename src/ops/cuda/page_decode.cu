@@ -466,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
         l_t[j] += __shfl_xor_sync(0xffffffffu, l_t[j], 16);
       }
       const bool odd = g & 1;
-      const int src_q = g >> 1;  // the lane (g' = 0, t4 = g / 2) holds row g's max and sum
+      const int src_q = page_tile::to_rows_stat_lane(lane);  // holds row g's max and sum
       const float m0 = __shfl_sync(0xffffffffu, m_t[0], src_q), m1 = __shfl_sync(0xffffffffu, m_t[1], src_q);
       const float s0 = __shfl_sync(0xffffffffu, l_t[0], src_q), s1 = __shfl_sync(0xffffffffu, l_t[1], src_q);
       m_r[0] = odd ? m1 : m0;
@@ -475,9 +475,9 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
       for (int nn = 0; nn < 16; ++nn)
 #pragma unroll
         for (int cc = 0; cc < 2; ++cc) {
-          const int src = 4 * (2 * t4 + cc) + src_q;
-          const float v0 = __shfl_sync(0xffffffffu, ot[nn / 2][2 * (nn % 2)], src);
-          const float v1 = __shfl_sync(0xffffffffu, ot[nn / 2][2 * (nn % 2) + 1], src);
+          const int src = page_tile::to_rows_src_lane(lane, cc);
+          const float v0 = __shfl_sync(0xffffffffu, ot[nn / 2][page_tile::to_rows_src_reg(nn, 0)], src);
+          const float v1 = __shfl_sync(0xffffffffu, ot[nn / 2][page_tile::to_rows_src_reg(nn, 1)], src);
           o[nn][cc] = odd ? v1 : v0;
         }
     }

@@ -7,18 +7,12 @@
 
 #include <cstdint>
 
+#include "ops/cuda/page_tile_layout.h"
 #include "ops/cuda/ptx.cuh"
 
 namespace kvattn::ops::cuda_impl::k::page_tile {
 
-constexpr int kHeads = 8;  // KV heads per staged chunk
-
-// Shared-memory offset of (slot, KV head, 16-byte piece) in a staged chunk: 256-byte rows in
-// (slot, head) order, pieces XOR-swizzled by slot so ldmatrix's 8 rows of one head (2 KB apart)
-// fall in 8 different bank groups.
-__device__ __forceinline__ uint32_t swz(int slot, int head, int piece) {
-  return static_cast<uint32_t>(((slot * kHeads + head) << 8) + ((piece ^ (slot & 7)) << 4));
-}
+// The chunk's layout (swz) and every lane's ldmatrix row address: page_tile_layout.h.
 
 // sc = Q K^T for KV head w over the chunk's 16 keys (two n8 tiles), raw dot products; qf holds
 // the tile's A fragments for the 8 k-steps of D 128.
@@ -28,11 +22,11 @@ __device__ __forceinline__ void scores(float (&sc)[2][4], const uint32_t (&qf)[8
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-    const int krow = 8 * j + (lane & 7);
+    const int krow = scores_key(lane, j);
 #pragma unroll
     for (int ks = 0; ks < 8; ks += 2) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4(smem_u32(tK + swz(krow, w, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
+      ldsm_x4(smem_u32(tK + swz(krow, w, scores_piece(lane, ks))), b0, b1, b2, b3);
       mma16816<BF16>(sc[j], qf[ks], b0, b1);
       mma16816<BF16>(sc[j], qf[ks + 1], b2, b3);
     }
@@ -43,11 +37,11 @@ __device__ __forceinline__ void scores(float (&sc)[2][4], const uint32_t (&qf)[8
 template <bool BF16>
 __device__ __forceinline__ void accumulate_pv(float (&o)[16][4], const uint32_t (&a)[4], const unsigned char* tV, int w,
                                               int lane) {
-  const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int vrow = pv_key(lane);
 #pragma unroll
   for (int nn = 0; nn < 16; nn += 2) {
     uint32_t b0, b1, b2, b3;
-    ldsm_x4_t(smem_u32(tV + swz(vrow, w, nn + (lane >> 4))), b0, b1, b2, b3);
+    ldsm_x4_t(smem_u32(tV + swz(vrow, w, pv_piece(lane, nn))), b0, b1, b2, b3);
     mma16816<BF16>(o[nn], a, b0, b1);
     mma16816<BF16>(o[nn + 1], a, b2, b3);
   }
@@ -75,12 +69,11 @@ template <bool BF16>
 __device__ __forceinline__ void scores_t(float (&st)[4], const uint32_t (&qf)[8][4], const unsigned char* tK, int w,
                                          int lane) {
   float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
-  // ldmatrix x4: matrix i from lanes 8i .. 8i + 7 = (keys 0-7 | 8-15) x (dims 0-7 | 8-15 of the k-step)
-  const int key = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int key = scores_t_key(lane);
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
     uint32_t a[4];
-    ldsm_x4(smem_u32(tK + swz(key, w, 2 * ks + (lane >> 4))), a);
+    ldsm_x4(smem_u32(tK + swz(key, w, scores_t_piece(lane, ks))), a);
     mma16816<BF16>((ks & 1) ? c1 : c0, a, qf[ks][0], qf[ks][2]);
   }
 #pragma unroll
@@ -94,13 +87,11 @@ template <bool BF16>
 __device__ __forceinline__ void accumulate_pv_t(float (&ot)[8][4], const uint32_t (&pt)[2], const unsigned char* tV,
                                                 int w, int lane) {
   const uint32_t b0 = movmatrix_t(pt[0]), b1 = movmatrix_t(pt[1]);
-  // ldmatrix x4 .trans: matrix i from lanes 8i .. 8i + 7 = keys (0-7 | 8-15) x dims (0-7 | 8-15)
-  const int key = (lane & 7) + (lane >> 4) * 8;
-  const int half = (lane >> 3) & 1;
+  const int key = pv_t_key(lane);
 #pragma unroll
   for (int mt = 0; mt < 8; ++mt) {
     uint32_t a[4];
-    ldsm_x4_t(smem_u32(tV + swz(key, w, 2 * mt + half)), a);
+    ldsm_x4_t(smem_u32(tV + swz(key, w, pv_t_piece(lane, mt))), a);
     mma16816<BF16>(ot[mt], a, b0, b1);
   }
 }
