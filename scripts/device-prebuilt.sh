@@ -3,6 +3,9 @@
 # repository, also the working directory), the carried Debian packages and packed binaries
 # unpacked (scripts/device-deps.sh), K / T (kvattn, test_ops_cuda), CS / NCU (compute-sanitizer,
 # Nsight Compute) and t0 (the start, for each script's stamp()).
+# A script that tees its output with `exec > >(tee FILE)` must wait on its background jobs' pids
+# (`wait "${pids[@]}"`): a bare `wait` also waits for the tee and hangs until the call's time
+# limit (session 18 lost ≈ 400 s of device time to it).
 OUTDIR="${1:-${OUT:-build/device-out}}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"  # this file's repository (also when sourced from bash -c)
 mkdir -p "$OUTDIR"
