@@ -582,6 +582,8 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
     int major = 0, sms = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    // KVATTN_GATHER_CTAS=N (measurement only): at most N CTAs, as KVATTN_PAGE_CTAS for the decode
+    if (const char* e = std::getenv("KVATTN_GATHER_CTAS"); e != nullptr && std::atoi(e) > 0) sms = std::min(sms, std::atoi(e));
     const auto kern = mode == 4 ? kv_gather_bulk_kernel<true> : kv_gather_bulk_kernel<false>;
     if (major < 9 || hkv != 8 || slot_b != 8 * 256 || head_b != 256 ||
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem) != cudaSuccess) {

@@ -1129,6 +1129,14 @@ bool page_decode_batch_ok(const AttnParams& p, int num_sms) { return int64_t(p.b
 PageDecodeShape page_decode_shape(const AttnParams& p, int num_sms, int64_t max_q_len) {
   PageDecodeShape s;
   s.grid = num_sms > 0 ? num_sms : 1;
+  // KVATTN_PAGE_CTAS=N (measurement only): at most N CTAs, e.g. to read what one CTA streams when
+  // DRAM is not the limit; unset or 0: one per SM
+  static std::atomic<int> ctas{-1};
+  const int cap = knob(ctas, "KVATTN_PAGE_CTAS", [](const char* e) {
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v > 0 ? v : 0;
+  });
+  if (cap > 0 && cap < s.grid) s.grid = cap;
   s.rows = static_cast<int>(max_q_len * p.group);
   const PageWs w = page_ws(p.batch, s.grid, s.rows);
   s.plan_bytes = w.plan_total;
