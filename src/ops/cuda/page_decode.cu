@@ -644,9 +644,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
         m_r[rr] = -INFINITY;
         l_r[rr] = 0.f;
       }
-      if constexpr (!R16) {
-#pragma unroll
-        for (int s2 = 0; s2 < 8; ++s2) qf[s2][1] = qf[s2][3] = 0u;
+      if constexpr (!R16) {  // the transposed product reads qf[.][0] and qf[.][2] (row g) only
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           int t, head;
