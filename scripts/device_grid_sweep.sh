@@ -9,5 +9,5 @@
 . "$(dirname "$0")/device-prebuilt.sh"
 for n in ${GRID_SWEEP:-33 66 99 132}; do
   KVATTN_PAGE_CTAS=$n KVATTN_GATHER_CTAS=$n timeout 120 "$K" bench-cuda --batch 64 --kv-len 4096 --kept-plan 2>&1 |
-    grep -E "bulk copy|bulk, claimed|\[plan kept\]" | sed "s/^/[ctas $n] /"
+    grep -E "bulk copy|bulk, claimed|^decode bf16 [0-9x]+ +[0-9]" | sed "s/^/[ctas $n] /"
 done | tee "$OUTDIR/grid_sweep.log"
