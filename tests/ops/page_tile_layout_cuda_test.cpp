@@ -153,6 +153,44 @@ TEST(PageTileLayout, SwizzlePlacesEveryPieceOnceInsideTheChunk) {
   EXPECT_EQ(seen.size(), static_cast<size_t>(pt::kSlots * pt::kHeads * kPieces));
 }
 
+// A CTA that stages half of each chunk (4 heads, page_decode.cu) uses swz<4>: the same
+// placement and bank-conflict freedom over its 16 KB.
+TEST(PageTileLayout, HalfChunksOfFourHeads) {
+  constexpr int kH = 4;
+  constexpr uint32_t kHalfBytes = pt::kSlots * kH * kDim * 2;
+  std::set<uint32_t> seen;
+  for (int s = 0; s < pt::kSlots; ++s)
+    for (int h = 0; h < kH; ++h)
+      for (int p = 0; p < kPieces; ++p) {
+        const uint32_t a = pt::swz<kH>(s, h, p);
+        EXPECT_EQ(a % 16, 0u);
+        EXPECT_LT(a, kHalfBytes);
+        EXPECT_EQ(a / 256, static_cast<uint32_t>(s * kH + h)) << "a piece left its 256-byte row";
+        seen.insert(a);
+      }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(pt::kSlots * kH * kPieces));
+  for (int w = 0; w < kH; ++w) {
+    Addr a{};
+    for (int ks = 0; ks < 8; ++ks) {
+      for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::scores_t_key(l), w, pt::scores_t_piece(l, ks));
+      expect_conflict_free(a, "scores_t, 4 heads");
+    }
+    for (int mt = 0; mt < 8; ++mt) {
+      for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::pv_t_key(l), w, pt::pv_t_piece(l, mt));
+      expect_conflict_free(a, "accumulate_pv_t, 4 heads");
+    }
+    for (int j = 0; j < 2; ++j)
+      for (int ks = 0; ks < 8; ks += 2) {
+        for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::scores_key(l, j), w, pt::scores_piece(l, ks));
+        expect_conflict_free(a, "scores, 4 heads");
+      }
+    for (int nn = 0; nn < 16; nn += 2) {
+      for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::pv_key(l), w, pt::pv_piece(l, nn));
+      expect_conflict_free(a, "accumulate_pv, 4 heads");
+    }
+  }
+}
+
 TEST(PageTileLayout, EveryLdmatrixIsConflictFree) {
   for (int w = 0; w < pt::kHeads; ++w) {
     Addr a{};

@@ -6,18 +6,21 @@
 //     chunks' place in the call's flattened chunk space (an exclusive prefix sum), the first
 //     request of every CTA's range, the list of requests that have rows but no chunk (no key, or
 //     more rows than the partial slots hold), and the split counters set to 0;
-//   page_decode_kernel (one 8-warp CTA per SM): CTA c takes chunks [c T / G, (c + 1) T / G) of
-//     the T in the call.  Thread 0 walks the requests four chunks ahead of the math and leaves
-//     each chunk's request and key offset in a ring of Meta records, its page id copied in by
-//     cp.async (it lands two barriers before the chunk's copies read it); every thread
-//     copies 8 + 8 16-byte pieces of each chunk's K and V into a 3-stage ring (cp.async, L2
-//     evict-first: every chunk is read once per call), one __syncthreads per chunk; warp w
-//     runs KV head w's query rows (query length x GQA group <= 16, one m16n8k16 row tile)
+//   page_decode_kernel (two 4-warp CTAs per range, one per half of the 8 KV heads, G ranges =
+//     one per SM, so two CTAs per SM): the CTAs of range c take chunks [c T / G, (c + 1) T / G)
+//     of the T in the call.  In each CTA, thread 0 walks the requests four chunks ahead of the
+//     math and leaves each chunk's request and key offset in a ring of Meta records, its page id
+//     copied in by cp.async (it lands two barriers before the chunk's copies read it); every
+//     thread copies 8 + 8 16-byte pieces of its half of each chunk's K and V into a 3-stage ring
+//     (cp.async, L2 evict-first: every chunk is read once per call), one __syncthreads per chunk;
+//     the two CTAs of an SM run their pipelines and barriers independently, so one's barrier
+//     wait and math latency overlap the other's (session 19); warp w runs KV head
+//     4 half + w's query rows (query length x GQA group <= 16, one m16n8k16 row tile)
 //     through S = QK^T, the online softmax and O += PV with mma.sync (a tile of <= 8 rows as
 //     the transposed S^T = K Q^T, O^T += V^T P^T: half the mma).  A request that lies
 //     inside the range is normalised and written when its last chunk is done.  One cut by
 //     range boundaries (at most the range's first and last) is computed in pieces, one per
-//     CTA, counted on a (request, KV head) counter: its last piece (at a range's start) leaves
+//     range, counted on a (request, KV head) counter: its last piece (at a range's start) leaves
 //     its unnormalised (m, l, O) in a partial slot and counts itself as soon as it is done; a
 //     piece running to its range's end that finds every other piece counted folds their slots
 //     into its registers and writes the rows, else it leaves its slot and counts, and the last
@@ -26,7 +29,7 @@
 //     first, then the groups by the last group), so no one CTA reads every piece's partial.
 //     Whoever merges puts its counter back to 0 (CUDA-graph safe; nothing is left for the next
 //     call).
-// See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Sessions 13, 14, 17".
+// See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Sessions 13, 14, 17, 19".
 #include "ops/cuda/page_decode.h"
 
 #include <atomic>
@@ -55,12 +58,14 @@
 namespace kvattn::ops::cuda_impl::k {
 namespace {
 
-constexpr int kHeads = 8;     // KV heads of a call the path takes = warps per CTA
-constexpr int kThreads = 32 * kHeads;
+constexpr int kHeads = 8;     // KV heads of a call the path takes
+constexpr int kCtaHeads = 4;  // KV heads a CTA computes = its warps: half of each chunk
+constexpr int kSplit = kHeads / kCtaHeads;  // CTAs per range (one per head half) = CTAs per SM
+constexpr int kThreads = 32 * kCtaHeads;
 constexpr int kDim = 128;     // head_dim
 constexpr int kSlots = 16;    // slots per chunk: one 16-key mma tile
 constexpr int kStages = 3;    // chunks in flight per CTA
-constexpr int kChunkBytes = kSlots * kHeads * kDim * 2;  // K (or V) of one chunk, 16-bit: 32 KB
+constexpr int kChunkBytes = kSlots * kCtaHeads * kDim * 2;  // K (or V) of a CTA's half chunk, 16-bit: 16 KB
 // Meta ring: while chunk x is computed, the copies of x + 2 read their Meta and thread 0 writes
 // x + 4's (its page id lands by cp.async with the copies of x + 2, two barriers before x + 4's copies)
 constexpr int kMetaSlots = 8;
@@ -136,7 +141,7 @@ using page_sched::cta_of;
 using page_sched::range_begin;
 
 using page_tile::swz;
-static_assert(page_tile::kHeads == kHeads, "a staged chunk holds the call's KV heads");
+static_assert(kHeads % kCtaHeads == 0, "head halves");
 
 __global__ void __launch_bounds__(kPlanThreads) page_plan_kernel(AttnParams p, PagePlan pl, int grid) {
   __shared__ int64_t s_warp[32];
@@ -263,7 +268,7 @@ __device__ __forceinline__ uint64_t tl_now() {
 }
 
 template <bool BF16, bool R16, bool TL>
-__global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnParams p, const PagePlan pl, uint64_t* tl) {
+__global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const AttnParams p, const PagePlan pl, uint64_t* tl) {
   extern __shared__ __align__(128) unsigned char sm[];
   uint64_t* tl_row = nullptr;
   if constexpr (TL) {
@@ -287,17 +292,22 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     }
   };
   Meta* meta = reinterpret_cast<Meta*>(sm + kStages * 2 * kChunkBytes);
+  // CTA (c, hh) = blockIdx kSplit c + hh takes range c's chunks, KV heads hh kCtaHeads ..
+  // hh kCtaHeads + kCtaHeads - 1 of them (warp w: KV head kvh); the two CTAs of a range share an SM
+  // pairwise by occupancy, not by design — each runs its own pipeline and barriers
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int hh = static_cast<int>(blockIdx.x % kSplit), kvh = hh * kCtaHeads + w;
+  const int64_t c = blockIdx.x / kSplit;
   const Hdr hdr = *pl.hdr;
   // loaded with the header (a CTA past the ranges reads an unused entry of the array and drops it)
-  const int32_t first_req = tid == 0 ? __ldg(pl.first_req + blockIdx.x) : 0;
+  const int32_t first_req = tid == 0 ? __ldg(pl.first_req + c) : 0;
   for (int e = blockIdx.x; e < hdr.empties; e += gridDim.x) write_empty_request(p, pl, __ldg(pl.empties + e));
   const int64_t G = hdr.ctas, T = hdr.total;
-  if (blockIdx.x >= G) {
+  if (c >= G) {
     tl_exit();
     return;
   }
-  const int64_t c = blockIdx.x, x0 = range_begin(c, G, T), x1 = range_begin(c + 1, G, T);
+  const int64_t x0 = range_begin(c, G, T), x1 = range_begin(c + 1, G, T);
   const char* kbase = static_cast<const char*>(p.k);
   const char* vbase = static_cast<const char*>(p.v);
   const int cpp = p.page_size / kSlots;  // chunks per page
@@ -326,9 +336,9 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
   const char* pidx_bytes = static_cast<const char*>(pidx.ptr);
   const int pidx_esz = pidx.is64 ? 8 : 4;
 
-  // ---- copies: 2048 16-byte pieces of K and of V per chunk, 8 + 8 per thread.  Piece ch of a
-  // chunk is (slot, head, 16-byte piece) in the order the cache stores them (slot-major for NHD,
-  // head-major for HND), so consecutive threads read consecutive bytes.  The byte offsets from
+  // ---- copies: 1024 16-byte pieces of K and of V per half chunk, 8 + 8 per thread.  Piece ch of
+  // a half chunk is (slot, head of the half, 16-byte piece) in the order the cache stores them
+  // (slot-major for NHD, head-major for HND), so consecutive threads read consecutive bytes.  The byte offsets from
   // the chunk's slot 0 (the same for K and V: the route requires equal slot / head strides) and
   // the shared-memory offsets are fixed per thread.
   const bool head_major = p.k_sh > p.k_so;
@@ -337,10 +347,10 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int ch = tid + kThreads * i, piece = ch & 15;
-    const int slot = head_major ? (ch >> 4) & 15 : ch >> 7;
-    const int head = head_major ? ch >> 8 : (ch >> 4) & 7;
-    goff[i] = static_cast<uint32_t>(slot * p.k_so + head * p.k_sh + piece * 16);
-    soff[i] = swz(slot, head, piece);
+    const int slot = head_major ? (ch >> 4) & 15 : ch / (16 * kCtaHeads);
+    const int head = head_major ? ch >> 8 : (ch >> 4) % kCtaHeads;  // within the half
+    goff[i] = static_cast<uint32_t>(slot * p.k_so + (hh * kCtaHeads + head) * p.k_sh + piece * 16);
+    soff[i] = swz<kCtaHeads>(slot, head, piece);
     slot_of[i] = slot;
   }
   const uint64_t evict_first = l2_evict_first_policy();  // K and V are read once per call
@@ -416,13 +426,13 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
   const int rows_per_head = pl.rows;
   float* part = pl.part;
   auto part_row = [&](int64_t cta, int which, int i) {
-    return part + (((cta * 2 + which) * kHeads + w) * rows_per_head + i) * kRow;
+    return part + (((cta * 2 + which) * kHeads + kvh) * rows_per_head + i) * kRow;
   };
   // counter k of (request r, this warp's KV head): 0 the request's, 1 + g group g's
-  auto counter = [&](int64_t r, int k) { return &pl.counters[(r * kHeads + w) * pl.cstride + k]; };
+  auto counter = [&](int64_t r, int k) { return &pl.counters[(r * kHeads + kvh) * pl.cstride + k]; };
   auto row_token = [&](int i, int& t, int& head) {
     t = i / p.group;
-    head = w * p.group + (i - t * p.group);
+    head = kvh * p.group + (i - t * p.group);
   };
   // l summed over the quad (each lane holds 4 of a row's 16 key columns)
   auto row_sums = [&](float (&l)[NR]) {
@@ -670,7 +680,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     const bool masked = key0 + kSlots > lim_min;
     if constexpr (!R16) {  // the transposed product: rows 2 t4 + j, keys g and g + 8
       float st[4];
-      page_tile::scores_t<BF16>(st, qf, tK, w, lane);
+      page_tile::scores_t<BF16, kCtaHeads>(st, qf, tK, w, lane);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float sv = st[e] * scale_log2;
@@ -697,11 +707,11 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
         ot[mb][3] *= alpha_t[1];
       }
       const uint32_t pt[2] = {pack2<BF16>(st[0], st[1]), pack2<BF16>(st[2], st[3])};
-      page_tile::accumulate_pv_t<BF16>(ot, pt, tV, w, lane);
+      page_tile::accumulate_pv_t<BF16, kCtaHeads>(ot, pt, tV, w, lane);
       continue;
     }
     float sc[2][4];
-    page_tile::scores<BF16>(sc, qf, tK, w, lane);
+    page_tile::scores<BF16, kCtaHeads>(sc, qf, tK, w, lane);
     // scores in log2 units; keys at or past a row's limit -inf (the request's last chunk, and
     // the causal diagonal of a multi-token row)
 #pragma unroll
@@ -739,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1) page_decode_kernel(const AttnPara
     a[2] = pack2<BF16>(sc[1][0], sc[1][1]);
     a[1] = R16 ? pack2<BF16>(sc[0][2], sc[0][3]) : 0u;
     a[3] = R16 ? pack2<BF16>(sc[1][2], sc[1][3]) : 0u;
-    page_tile::accumulate_pv<BF16>(o, a, tV, w, lane);
+    page_tile::accumulate_pv<BF16, kCtaHeads>(o, a, tV, w, lane);
   }
   if constexpr (TL) {
     const uint64_t now = clock64();
@@ -918,11 +928,12 @@ int smem_optin() {
   return v;
 }
 
+// grid: ranges; kSplit CTAs each (one per head half)
 template <bool BF16, bool R16, bool TL>
 int launch_kernel_tl(const AttnParams& p, const PagePlan& pl, int grid, uint64_t* tl) {
   constexpr auto kern = page_decode_kernel<BF16, R16, TL>;
   if (const int e = opt_in_dynamic_smem<kern>(kSmem)) return e;
-  kern<<<grid, kThreads, kSmem>>>(p, pl, tl);
+  kern<<<grid * kSplit, kThreads, kSmem>>>(p, pl, tl);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -1080,17 +1091,18 @@ int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid, int64_t cal
   if (st.first <= 0 || call < st.first || call >= st.first + st.count ||
       cudaStreamIsCapturing(0, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
     return launch_kernel_tl<BF16, R16, false>(p, pl, grid, nullptr);
-  if (st.dev == nullptr || st.grid < grid) {
+  const int ctas = grid * kSplit;  // a row per CTA
+  if (st.dev == nullptr || st.grid < ctas) {
     cudaFree(st.dev);
     st.dev = nullptr;
-    if (const cudaError_t e = cudaMalloc(&st.dev, sizeof(uint64_t) * kTl * grid); e != cudaSuccess) return static_cast<int>(e);
-    st.grid = grid;
+    if (const cudaError_t e = cudaMalloc(&st.dev, sizeof(uint64_t) * kTl * ctas); e != cudaSuccess) return static_cast<int>(e);
+    st.grid = ctas;
   }
   if (const int e = launch_kernel_tl<BF16, R16, true>(p, pl, grid, st.dev)) return e;
-  std::vector<uint64_t> h(static_cast<size_t>(kTl) * grid);
+  std::vector<uint64_t> h(static_cast<size_t>(kTl) * ctas);
   if (const cudaError_t e = cudaMemcpy(h.data(), st.dev, h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost); e != cudaSuccess)
     return static_cast<int>(e);
-  tl_report(call, grid, h);
+  tl_report(call, ctas, h);
   return 0;
 }
 #else
@@ -1118,7 +1130,7 @@ const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len) {
   if (15 * p.k_so + 7 * p.k_sh + 256 >= (int64_t(1) << 32)) return "a chunk spans more than 4 GB of the cache view";
   if (p.soft_cap > 0.f || p.window_left >= 0 || p.sinks != nullptr || p.mm != nullptr || p.xqa != nullptr)
     return "soft cap, sliding window, sinks, PrefixLM and XQA masks are not implemented on this path";
-  if (smem_optin() < kSmem) return "the device has less shared memory per block than the path's 192 KB ring";
+  if (smem_optin() < kSmem) return "the device has less shared memory per block than the path's 96 KB ring";
   return nullptr;
 }
 

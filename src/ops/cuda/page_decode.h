@@ -25,7 +25,7 @@ int64_t page_decode_launches();  // launches of the path so far (this process)
 // caches with a query and output of the cache's type in 16-byte-aligned rows, head_dim 128,
 // 8 KV heads, max_q_len x GQA group <= 16, page sizes that are multiples of 16, K and V views
 // with the same slot and head strides, no soft cap / window / sinks / PrefixLM / XQA mask, on a
-// device with >= 196 KB of shared memory per block (sm_90).
+// device with >= 97 KB of shared memory per block (two such CTAs per SM on sm_90).
 const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len);
 
 // Automatic routing's size rule: more than one request per 4 CTAs (batch x 4 > SMs).  With fewer,
@@ -35,7 +35,7 @@ const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len);
 bool page_decode_batch_ok(const AttnParams& p, int num_sms);
 
 struct PageDecodeShape {
-  int grid = 0;      // CTAs (one per SM)
+  int grid = 0;      // chunk ranges (one per SM), each taken by two CTAs (one per half of the KV heads)
   int rows = 0;      // query rows per (request, KV head) the partial slots hold: max_q_len x group
   int64_t plan_bytes = 0, scratch_bytes = 0;
 };

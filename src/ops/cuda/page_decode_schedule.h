@@ -2,6 +2,8 @@
 // (page_decode.cu): which CTA owns which chunks, where each CTA's range starts, and which partial
 // slot a cut request's piece uses.  Plain C++ (host and device), so tests/ops/
 // page_decode_schedule_test.cpp checks the same functions the kernels run, on the CPU.
+// "CTA c" below is range c: page_decode.cu runs each range as two CTAs, one per half of the KV
+// heads, whose counters and partial slots are per KV head and so never meet.
 //
 // The call's T chunks (16 slots of one page each, numbered request after request) are cut into G
 // equal contiguous ranges, G = min(CTAs, T) so that no range is empty: CTA c owns

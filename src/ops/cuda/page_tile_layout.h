@@ -21,14 +21,15 @@
 
 namespace kvattn::ops::cuda_impl::k::page_tile {
 
-constexpr int kHeads = 8;  // KV heads per staged chunk
+constexpr int kHeads = 8;  // KV heads per staged chunk (the default H below)
 constexpr int kSlots = 16;  // slots (keys) per staged chunk
 
-// Shared-memory offset of (slot, KV head, 16-byte piece) in a staged chunk: 256-byte rows in
-// (slot, head) order, pieces XOR-swizzled by slot so ldmatrix's 8 rows of one head (2 KB apart)
-// fall in 8 different bank groups.
+// Shared-memory offset of (slot, KV head, 16-byte piece) in a staged chunk of H heads: 256-byte
+// rows in (slot, head) order, pieces XOR-swizzled by slot so ldmatrix's 8 rows of one head
+// (H x 256 bytes apart, a multiple of the 128-byte bank period) fall in 8 different bank groups.
+template <int H = kHeads>
 KVATTN_PT_HD constexpr uint32_t swz(int slot, int head, int piece) {
-  return static_cast<uint32_t>(((slot * kHeads + head) << 8) + ((piece ^ (slot & 7)) << 4));
+  return static_cast<uint32_t>(((slot * H + head) << 8) + ((piece ^ (slot & 7)) << 4));
 }
 
 // ---- the row tiles (up to 16 query rows as the mma's M rows) ----
