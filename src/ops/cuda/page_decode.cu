@@ -911,15 +911,16 @@ std::atomic<int64_t> g_launches{0};
 
 int mode_now() { return knob(g_mode, "KVATTN_PAGE_DECODE", off_or_force); }
 
-// Shared memory one block may opt into on the current device (cached per device).
-int smem_optin() {
+// An attribute of the current device (cached per device; -1 when it cannot be read).
+template <cudaDeviceAttr A>
+int device_attr() {
   static int cached[64] = {};
   int dev = 0;
   cudaGetDevice(&dev);
   int& v = cached[dev & 63];
   if (v == 0) {
     int x = 0;
-    if (cudaDeviceGetAttribute(&x, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    if (cudaDeviceGetAttribute(&x, A, dev) != cudaSuccess) {
       (void)cudaGetLastError();
       x = -1;
     }
@@ -1130,7 +1131,10 @@ const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len) {
   if (15 * p.k_so + 7 * p.k_sh + 256 >= (int64_t(1) << 32)) return "a chunk spans more than 4 GB of the cache view";
   if (p.soft_cap > 0.f || p.window_left >= 0 || p.sinks != nullptr || p.mm != nullptr || p.xqa != nullptr)
     return "soft cap, sliding window, sinks, PrefixLM and XQA masks are not implemented on this path";
-  if (smem_optin() < kSmem) return "the device has less shared memory per block than the path's 96 KB ring";
+  // measured on sm_90 only (two 97 KB CTAs per SM); older devices keep attn_kernel's decode
+  if (device_attr<cudaDevAttrComputeCapabilityMajor>() < 9) return "the device is older than sm_90";
+  if (device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>() < kSmem)
+    return "the device has less shared memory per block than the path's 97 KB ring";
   return nullptr;
 }
 

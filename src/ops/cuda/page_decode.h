@@ -25,7 +25,7 @@ int64_t page_decode_launches();  // launches of the path so far (this process)
 // caches with a query and output of the cache's type in 16-byte-aligned rows, head_dim 128,
 // 8 KV heads, max_q_len x GQA group <= 16, page sizes that are multiples of 16, K and V views
 // with the same slot and head strides, no soft cap / window / sinks / PrefixLM / XQA mask, on a
-// device with >= 97 KB of shared memory per block (two such CTAs per SM on sm_90).
+// device of sm_90 or later (two CTAs of 97 KB shared memory per SM).
 const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len);
 
 // Automatic routing's size rule: more than one request per 4 CTAs (batch x 4 > SMs).  With fewer,
