@@ -14,8 +14,8 @@
 //     thread copies 8 + 8 16-byte pieces of its half of each chunk's K and V into a 3-stage ring
 //     (cp.async, L2 evict-first: every chunk is read once per call), one __syncthreads per chunk;
 //     the two CTAs of an SM run their pipelines and barriers independently, so one's barrier
-//     wait and math latency overlap the other's (session 19); warp w runs KV head
-//     4 half + w's query rows (query length x GQA group <= 16, one m16n8k16 row tile)
+//     wait and math latency overlap the other's (session 19); warp w of half hh runs KV head
+//     4 hh + w's query rows (query length x GQA group <= 16, one m16n8k16 row tile)
 //     through S = QK^T, the online softmax and O += PV with mma.sync (a tile of <= 8 rows as
 //     the transposed S^T = K Q^T, O^T += V^T P^T: half the mma).  A request that lies
 //     inside the range is normalised and written when its last chunk is done.  One cut by
@@ -293,8 +293,8 @@ __global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const Att
   };
   Meta* meta = reinterpret_cast<Meta*>(sm + kStages * 2 * kChunkBytes);
   // CTA (c, hh) = blockIdx kSplit c + hh takes range c's chunks, KV heads hh kCtaHeads ..
-  // hh kCtaHeads + kCtaHeads - 1 of them (warp w: KV head kvh); the two CTAs of a range share an SM
-  // pairwise by occupancy, not by design — each runs its own pipeline and barriers
+  // hh kCtaHeads + kCtaHeads - 1 of them (warp w: KV head kvh).  Two CTAs fit per SM (any two:
+  // nothing ties a range's CTAs to one SM); each runs its own pipeline and barriers.
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int hh = static_cast<int>(blockIdx.x % kSplit), kvh = hh * kCtaHeads + w;
   const int64_t c = blockIdx.x / kSplit;
@@ -338,9 +338,9 @@ __global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const Att
 
   // ---- copies: 1024 16-byte pieces of K and of V per half chunk, 8 + 8 per thread.  Piece ch of
   // a half chunk is (slot, head of the half, 16-byte piece) in the order the cache stores them
-  // (slot-major for NHD, head-major for HND), so consecutive threads read consecutive bytes.  The byte offsets from
-  // the chunk's slot 0 (the same for K and V: the route requires equal slot / head strides) and
-  // the shared-memory offsets are fixed per thread.
+  // (slot-major for NHD, head-major for HND), so consecutive threads read consecutive bytes.  The
+  // byte offsets from the chunk's slot 0 (the same for K and V: the route requires equal slot /
+  // head strides) and the shared-memory offsets are fixed per thread.
   const bool head_major = p.k_sh > p.k_so;
   uint32_t goff[8], soff[8];
   int slot_of[8];
