@@ -139,80 +139,59 @@ std::vector<std::array<double, kDim>> random_rows(std::mt19937& rng, int n) {
 
 constexpr double kTol = 1e-12;
 
-TEST(PageTileLayout, SwizzlePlacesEveryPieceOnceInsideTheChunk) {
+// swz<H> places every (slot, head, piece) of an H-head chunk once, 16-byte aligned, inside its
+// 256-byte row and inside the chunk.
+template <int H>
+void expect_swizzle_places_every_piece_once() {
+  constexpr uint32_t kBytes = pt::kSlots * H * kDim * 2;
   std::set<uint32_t> seen;
   for (int s = 0; s < pt::kSlots; ++s)
-    for (int h = 0; h < pt::kHeads; ++h)
+    for (int h = 0; h < H; ++h)
       for (int p = 0; p < kPieces; ++p) {
-        const uint32_t a = pt::swz(s, h, p);
+        const uint32_t a = pt::swz<H>(s, h, p);
         EXPECT_EQ(a % 16, 0u);
-        EXPECT_LT(a, kChunkBytes);
-        EXPECT_EQ(a / 256, static_cast<uint32_t>(s * pt::kHeads + h)) << "a piece left its 256-byte row";
+        EXPECT_LT(a, kBytes);
+        EXPECT_EQ(a / 256, static_cast<uint32_t>(s * H + h)) << "H " << H << ": a piece left its 256-byte row";
         seen.insert(a);
       }
-  EXPECT_EQ(seen.size(), static_cast<size_t>(pt::kSlots * pt::kHeads * kPieces));
+  EXPECT_EQ(seen.size(), static_cast<size_t>(pt::kSlots * H * kPieces)) << "H " << H;
 }
+
+// Every ldmatrix of the four products, for every head w of an H-head chunk, hits 8 bank groups.
+template <int H>
+void expect_every_ldmatrix_conflict_free() {
+  for (int w = 0; w < H; ++w) {
+    Addr a{};
+    for (int j = 0; j < 2; ++j)
+      for (int ks = 0; ks < 8; ks += 2) {
+        for (int l = 0; l < 32; ++l) a[l] = pt::swz<H>(pt::scores_key(l, j), w, pt::scores_piece(l, ks));
+        expect_conflict_free(a, H == 4 ? "scores, 4 heads" : "scores");
+      }
+    for (int nn = 0; nn < 16; nn += 2) {
+      for (int l = 0; l < 32; ++l) a[l] = pt::swz<H>(pt::pv_key(l), w, pt::pv_piece(l, nn));
+      expect_conflict_free(a, H == 4 ? "accumulate_pv, 4 heads" : "accumulate_pv");
+    }
+    for (int ks = 0; ks < 8; ++ks) {
+      for (int l = 0; l < 32; ++l) a[l] = pt::swz<H>(pt::scores_t_key(l), w, pt::scores_t_piece(l, ks));
+      expect_conflict_free(a, H == 4 ? "scores_t, 4 heads" : "scores_t");
+    }
+    for (int mt = 0; mt < 8; ++mt) {
+      for (int l = 0; l < 32; ++l) a[l] = pt::swz<H>(pt::pv_t_key(l), w, pt::pv_t_piece(l, mt));
+      expect_conflict_free(a, H == 4 ? "accumulate_pv_t, 4 heads" : "accumulate_pv_t");
+    }
+  }
+}
+
+TEST(PageTileLayout, SwizzlePlacesEveryPieceOnceInsideTheChunk) { expect_swizzle_places_every_piece_once<pt::kHeads>(); }
 
 // A CTA that stages half of each chunk (4 heads, page_decode.cu) uses swz<4>: the same
 // placement and bank-conflict freedom over its 16 KB.
 TEST(PageTileLayout, HalfChunksOfFourHeads) {
-  constexpr int kH = 4;
-  constexpr uint32_t kHalfBytes = pt::kSlots * kH * kDim * 2;
-  std::set<uint32_t> seen;
-  for (int s = 0; s < pt::kSlots; ++s)
-    for (int h = 0; h < kH; ++h)
-      for (int p = 0; p < kPieces; ++p) {
-        const uint32_t a = pt::swz<kH>(s, h, p);
-        EXPECT_EQ(a % 16, 0u);
-        EXPECT_LT(a, kHalfBytes);
-        EXPECT_EQ(a / 256, static_cast<uint32_t>(s * kH + h)) << "a piece left its 256-byte row";
-        seen.insert(a);
-      }
-  EXPECT_EQ(seen.size(), static_cast<size_t>(pt::kSlots * kH * kPieces));
-  for (int w = 0; w < kH; ++w) {
-    Addr a{};
-    for (int ks = 0; ks < 8; ++ks) {
-      for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::scores_t_key(l), w, pt::scores_t_piece(l, ks));
-      expect_conflict_free(a, "scores_t, 4 heads");
-    }
-    for (int mt = 0; mt < 8; ++mt) {
-      for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::pv_t_key(l), w, pt::pv_t_piece(l, mt));
-      expect_conflict_free(a, "accumulate_pv_t, 4 heads");
-    }
-    for (int j = 0; j < 2; ++j)
-      for (int ks = 0; ks < 8; ks += 2) {
-        for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::scores_key(l, j), w, pt::scores_piece(l, ks));
-        expect_conflict_free(a, "scores, 4 heads");
-      }
-    for (int nn = 0; nn < 16; nn += 2) {
-      for (int l = 0; l < 32; ++l) a[l] = pt::swz<kH>(pt::pv_key(l), w, pt::pv_piece(l, nn));
-      expect_conflict_free(a, "accumulate_pv, 4 heads");
-    }
-  }
+  expect_swizzle_places_every_piece_once<4>();
+  expect_every_ldmatrix_conflict_free<4>();
 }
 
-TEST(PageTileLayout, EveryLdmatrixIsConflictFree) {
-  for (int w = 0; w < pt::kHeads; ++w) {
-    Addr a{};
-    for (int j = 0; j < 2; ++j)
-      for (int ks = 0; ks < 8; ks += 2) {
-        for (int l = 0; l < 32; ++l) a[l] = pt::swz(pt::scores_key(l, j), w, pt::scores_piece(l, ks));
-        expect_conflict_free(a, "scores");
-      }
-    for (int nn = 0; nn < 16; nn += 2) {
-      for (int l = 0; l < 32; ++l) a[l] = pt::swz(pt::pv_key(l), w, pt::pv_piece(l, nn));
-      expect_conflict_free(a, "accumulate_pv");
-    }
-    for (int ks = 0; ks < 8; ++ks) {
-      for (int l = 0; l < 32; ++l) a[l] = pt::swz(pt::scores_t_key(l), w, pt::scores_t_piece(l, ks));
-      expect_conflict_free(a, "scores_t");
-    }
-    for (int mt = 0; mt < 8; ++mt) {
-      for (int l = 0; l < 32; ++l) a[l] = pt::swz(pt::pv_t_key(l), w, pt::pv_t_piece(l, mt));
-      expect_conflict_free(a, "accumulate_pv_t");
-    }
-  }
-}
+TEST(PageTileLayout, EveryLdmatrixIsConflictFree) { expect_every_ldmatrix_conflict_free<pt::kHeads>(); }
 
 // scores() and accumulate_pv(): 16 query rows as the mma's M rows.
 TEST(PageTileLayout, RowTilesComputeQKAndPV) {
