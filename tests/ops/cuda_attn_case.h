@@ -50,6 +50,10 @@ struct AttnCase {
   double k_scale = 1.0, v_scale = 1.0;
   int64_t pad_rows = 2;
   int repeats = 1;  // calls on the same inputs (each re-poisoned and checked)
+  // false: the repeats are enqueued back to back, each into its own poisoned output, with no
+  // synchronisation between them (a call whose kernels overlap the previous call's would show in
+  // its output or its split counters), then all checked
+  bool sync_each = true;
   // idx64: qo_indptr and the page ids (or block table) as int64; idx_strided: the page ids (or
   // block table) as a strided view, every other element of a wider tensor — the kernels' page-id
   // loads of both widths and of any stride
@@ -230,7 +234,26 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   if (c.keep_plan) g.plan = &plan;
   reference::paged_attention(a);
   const int64_t launches_before = cuda_impl::prefill_kernel_launches();
-  for (int rep = 0; rep < c.repeats; ++rep) {
+  if (!c.sync_each) {
+    std::vector<Tensor> outs, lses;
+    for (int rep = 0; rep < c.repeats; ++rep) {  // every output made before the first call
+      outs.push_back(out_poison.to(Device::cpu()).to(gpu()));
+      lses.push_back(c.lse ? lse_poison.to(Device::cpu()).to(gpu()) : Tensor());
+    }
+    kvattn::cuda::synchronize();
+    for (int rep = 0; rep < c.repeats; ++rep) {
+      g.out = outs[static_cast<size_t>(rep)];
+      g.lse = lses[static_cast<size_t>(rep)];
+      paged_attention(g);
+    }
+    kvattn::cuda::synchronize();
+    for (int rep = 0; rep < c.repeats; ++rep) {
+      SCOPED_TRACE(::testing::Message() << "back-to-back call " << rep);
+      expect_matches_reference(outs[static_cast<size_t>(rep)], lses[static_cast<size_t>(rep)], out_ref, lse_ref,
+                               b.qo_indptr.to_vector<int32_t>().back(), c.out_tol > 0 ? c.out_tol : tol_for(c));
+    }
+  }
+  for (int rep = 0; c.sync_each && rep < c.repeats; ++rep) {
   SCOPED_TRACE(::testing::Message() << "call " << rep);
   if (rep > 0) {  // fresh poisoned outputs: every call must write every row again
     g.out = out_poison.to(Device::cpu()).to(gpu());

@@ -315,6 +315,24 @@ TEST_F(CudaPageDecodeTest, KeptPlanRepeats) {
   run(c, 702);
 }
 
+// Calls enqueued back to back with no synchronisation between them, on a kept plan and on a plan
+// per call: every call reuses the workspace's split counters and partial slots, so each must find
+// the counters back at 0 and leave them so for the next one while its output is still unread.
+TEST_F(CudaPageDecodeTest, BackToBackCallsWithoutSync) {
+  AttnCase c;
+  c.kv_lens = {4096, 4096, 100, 9000, 1, 4096, 5000, 16, 3000, 777};
+  c.q_lens = ones(c.kv_lens.size());
+  c.repeats = 6;
+  c.sync_each = false;
+  c.keep_plan = true;
+  c.name = "back to back, kept plan";
+  run(c, 711);
+  c.keep_plan = false;
+  c.lse = false;
+  c.name = "back to back, plan per call, no LSE";
+  run(c, 712);
+}
+
 // Automatic routing: the path takes a large decode call with max_query_len known, and leaves
 // calls without the promise, with options it does not implement, with more rows per KV head, or
 // with fewer requests than a quarter of the SMs.
