@@ -2,6 +2,8 @@
 // device copy bandwidth and the mma.sync bf16 rate, plus event timing.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -750,6 +752,26 @@ double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page
 double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters) {
   for (int i = 0; i < warmup; ++i) fn(ctx, i);
   cudaDeviceSynchronize();
+  // KVATTN_BENCH_LOOP_MEAN=1 (diagnostic): the mean over one event pair around all the calls, with
+  // no event between them — tells what the per-call events add to a kernel's interval
+  static const bool loop_mean = [] {
+    const char* e = std::getenv("KVATTN_BENCH_LOOP_MEAN");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  if (loop_mean) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a);
+    for (int i = 0; i < iters; ++i) fn(ctx, warmup + i);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms * 1000.0 / iters;
+  }
   std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
   for (auto& e : ev) cudaEventCreate(&e);
   cudaEventRecord(ev[0]);

@@ -255,7 +255,8 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
 
 // ---- benchmark support (used by `kvattn bench-cuda`) --------------------------------------
 namespace kvattn::ops::cuda_impl::k {
-// Median device time (microseconds, CUDA events) of fn(i) over `iters` calls after `warmup`.
+// Median device time (microseconds, CUDA events) of fn(i) over `iters` calls after `warmup`
+// (KVATTN_BENCH_LOOP_MEAN=1, diagnostic: the mean of one event pair around all the calls instead).
 double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters);
 // Device-to-device copy of `bytes` (TB/s counting bytes read + written).
 double measure_copy_tbps(int64_t bytes);
