@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kvattn/core/dtype.h"
@@ -142,6 +143,28 @@ __device__ __forceinline__ void store_out4(const AttnParams& p, int64_t tok, int
 inline int elt_size(Elt t) { return (t == Elt::f32) ? 4 : (t == Elt::f16 || t == Elt::bf16) ? 2 : 1; }
 
 inline int64_t cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Attribute A of the calling thread's current device, cached per device (0 when it cannot be
+// read: not cached, asked again next time).  Host code; the paths' routing checks use it.
+template <cudaDeviceAttr A>
+int device_attribute() {
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  std::atomic<int>& c = cache[dev & 63];
+  int v = c.load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, A, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    c.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
 
 // Opts kernel `Kern` into `smem` bytes of dynamic shared memory on the calling thread's current
 // device, once per kernel and device (the attribute is per device).  Returns 0 or the CUDA error.

@@ -911,24 +911,6 @@ std::atomic<int64_t> g_launches{0};
 
 int mode_now() { return knob(g_mode, "KVATTN_PAGE_DECODE", off_or_force); }
 
-// An attribute of the current device (cached per device; -1 when it cannot be read).
-template <cudaDeviceAttr A>
-int device_attr() {
-  static int cached[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int& v = cached[dev & 63];
-  if (v == 0) {
-    int x = 0;
-    if (cudaDeviceGetAttribute(&x, A, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      x = -1;
-    }
-    v = x;
-  }
-  return v;
-}
-
 // grid: ranges; kSplit CTAs each (one per head half)
 template <bool BF16, bool R16, bool TL>
 int launch_kernel_tl(const AttnParams& p, const PagePlan& pl, int grid, uint64_t* tl) {
@@ -1132,8 +1114,8 @@ const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len) {
   if (p.soft_cap > 0.f || p.window_left >= 0 || p.sinks != nullptr || p.mm != nullptr || p.xqa != nullptr)
     return "soft cap, sliding window, sinks, PrefixLM and XQA masks are not implemented on this path";
   // measured on sm_90 only (two 97 KB CTAs per SM); older devices keep attn_kernel's decode
-  if (device_attr<cudaDevAttrComputeCapabilityMajor>() < 9) return "the device is older than sm_90";
-  if (device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>() < kSmem)
+  if (device_attribute<cudaDevAttrComputeCapabilityMajor>() < 9) return "the device is older than sm_90";
+  if (device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>() < kSmem)
     return "the device has less shared memory per block than the path's 97 KB ring";
   return nullptr;
 }

@@ -964,17 +964,8 @@ int prefill_variant() { return variant_now(); }
 int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 bool prefill_supported(const AttnParams& p) {
-  int dev = 0, optin = 0;
-  cudaGetDevice(&dev);
-  static int optin_cache[64] = {};
-  if (optin_cache[dev & 63] == 0) {
-    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    optin_cache[dev & 63] = optin;
-  }
-  optin = optin_cache[dev & 63];
+  const int optin = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+  if (optin == 0) return false;
   const int need = p.head_dim == 64 ? PfCfg<64, 1, 8>::kSmem
                    : p.head_dim == 128 ? (variant_now() == 1   ? PfCfg<128, 2, 4>::kSmem
                                           : variant_now() == 2 ? PfCfg<128, 1, 4>::kSmem

@@ -947,24 +947,7 @@ int launch(const AttnParams& p, int P) {
 
 }  // namespace
 
-int device_cc_major() {
-  static std::atomic<int> cache[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  std::atomic<int>& c = cache[dev & 63];
-  int v = c.load(std::memory_order_relaxed);
-  if (v == 0) {
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;  // unknown: not cached, asked again next time
-    }
-    c.store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
+int device_cc_major() { return device_attribute<cudaDevAttrComputeCapabilityMajor>(); }
 
 int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
   if (kernel_now() != 0) return 0;
