@@ -1,6 +1,7 @@
 // src/ops/cuda/bench_support.cu — the ceilings `kvattn bench-cuda` reports next to the ops:
 // device copy bandwidth and the mma.sync bf16 rate, plus event timing.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -749,9 +750,60 @@ double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page
   return ok ? double(total) * 2 * kPbPageBytes / (us * 1e-6) / 1e12 : 0;
 }
 
+namespace {
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+
+// Holds the GPU for about `ns` nanoseconds (one thread): a call enqueued behind it starts from a
+// running stream, so the host's submission time is not in the call's event interval.
+__global__ void hold_kernel(uint32_t ns) {
+  const uint64_t t0 = globaltimer_ns();
+  while (globaltimer_ns() - t0 < ns) __nanosleep(1000);
+}
+
+int env_int(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr ? std::atoi(e) : 0;
+}
+}  // namespace
+
 double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters) {
+  // KVATTN_BENCH_ITERS=N (diagnostic): N timed calls instead of the caller's count, e.g. a loop long
+  // enough to sample the clocks and power with nvidia-smi while it runs
+  static const int iters_env = env_int("KVATTN_BENCH_ITERS");
+  if (iters_env > 0) iters = iters_env;
   for (int i = 0; i < warmup; ++i) fn(ctx, i);
   cudaDeviceSynchronize();
+  // KVATTN_BENCH_SPACED_US=N (diagnostic): every timed call on a device left idle for N us first,
+  // enqueued behind a 300 us hold kernel; the median of those calls' event intervals against the
+  // back-to-back loop's tells whether a call is slower when it follows calls of its own (clocks,
+  // power, the previous call's tail) rather than idle time
+  static const int spaced_us = env_int("KVATTN_BENCH_SPACED_US");
+  if (spaced_us > 0) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    std::vector<float> t(static_cast<size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+      cudaDeviceSynchronize();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spaced_us);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      hold_kernel<<<1, 1>>>(300000);
+      cudaEventRecord(a);
+      fn(ctx, warmup + i);
+      cudaEventRecord(b);
+      cudaEventSynchronize(b);
+      cudaEventElapsedTime(&t[static_cast<size_t>(i)], a, b);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2] * 1000.0;
+  }
   // KVATTN_BENCH_LOOP_MEAN=1 (diagnostic): the mean over one event pair around all the calls, with
   // no event between them — tells what the per-call events add to a kernel's interval
   static const bool loop_mean = [] {

@@ -259,8 +259,10 @@ enum TlWord : int {
   kTlMerge0,  // %globaltimer when thread 0 starts merging a cut request (after its count), 0: none
   kTlMerge1,  // ... when it is done (with its group, or with the whole request)
   kTlPieces,  // not a time: pieces of the request it merged
-  kTl
+  kTlProg0,   // kTlProgN words: word k = when the last chunk of the k-th sixteenth of the range landed
+  kTl = kTlProg0 + 16
 };
+constexpr int kTlProgN = kTl - kTlProg0;
 __device__ __forceinline__ uint64_t tl_now() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
@@ -281,6 +283,7 @@ __global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const Att
       tl_row[kTlChunks] = 0;
       tl_row[kTlExit] = 0;
       tl_row[kTlMerge0] = tl_row[kTlMerge1] = tl_row[kTlPieces] = 0;
+      for (int k = 0; k < kTlProgN; ++k) tl_row[kTlProg0 + k] = 0;
     }
   } else {
     (void)tl;
@@ -612,6 +615,7 @@ __global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const Att
         tl_row[kTlFirst] = tl_now();
         tl_row[kTlChunks] = static_cast<uint64_t>(x1 - x0);
       }
+      if (tid == 0) tl_row[kTlProg0 + it * kTlProgN / (x1 - x0)] = tl_now();
     }
     if (tid == 0 && x + kMetaAhead < x1) {  // x + 4's Meta; its page id joins this commit group
       Meta& m = meta[(it + kMetaAhead) % kMetaSlots];
@@ -1001,6 +1005,25 @@ void tl_report(int64_t call, int grid, const std::vector<uint64_t>& h) {
     if (r[kTlChunks] != 0) last_loop = std::max(last_loop, (r[kTlLoop] - t0) * 1e-3);
   }
   std::fprintf(stderr, "%s last loop end %.2f us, last CTA entry %.2f us\n", tail.c_str(), last_loop, last_entry);
+  // KVATTN_PAGE_TIMELINE_DUMP=file: one CSV row per CTA appended (launch, CTA, SM, chunks, then us
+  // from the launch's first entry: entry, first chunk landed, loop end, exit, and the kTlProgN
+  // progress stamps; -1 where not stamped) — scripts/timeline_progress.py sums them into the
+  // call's landing rate over time
+  if (const char* path = std::getenv("KVATTN_PAGE_TIMELINE_DUMP")) {
+    if (FILE* f = std::fopen(path, "a")) {
+      for (int b = 0; b < grid; ++b) {
+        const uint64_t* r = h.data() + int64_t(b) * kTl;
+        auto us = [&](uint64_t t) { return t >= t0 ? (t - t0) * 1e-3 : -1.0; };
+        std::fprintf(f, "%lld,%d,%llu,%llu,%.3f,%.3f,%.3f,%.3f", static_cast<long long>(call), b,
+                     static_cast<unsigned long long>(r[kTlSm]), static_cast<unsigned long long>(r[kTlChunks]),
+                     us(r[kTlEntry]), r[kTlChunks] ? us(r[kTlFirst]) : -1.0, r[kTlChunks] ? us(r[kTlLoop]) : -1.0,
+                     us(r[kTlExit]));
+        for (int k = 0; k < kTlProgN; ++k) std::fprintf(f, ",%.3f", r[kTlChunks] ? us(r[kTlProg0 + k]) : -1.0);
+        std::fprintf(f, "\n");
+      }
+      std::fclose(f);
+    }
+  }
   for (int b = 0; b < grid; ++b) {  // the CTAs that exit last, and the merges that run longest
     const uint64_t* r = h.data() + int64_t(b) * kTl;
     const double ex = (r[kTlExit] - t0) * 1e-3;
