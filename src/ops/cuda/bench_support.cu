@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -186,10 +187,20 @@ constexpr int kBulkSmem = kBulkStages * 2 * kBulkPage + 128 + 64;
 // schedule's tail without equal ranges' imbalance.  ctr[0] counts claims, ctr[1] finished CTAs;
 // the last CTA to finish puts both back to 0 for the next launch.
 constexpr int kBulkBlock = 4;
+// tl (equal ranges only; nullptr: none): per CTA kGatherTl words — %globaltimer at entry, when the
+// first page landed, at the loop's end and at exit, the SM, the pages of its range, then 16
+// progress stamps (when the last page of each sixteenth of the range landed): the decode
+// timeline's CSV row (KVATTN_GATHER_TIMELINE_DUMP, scripts/timeline_progress.py)
+constexpr int kGatherTl = 6 + 16;
+__device__ __forceinline__ uint64_t gather_now() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
 template <bool DYN>
 __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, const char* v, int64_t page_b,
                                                                 const int32_t* indices, int64_t total, uint32_t* sink,
-                                                                int* ctr) {
+                                                                int* ctr, uint64_t* tl) {
   extern __shared__ unsigned char smraw[];
   // DYN: the page each stage holds, -1 past the CTA's last (thread 0 writes a stage's entry after
   // the barrier of the iteration that consumed it; it is read three barriers later)
@@ -202,6 +213,15 @@ __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, c
   const int64_t x0 = DYN ? c * kBulkBlock : c * total / G, x1 = DYN ? total : (c + 1) * total / G;
   const int tid = threadIdx.x;
   const uint64_t pol = l2_evict_first_policy();
+  uint64_t* tl_row = !DYN && tl != nullptr ? tl + c * kGatherTl : nullptr;
+  if (tl_row != nullptr && tid == 0) {
+    uint32_t smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    tl_row[0] = gather_now();
+    tl_row[4] = smid;
+    tl_row[5] = static_cast<uint64_t>(x1 - x0);
+    for (int j = 6; j < kGatherTl; ++j) tl_row[j] = 0;
+  }
   if (tid == 0)
     for (int s = 0; s < kBulkStages; ++s) bench_mbar_init(bars + 8 * s);
   int64_t next = x0, block_end = x0 + kBulkBlock;  // DYN, thread 0: the next page to issue
@@ -236,6 +256,11 @@ __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, c
       break;
     }
     bench_mbar_wait(bars + 8 * s, (i / kBulkStages) & 1);
+    if (tl_row != nullptr && tid == 0) {
+      const uint64_t now = gather_now();
+      if (i == 0) tl_row[1] = now;
+      tl_row[6 + i * 16 / (x1 - x0)] = now;
+    }
     const uint4 d = *reinterpret_cast<const uint4*>(gen + s * 2 * kBulkPage + tid * 16);
     acc ^= d.x ^ d.y ^ d.z ^ d.w;
     __syncthreads();
@@ -245,6 +270,7 @@ __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, c
     }
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
+  if (tl_row != nullptr && tid == 0) tl_row[2] = tl_row[3] = gather_now();
   if constexpr (DYN) {
     if (tid == 0 && atomicAdd(ctr + 1, 1) == G - 1) {
       ctr[0] = 0;
@@ -602,15 +628,47 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
       const int32_t* indices;
       int grid;
       uint32_t* sink;
-      void (*kern)(const char*, const char*, int64_t, const int32_t*, int64_t, uint32_t*, int*);
+      void (*kern)(const char*, const char*, int64_t, const int32_t*, int64_t, uint32_t*, int*, uint64_t*);
     } ctx{static_cast<const char*>(k), static_cast<const char*>(v), page_b, int64_t(batch) * tiles * 4, indices, sms, sink, kern};
     const double us = time_median_us(
         [](void* c, int) {
           auto* x = static_cast<Ctx*>(c);
           x->kern<<<x->grid, 256, kBulkSmem>>>(x->k, x->v, x->page_b, x->indices, x->total, x->sink,
-                                               reinterpret_cast<int*>(x->sink + 1));
+                                               reinterpret_cast<int*>(x->sink + 1), nullptr);
         },
         &ctx, 4, 20);
+    // KVATTN_GATHER_TIMELINE_DUMP=file (diagnostic, equal ranges): three more launches back to back
+    // with stamps, appended as the decode timeline's CSV rows (launch, CTA, SM, pages, then us from
+    // the launch's first entry: entry, first page landed, loop end, exit, 16 progress stamps)
+    if (const char* path = std::getenv("KVATTN_GATHER_TIMELINE_DUMP"); path != nullptr && mode == 3) {
+      const int launches = 3;
+      uint64_t* tl = nullptr;
+      if (cudaMalloc(&tl, sizeof(uint64_t) * kGatherTl * sms * launches) == cudaSuccess) {
+        for (int l = 0; l < launches; ++l)
+          kern<<<sms, 256, kBulkSmem>>>(ctx.k, ctx.v, page_b, indices, ctx.total, sink, reinterpret_cast<int*>(sink + 1),
+                                        tl + int64_t(l) * kGatherTl * sms);
+        std::vector<uint64_t> h(static_cast<size_t>(kGatherTl) * sms * launches);
+        if (cudaMemcpy(h.data(), tl, h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost) == cudaSuccess)
+          if (FILE* f = std::fopen(path, "a")) {
+            for (int l = 0; l < launches; ++l) {
+              const uint64_t* rows = h.data() + int64_t(l) * kGatherTl * sms;
+              uint64_t t0 = ~uint64_t(0);
+              for (int b = 0; b < sms; ++b) t0 = std::min(t0, rows[int64_t(b) * kGatherTl]);
+              auto us = [&](uint64_t t) { return t >= t0 ? (t - t0) * 1e-3 : -1.0; };
+              for (int b = 0; b < sms; ++b) {
+                const uint64_t* r = rows + int64_t(b) * kGatherTl;
+                std::fprintf(f, "%d,%d,%llu,%llu,%.3f,%.3f,%.3f,%.3f", l, b, static_cast<unsigned long long>(r[4]),
+                             static_cast<unsigned long long>(r[5]), us(r[0]), us(r[1]), us(r[2]), us(r[3]));
+                for (int j = 6; j < kGatherTl; ++j) std::fprintf(f, ",%.3f", us(r[j]));
+                std::fprintf(f, "\n");
+              }
+            }
+            std::fclose(f);
+          }
+        cudaFree(tl);
+      }
+      (void)cudaGetLastError();
+    }
     cudaFree(sink);
     return cudaGetLastError() == cudaSuccess ? double(batch) * tiles * 64 * hkv * 256 * 2 / (us * 1e-6) / 1e12 : 0;
   }
