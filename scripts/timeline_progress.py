@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""The landing rate of a whole-page decode call over time, from the timeline tool's CSV.
+"""The landing rate of a whole-page decode call, or of a bulk-copy gather, over time, from their CSV.
 
 Build with -DKVATTN_PAGE_TIMELINE_TOOL=1, run e.g.
-  KVATTN_PAGE_TIMELINE=20,3 KVATTN_PAGE_TIMELINE_DUMP=tl.csv kvattn bench-cuda --batch 64 --kv-len 4096 --kept-plan
-then `python3 scripts/timeline_progress.py tl.csv`.  Each CTA's row holds the time its first chunk
+  KVATTN_PAGE_TIMELINE=20,3 KVATTN_PAGE_TIMELINE_DUMP=d.csv KVATTN_GATHER_TIMELINE_DUMP=g.csv \
+    kvattn bench-cuda --batch 64 --kv-len 4096 --kept-plan
+then `python3 scripts/timeline_progress.py d.csv g.csv` (a gather's "chunk" is a whole 64 KB page,
+a decode's half a page's K and V, 32 KB).  Each CTA's row holds the time its first chunk
 landed and 16 progress stamps (when the last chunk of each sixteenth of its range landed); between
 stamps its progress is taken as linear.  Summed over CTAs on a 1 us grid this gives the chunks
 landed per us; printed against the median rate of the span's middle half, with the time that

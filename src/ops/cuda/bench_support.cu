@@ -192,7 +192,7 @@ constexpr int kBulkBlock = 4;
 // progress stamps (when the last page of each sixteenth of the range landed): the decode
 // timeline's CSV row (KVATTN_GATHER_TIMELINE_DUMP, scripts/timeline_progress.py)
 constexpr int kGatherTl = 6 + 16;
-__device__ __forceinline__ uint64_t gather_now() {
+__device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   return t;
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, c
   if (tl_row != nullptr && tid == 0) {
     uint32_t smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    tl_row[0] = gather_now();
+    tl_row[0] = globaltimer_ns();
     tl_row[4] = smid;
     tl_row[5] = static_cast<uint64_t>(x1 - x0);
     for (int j = 6; j < kGatherTl; ++j) tl_row[j] = 0;
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, c
     }
     bench_mbar_wait(bars + 8 * s, (i / kBulkStages) & 1);
     if (tl_row != nullptr && tid == 0) {
-      const uint64_t now = gather_now();
+      const uint64_t now = globaltimer_ns();
       if (i == 0) tl_row[1] = now;
       tl_row[6 + i * 16 / (x1 - x0)] = now;
     }
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(256, 1) kv_gather_bulk_kernel(const char* k, c
     }
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
-  if (tl_row != nullptr && tid == 0) tl_row[2] = tl_row[3] = gather_now();
+  if (tl_row != nullptr && tid == 0) tl_row[2] = tl_row[3] = globaltimer_ns();
   if constexpr (DYN) {
     if (tid == 0 && atomicAdd(ctr + 1, 1) == G - 1) {
       ctr[0] = 0;
@@ -809,12 +809,6 @@ double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page
 }
 
 namespace {
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-  return t;
-}
-
 // Holds the GPU for about `ns` nanoseconds (one thread): a call enqueued behind it starts from a
 // running stream, so the host's submission time is not in the call's event interval.
 __global__ void hold_kernel(uint32_t ns) {
