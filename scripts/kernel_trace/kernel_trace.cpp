@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -18,7 +17,7 @@
 
 namespace {
 struct Rec {
-  uint64_t start, end, queued, submitted;
+  uint64_t start, end, submitted;
   uint32_t stream;
   std::string name;
 };
@@ -38,7 +37,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t
     if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(r);
     std::string n = k->name != nullptr ? k->name : "?";
-    recs.push_back({k->start, k->end, k->queued, k->submitted, k->streamId, n});
+    recs.push_back({k->start, k->end, k->submitted, k->streamId, n});
   }
   std::free(buf);
 }

@@ -1,6 +1,7 @@
 // src/ops/cuda/bench_support.cu — the ceilings `kvattn bench-cuda` reports next to the ops:
 // device copy bandwidth and the mma.sync bf16 rate, plus event timing.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,8 +10,10 @@
 #include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/knobs.h"
 #include "ops/cuda/page_tile.cuh"
 #include "ops/cuda/ptx.cuh"
+#include "ops/cuda/timeline_csv.h"
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -638,8 +641,7 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
         },
         &ctx, 4, 20);
     // KVATTN_GATHER_TIMELINE_DUMP=file (diagnostic, equal ranges): three more launches back to back
-    // with stamps, appended as the decode timeline's CSV rows (launch, CTA, SM, pages, then us from
-    // the launch's first entry: entry, first page landed, loop end, exit, 16 progress stamps)
+    // with stamps, appended as the decode timeline's CSV rows (timeline_csv.h; a chunk is a page)
     if (const char* path = std::getenv("KVATTN_GATHER_TIMELINE_DUMP"); path != nullptr && mode == 3) {
       const int launches = 3;
       uint64_t* tl = nullptr;
@@ -654,13 +656,9 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
               const uint64_t* rows = h.data() + int64_t(l) * kGatherTl * sms;
               uint64_t t0 = ~uint64_t(0);
               for (int b = 0; b < sms; ++b) t0 = std::min(t0, rows[int64_t(b) * kGatherTl]);
-              auto us = [&](uint64_t t) { return t >= t0 ? (t - t0) * 1e-3 : -1.0; };
               for (int b = 0; b < sms; ++b) {
                 const uint64_t* r = rows + int64_t(b) * kGatherTl;
-                std::fprintf(f, "%d,%d,%llu,%llu,%.3f,%.3f,%.3f,%.3f", l, b, static_cast<unsigned long long>(r[4]),
-                             static_cast<unsigned long long>(r[5]), us(r[0]), us(r[1]), us(r[2]), us(r[3]));
-                for (int j = 6; j < kGatherTl; ++j) std::fprintf(f, ",%.3f", us(r[j]));
-                std::fprintf(f, "\n");
+                append_timeline_row(f, l, b, r[4], r[5], r[0], r[1], r[2], r[3], r + 6, kGatherTl - 6, t0);
               }
             }
             std::fclose(f);
@@ -816,24 +814,21 @@ __global__ void hold_kernel(uint32_t ns) {
   while (globaltimer_ns() - t0 < ns) __nanosleep(1000);
 }
 
-int env_int(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr ? std::atoi(e) : 0;
-}
 }  // namespace
 
 double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters) {
   // KVATTN_BENCH_ITERS=N (diagnostic): N timed calls instead of the caller's count, e.g. a loop long
   // enough to sample the clocks and power with nvidia-smi while it runs
-  static const int iters_env = env_int("KVATTN_BENCH_ITERS");
-  if (iters_env > 0) iters = iters_env;
+  static std::atomic<int> iters_knob{-1};
+  if (const int n = knob(iters_knob, "KVATTN_BENCH_ITERS", positive_int); n > 0) iters = n;
   for (int i = 0; i < warmup; ++i) fn(ctx, i);
   cudaDeviceSynchronize();
   // KVATTN_BENCH_SPACED_US=N (diagnostic): every timed call on a device left idle for N us first,
   // enqueued behind a 300 us hold kernel; the median of those calls' event intervals against the
   // back-to-back loop's tells whether a call is slower when it follows calls of its own (clocks,
   // power, the previous call's tail) rather than idle time
-  static const int spaced_us = env_int("KVATTN_BENCH_SPACED_US");
+  static std::atomic<int> spaced_knob{-1};
+  const int spaced_us = knob(spaced_knob, "KVATTN_BENCH_SPACED_US", positive_int);
   if (spaced_us > 0) {
     cudaEvent_t a, b;
     cudaEventCreate(&a);

@@ -21,6 +21,12 @@ inline int knob(std::atomic<int>& cache, const char* env, int (*parse)(const cha
 
 inline bool is_zero(const char* e) { return e != nullptr && std::strcmp(e, "0") == 0; }
 
+// A count: the variable's positive integer, else (unset, 0, negative, not a number) 0.
+inline int positive_int(const char* e) {
+  const int v = e != nullptr ? std::atoi(e) : 0;
+  return v > 0 ? v : 0;
+}
+
 // The routing knobs' values: unset or anything else 0 (automatic), "off" 1, "force" 2.
 inline int off_or_force(const char* e) {
   if (e == nullptr) return 0;

@@ -53,6 +53,8 @@
 #include <cstdio>
 #include <string>
 #include <vector>
+
+#include "ops/cuda/timeline_csv.h"
 #endif
 
 namespace kvattn::ops::cuda_impl::k {
@@ -1005,21 +1007,14 @@ void tl_report(int64_t call, int grid, const std::vector<uint64_t>& h) {
     if (r[kTlChunks] != 0) last_loop = std::max(last_loop, (r[kTlLoop] - t0) * 1e-3);
   }
   std::fprintf(stderr, "%s last loop end %.2f us, last CTA entry %.2f us\n", tail.c_str(), last_loop, last_entry);
-  // KVATTN_PAGE_TIMELINE_DUMP=file: one CSV row per CTA appended (launch, CTA, SM, chunks, then us
-  // from the launch's first entry: entry, first chunk landed, loop end, exit, and the kTlProgN
-  // progress stamps; -1 where not stamped) — scripts/timeline_progress.py sums them into the
-  // call's landing rate over time
+  // KVATTN_PAGE_TIMELINE_DUMP=file: one CSV row per CTA appended (timeline_csv.h) —
+  // scripts/timeline_progress.py sums them into the call's landing rate over time
   if (const char* path = std::getenv("KVATTN_PAGE_TIMELINE_DUMP")) {
     if (FILE* f = std::fopen(path, "a")) {
       for (int b = 0; b < grid; ++b) {
         const uint64_t* r = h.data() + int64_t(b) * kTl;
-        auto us = [&](uint64_t t) { return t >= t0 ? (t - t0) * 1e-3 : -1.0; };
-        std::fprintf(f, "%lld,%d,%llu,%llu,%.3f,%.3f,%.3f,%.3f", static_cast<long long>(call), b,
-                     static_cast<unsigned long long>(r[kTlSm]), static_cast<unsigned long long>(r[kTlChunks]),
-                     us(r[kTlEntry]), r[kTlChunks] ? us(r[kTlFirst]) : -1.0, r[kTlChunks] ? us(r[kTlLoop]) : -1.0,
-                     us(r[kTlExit]));
-        for (int k = 0; k < kTlProgN; ++k) std::fprintf(f, ",%.3f", r[kTlChunks] ? us(r[kTlProg0 + k]) : -1.0);
-        std::fprintf(f, "\n");
+        append_timeline_row(f, static_cast<long long>(call), b, r[kTlSm], r[kTlChunks], r[kTlEntry], r[kTlFirst],
+                            r[kTlLoop], r[kTlExit], r + kTlProg0, kTlProgN, t0);
       }
       std::fclose(f);
     }
@@ -1151,10 +1146,7 @@ PageDecodeShape page_decode_shape(const AttnParams& p, int num_sms, int64_t max_
   // KVATTN_PAGE_CTAS=N (measurement only): at most N CTAs, e.g. to read what one CTA streams when
   // DRAM is not the limit; unset or 0: one per SM
   static std::atomic<int> ctas{-1};
-  const int cap = knob(ctas, "KVATTN_PAGE_CTAS", [](const char* e) {
-    const int v = e != nullptr ? std::atoi(e) : 0;
-    return v > 0 ? v : 0;
-  });
+  const int cap = knob(ctas, "KVATTN_PAGE_CTAS", positive_int);
   if (cap > 0 && cap < s.grid) s.grid = cap;
   s.rows = static_cast<int>(max_q_len * p.group);
   const PageWs w = page_ws(p.batch, s.grid, s.rows);
