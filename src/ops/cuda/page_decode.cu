@@ -261,6 +261,9 @@ enum TlWord : int {
   kTlMerge0,  // %globaltimer when thread 0 starts merging a cut request (after its count), 0: none
   kTlMerge1,  // ... when it is done (with its group, or with the whole request)
   kTlPieces,  // not a time: pieces of the request it merged
+  kTlLoopMax,  // the last warp's loop end (each warp's lane 0, atomicMax)
+  kTlPostMax,  // the last warp done with the range's last request (written, merged or left)
+  kTlRegMerge, // not a time: 1 when thread 0's warp merged the last request into its registers
   kTlProg0,   // kTlProgN words: word k = when the last chunk of the k-th sixteenth of the range landed
   kTl = kTlProg0 + 16
 };
@@ -285,6 +288,7 @@ __global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const Att
       tl_row[kTlChunks] = 0;
       tl_row[kTlExit] = 0;
       tl_row[kTlMerge0] = tl_row[kTlMerge1] = tl_row[kTlPieces] = 0;
+      tl_row[kTlLoopMax] = tl_row[kTlPostMax] = tl_row[kTlRegMerge] = 0;
       for (int k = 0; k < kTlProgN; ++k) tl_row[kTlProg0 + k] = 0;
     }
   } else {
@@ -770,9 +774,19 @@ __global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const Att
       tl_row[kTlCyc1] = now - tl_loop0;
     }
   }
+  if constexpr (TL) {
+    if (lane == 0) atomicMax(reinterpret_cast<unsigned long long*>(tl_row + kTlLoopMax), tl_now());
+  }
   if (req >= 0) {
     to_rows();
-    if (!(r_cstart + r_chunks > x1 && merge_into_registers())) flush();
+    const bool merged = r_cstart + r_chunks > x1 && merge_into_registers();
+    if (!merged) flush();
+    if constexpr (TL) {
+      if (tid == 0 && merged) tl_row[kTlRegMerge] = 1;
+    }
+  }
+  if constexpr (TL) {
+    if (lane == 0) atomicMax(reinterpret_cast<unsigned long long*>(tl_row + kTlPostMax), tl_now());
   }
   if (n_split == 0) {
     tl_exit();
@@ -1015,6 +1029,23 @@ void tl_report(int64_t call, int grid, const std::vector<uint64_t>& h) {
         const uint64_t* r = h.data() + int64_t(b) * kTl;
         append_timeline_row(f, static_cast<long long>(call), b, r[kTlSm], r[kTlChunks], r[kTlEntry], r[kTlFirst],
                             r[kTlLoop], r[kTlExit], r + kTlProg0, kTlProgN, t0);
+      }
+      std::fclose(f);
+    }
+  }
+  // KVATTN_PAGE_TIMELINE_POST=file: one CSV row per CTA with a range, on what follows its loop —
+  // launch, CTA, chunks, then us from t0: thread 0's loop end, the last warp's loop end, the last
+  // warp done with the range's last request, a cut request's merge start / end (0: none), exit;
+  // last, 1 when the range's last request was merged into registers
+  if (const char* path = std::getenv("KVATTN_PAGE_TIMELINE_POST")) {
+    if (FILE* f = std::fopen(path, "a")) {
+      auto us = [&](uint64_t t) { return t >= t0 ? double(t - t0) * 1e-3 : 0.0; };
+      for (int b = 0; b < grid; ++b) {
+        const uint64_t* r = h.data() + int64_t(b) * kTl;
+        if (r[kTlChunks] == 0) continue;
+        std::fprintf(f, "%lld,%d,%llu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", static_cast<long long>(call), b,
+                     static_cast<unsigned long long>(r[kTlChunks]), us(r[kTlLoop]), us(r[kTlLoopMax]), us(r[kTlPostMax]),
+                     us(r[kTlMerge0]), us(r[kTlMerge1]), us(r[kTlExit]), static_cast<unsigned long long>(r[kTlRegMerge]));
       }
       std::fclose(f);
     }
