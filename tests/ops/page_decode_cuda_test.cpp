@@ -300,6 +300,26 @@ TEST_F(CudaPageDecodeTest, ManyRequestsAndFewChunks) {
   run(z, 603);
 }
 
+// Requests shorter than a range: nearly every range ends inside a request whose other piece is a
+// short one at the next range's start, which counts itself early — so the range's end usually
+// merges that piece into its registers, and otherwise leaves its slot for the count.  Odd
+// lengths, GQA 4 and 8 (4 and 8 rows per KV head), three calls on a kept plan.
+TEST_F(CudaPageDecodeTest, CutRequestsOfTwoPieces) {
+  std::mt19937 rng(13);
+  AttnCase c;
+  std::uniform_int_distribution<int64_t> len(300, 700);
+  for (int r = 0; r < 200; ++r) c.kv_lens.push_back(len(rng));
+  c.q_lens = ones(c.kv_lens.size());
+  c.keep_plan = true;
+  c.repeats = 3;
+  c.name = "200 x U[300, 700]";
+  run(c, 721);
+  c.hq = 64;  // GQA 8: 8 rows per KV head
+  c.layout = 3;
+  c.name = "200 x U[300, 700] GQA 8";
+  run(c, 722);
+}
+
 TEST_F(CudaPageDecodeTest, KeptPlanRepeats) {
   AttnCase c;
   c.kv_lens = {4096, 4096, 100, 9000, 1, 4096, 5000, 16};
