@@ -1021,35 +1021,31 @@ void tl_report(int64_t call, int grid, const std::vector<uint64_t>& h) {
     if (r[kTlChunks] != 0) last_loop = std::max(last_loop, (r[kTlLoop] - t0) * 1e-3);
   }
   std::fprintf(stderr, "%s last loop end %.2f us, last CTA entry %.2f us\n", tail.c_str(), last_loop, last_entry);
-  // KVATTN_PAGE_TIMELINE_DUMP=file: one CSV row per CTA appended (timeline_csv.h) —
-  // scripts/timeline_progress.py sums them into the call's landing rate over time
-  if (const char* path = std::getenv("KVATTN_PAGE_TIMELINE_DUMP")) {
-    if (FILE* f = std::fopen(path, "a")) {
-      for (int b = 0; b < grid; ++b) {
-        const uint64_t* r = h.data() + int64_t(b) * kTl;
-        append_timeline_row(f, static_cast<long long>(call), b, r[kTlSm], r[kTlChunks], r[kTlEntry], r[kTlFirst],
-                            r[kTlLoop], r[kTlExit], r + kTlProg0, kTlProgN, t0);
-      }
-      std::fclose(f);
-    }
-  }
+  // rows appended to the file an environment variable names (unset: nothing), one call per CTA
+  auto append_rows = [&](const char* env, auto&& row) {
+    const char* path = std::getenv(env);
+    FILE* f = path != nullptr ? std::fopen(path, "a") : nullptr;
+    if (f == nullptr) return;
+    for (int b = 0; b < grid; ++b) row(f, b, h.data() + int64_t(b) * kTl);
+    std::fclose(f);
+  };
+  // KVATTN_PAGE_TIMELINE_DUMP=file: one CSV row per CTA (timeline_csv.h) — scripts/
+  // timeline_progress.py sums them into the call's landing rate over time
+  append_rows("KVATTN_PAGE_TIMELINE_DUMP", [&](FILE* f, int b, const uint64_t* r) {
+    append_timeline_row(f, static_cast<long long>(call), b, r[kTlSm], r[kTlChunks], r[kTlEntry], r[kTlFirst],
+                        r[kTlLoop], r[kTlExit], r + kTlProg0, kTlProgN, t0);
+  });
   // KVATTN_PAGE_TIMELINE_POST=file: one CSV row per CTA with a range, on what follows its loop —
   // launch, CTA, chunks, then us from t0: thread 0's loop end, the last warp's loop end, the last
   // warp done with the range's last request, a cut request's merge start / end (0: none), exit;
   // last, 1 when the range's last request was merged into registers
-  if (const char* path = std::getenv("KVATTN_PAGE_TIMELINE_POST")) {
-    if (FILE* f = std::fopen(path, "a")) {
-      auto us = [&](uint64_t t) { return t >= t0 ? double(t - t0) * 1e-3 : 0.0; };
-      for (int b = 0; b < grid; ++b) {
-        const uint64_t* r = h.data() + int64_t(b) * kTl;
-        if (r[kTlChunks] == 0) continue;
-        std::fprintf(f, "%lld,%d,%llu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", static_cast<long long>(call), b,
-                     static_cast<unsigned long long>(r[kTlChunks]), us(r[kTlLoop]), us(r[kTlLoopMax]), us(r[kTlPostMax]),
-                     us(r[kTlMerge0]), us(r[kTlMerge1]), us(r[kTlExit]), static_cast<unsigned long long>(r[kTlRegMerge]));
-      }
-      std::fclose(f);
-    }
-  }
+  append_rows("KVATTN_PAGE_TIMELINE_POST", [&](FILE* f, int b, const uint64_t* r) {
+    if (r[kTlChunks] == 0) return;
+    auto us = [&](uint64_t t) { return timeline_us(t, t0, 0.0); };
+    std::fprintf(f, "%lld,%d,%llu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", static_cast<long long>(call), b,
+                 static_cast<unsigned long long>(r[kTlChunks]), us(r[kTlLoop]), us(r[kTlLoopMax]), us(r[kTlPostMax]),
+                 us(r[kTlMerge0]), us(r[kTlMerge1]), us(r[kTlExit]), static_cast<unsigned long long>(r[kTlRegMerge]));
+  });
   for (int b = 0; b < grid; ++b) {  // the CTAs that exit last, and the merges that run longest
     const uint64_t* r = h.data() + int64_t(b) * kTl;
     const double ex = (r[kTlExit] - t0) * 1e-3;

@@ -11,10 +11,13 @@
 
 namespace kvattn::ops::cuda_impl::k {
 
+// Microseconds from t0 to a %globaltimer stamp t; `none` for a stamp before t0 (never written).
+inline double timeline_us(uint64_t t, uint64_t t0, double none) { return t >= t0 ? double(t - t0) * 1e-3 : none; }
+
 inline void append_timeline_row(FILE* f, long long launch, int cta, uint64_t sm, uint64_t chunks, uint64_t entry,
                                 uint64_t first, uint64_t loop, uint64_t exit, const uint64_t* prog, int n,
                                 uint64_t t0) {
-  auto us = [&](uint64_t t) { return t >= t0 ? double(t - t0) * 1e-3 : -1.0; };
+  auto us = [&](uint64_t t) { return timeline_us(t, t0, -1.0); };
   auto loop_us = [&](uint64_t t) { return chunks != 0 ? us(t) : -1.0; };
   std::fprintf(f, "%lld,%d,%llu,%llu,%.3f,%.3f,%.3f,%.3f", launch, cta, static_cast<unsigned long long>(sm),
                static_cast<unsigned long long>(chunks), us(entry), loop_us(first), loop_us(loop), us(exit));
