@@ -5,6 +5,8 @@
 # for ARCH (default 90a) with the build's flags, and compares every kernel's machine code (.text
 # sections of the two cubins).  Exit 0 when every kernel is byte-identical: then the refactor
 # needs no GPU run.  Needs nvcc only (no GPU, no cuobjdump).
+# BY_CONTENT=1: for a change that renames kernels or drops instantiations (template parameters
+# removed) — exit 0 when every kernel now is byte-identical to some kernel then, whatever its name.
 set -euo pipefail
 rev=$1 file=$2 arch=${3:-90a}
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,8 +20,8 @@ git show "$rev:$file" > "$file"
 "$NVCC" "${flags[@]}" "$file" -o "$tmp/then.cubin"
 cp "$tmp/now.cu" "$file"
 "$NVCC" "${flags[@]}" "$file" -o "$tmp/now.cubin"
-/usr/bin/python3 - "$tmp/then.cubin" "$tmp/now.cubin" <<'PY'
-import struct, sys
+BY_CONTENT=${BY_CONTENT:-0} /usr/bin/python3 - "$tmp/then.cubin" "$tmp/now.cubin" <<'PY'
+import os, struct, sys
 def text_sections(path):
     d = open(path, 'rb').read()
     shoff, = struct.unpack_from('<Q', d, 0x28)
@@ -30,6 +32,18 @@ def text_sections(path):
         return d[stroff + o:d.index(b'\0', stroff + o)].decode()
     return {name(h[0]): d[h[4]:h[4] + h[5]] for h in hdrs if name(h[0]).startswith('.text.')}
 a, b = text_sections(sys.argv[1]), text_sections(sys.argv[2])
+if os.environ['BY_CONTENT'] == '1':
+    then_by_code = {}
+    for k, v in a.items():
+        then_by_code.setdefault(v, k)
+    same = True
+    for k in sorted(b):
+        match = then_by_code.get(b[k])
+        same = same and match is not None
+        print(f'{"identical" if match else "NO MATCH":9} {len(b[k]):7} {k[6:]}' + (f'  <- {match[6:]}' if match and match != k else ''))
+    print(f'{len(a) - len(set(then_by_code.values()) & {then_by_code[b[k]] for k in b if b[k] in then_by_code})} kernels then have no counterpart now')
+    print('same machine code' if same else 'machine code differs')
+    sys.exit(0 if same else 1)
 same = set(a) == set(b) and all(a[k] == b[k] for k in b)
 for k in sorted(set(a) | set(b)):
     status = 'identical' if a.get(k) == b.get(k) else ('only then' if k not in b else 'only now' if k not in a else 'DIFFERS')
