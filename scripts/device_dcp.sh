@@ -66,17 +66,6 @@ run_case dcp2_a2a_il16 --device cuda --dcp 2 --dcp-comm-backend a2a --dcp-interl
 [ "$Q" = 1 ] || run_case dcp2_one_gpu --device cuda --dcp 2 --dcp-transport in-process
 [ "$Q" = 1 ] || run_case cuda_len1000 --device cuda --max-model-len 1000 --num-requests 24
 
-if [ "${KVATTN_PREFILL_AB:-0}" = 1 ]; then  # the prefill kernel's variant B: full prefill tests + bench vs A
-  stamp "prefill variant B: tests -> prefill_b.log, bench A and B -> bench_prefill.txt"
-  KVATTN_PREFILL_VARIANT=b "$TOPS" --gtest_filter='CudaPrefill.*:CudaOps.PagedPrefill*' > "$OUTDIR/prefill_b.log" 2>&1
-  summary+=("prefill variant B tests: $(grep -E '^\[  (PASSED|FAILED)' "$OUTDIR/prefill_b.log" | tr '\n' ' ')")
-  for v in a b; do
-    echo "== variant $v" >> "$OUTDIR/bench_prefill.txt"
-    KVATTN_PREFILL_VARIANT=$v timeout 60 "$K" bench-cuda --only prefill >> "$OUTDIR/bench_prefill.txt" 2>&1
-  done
-  grep -iE "variant|prefill|ceiling|TFLOP" "$OUTDIR/bench_prefill.txt" | head -20
-fi
-
 COMMS="ag_rs a2a"; [ "$Q" = 1 ] && COMMS="ag_rs"
 for comm in $COMMS; do
   stamp "bench-dcp --comm $comm -> bench_dcp_$comm.txt"

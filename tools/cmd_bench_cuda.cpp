@@ -611,20 +611,13 @@ int run(const Opts& o) {
         print_row(bench_prefill("prefill causal bf16 1x8192" + tag, pool, 1, 8192, true, kept ? "(FI FA2 304)" : "",
                                 o.quick, kept));
       }
-      // the same shapes on attn_kernel and on each of the prefill kernel's head_dim-128 variants
-      // (kernels.h: the default is B), then the default again (run-to-run spread)
+      // the same shapes on attn_kernel, then the prefill kernel again (run-to-run spread)
       const k::PrefillMode m0 = k::prefill_mode();
-      const int v0 = k::prefill_variant();
-      for (const auto& [variant, tag] : {std::pair{-1, "attn_kernel"}, std::pair{0, "variant A"}, std::pair{2, "variant C"},
-                                         std::pair{3, "variant D"}}) {
-        if (variant < 0) k::set_prefill_mode(k::PrefillMode::off);
-        else k::set_prefill_variant(variant);
-        print_row(bench_prefill(fmt::format("prefill causal 8x2048 [{}]", tag), pool, 8, 2048, true, "", o.quick));
-        print_row(bench_prefill(fmt::format("prefill non-causal 8x2048 [{}]", tag), pool, 8, 2048, false, "", o.quick));
-        print_row(bench_prefill(fmt::format("prefill causal 1x8192 [{}]", tag), pool, 1, 8192, true, "", o.quick));
-        k::set_prefill_mode(m0);
-        k::set_prefill_variant(v0);
-      }
+      k::set_prefill_mode(k::PrefillMode::off);
+      print_row(bench_prefill("prefill causal 8x2048 [attn_kernel]", pool, 8, 2048, true, "", o.quick));
+      print_row(bench_prefill("prefill non-causal 8x2048 [attn_kernel]", pool, 8, 2048, false, "", o.quick));
+      print_row(bench_prefill("prefill causal 1x8192 [attn_kernel]", pool, 1, 8192, true, "", o.quick));
+      k::set_prefill_mode(m0);
       print_row(bench_prefill("prefill causal bf16 8x2048 (again) [plan per call]", pool, 8, 2048, true, "", o.quick));
       print_row(bench_prefill("prefill causal bf16 8x2048 (again) [plan kept]", pool, 8, 2048, true, ">= 300 TFLOP/s",
                               o.quick, true));

@@ -54,13 +54,7 @@ void dcp_lse_combine(const Tensor& partials, const Tensor& lses, bool lse_base_e
 // prefill_kernel_launches() counts calls routed to the prefill kernel (0 without CUDA).
 void set_prefill_kernel_mode(int mode);
 int prefill_kernel_mode() noexcept;
-// The prefill kernel's v4 form (default; kernels.h set_prefill_v4) or the previous one (false).
-void set_prefill_kernel_v4(bool on);
-bool prefill_kernel_v4() noexcept;
-// The prefill kernel's v5 additions (on by default; kernels.h set_prefill_v5).
-void set_prefill_kernel_v5(bool on);
-bool prefill_kernel_v5() noexcept;
-// The prefill kernel's v6 K/V loader (on by default; kernels.h set_prefill_v6).
+// The prefill kernel's V6 K/V loader (on by default where rows are aligned; kernels.h set_prefill_v6).
 void set_prefill_kernel_v6(bool on);
 bool prefill_kernel_v6() noexcept;
 int64_t prefill_kernel_launches() noexcept;

@@ -40,10 +40,6 @@ void dcp_lse_combine(const Tensor&, const Tensor&, bool, const Tensor&, const Te
 
 void set_prefill_kernel_mode(int) {}
 int prefill_kernel_mode() noexcept { return 0; }
-void set_prefill_kernel_v4(bool) {}
-bool prefill_kernel_v4() noexcept { return true; }
-void set_prefill_kernel_v5(bool) {}
-bool prefill_kernel_v5() noexcept { return false; }
 void set_prefill_kernel_v6(bool) {}
 bool prefill_kernel_v6() noexcept { return false; }
 int64_t prefill_kernel_launches() noexcept { return 0; }

@@ -65,10 +65,8 @@ TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {
   }
 }
 
-// A small matrix for the kernels kept selectable behind a knob: GQA groups, causal without and
-// with a 100-key sliding window, odd lengths and an empty request; soft cap on group 8.
-// Causal calls only: non-causal ones are tested on the default kernel (CausalAndNonCausalGqaChunked,
-// V5Kernel), not on these two.
+// A small matrix added to a loader's: GQA groups, causal without and with a 100-key sliding
+// window, odd lengths and an empty request; soft cap on group 8.
 void run_knob_subset(const std::string& label, std::initializer_list<int64_t> groups, uint32_t seed) {
   for (int64_t group : groups) {
     for (bool window : {false, true}) {
@@ -85,55 +83,29 @@ void run_knob_subset(const std::string& label, std::initializer_list<int64_t> gr
   }
 }
 
-// Sets the prefill kernel's version knobs (v4 / v5 / v6) for one test; the process's values come
-// back when it goes out of scope (also when an assertion returns early).
-class PrefillKernelVersion {
+// Sets the prefill kernel's loader knob (V6 or the flag-bit loader) for one test; the process's
+// value comes back when it goes out of scope (also when an assertion returns early).
+class PrefillLoader {
  public:
-  PrefillKernelVersion(bool v4, bool v5, bool v6)
-      : v4_(cuda_impl::prefill_kernel_v4()), v5_(cuda_impl::prefill_kernel_v5()), v6_(cuda_impl::prefill_kernel_v6()) {
-    cuda_impl::set_prefill_kernel_v4(v4);
-    cuda_impl::set_prefill_kernel_v5(v5);
-    cuda_impl::set_prefill_kernel_v6(v6);
-  }
-  ~PrefillKernelVersion() {
-    cuda_impl::set_prefill_kernel_v4(v4_);
-    cuda_impl::set_prefill_kernel_v5(v5_);
-    cuda_impl::set_prefill_kernel_v6(v6_);
-  }
-  PrefillKernelVersion(const PrefillKernelVersion&) = delete;
-  PrefillKernelVersion& operator=(const PrefillKernelVersion&) = delete;
+  explicit PrefillLoader(bool v6) : v6_(cuda_impl::prefill_kernel_v6()) { cuda_impl::set_prefill_kernel_v6(v6); }
+  ~PrefillLoader() { cuda_impl::set_prefill_kernel_v6(v6_); }
+  PrefillLoader(const PrefillLoader&) = delete;
+  PrefillLoader& operator=(const PrefillLoader&) = delete;
 
  private:
-  bool v4_, v5_, v6_;
+  bool v6_;
 };
 
-// The previous kernel (before v4's lazy rescale, absolute-address loader and specialised
-// masks) stays selectable (KVATTN_PREFILL_V4=0; v5 and v6 apply only on top of v4).
-TEST_F(CudaPrefill, PreviousKernelWithoutV4) {
-  const PrefillKernelVersion version(false, cuda_impl::prefill_kernel_v5(), cuda_impl::prefill_kernel_v6());
-  run_knob_subset("previous kernel", {1, 4}, 7050);
-}
-
-// The v4 kernel without the v5 additions (KVATTN_PREFILL_V5=0; v6 applies only on top of v5).
-TEST_F(CudaPrefill, V4WithoutV5) {
-  const PrefillKernelVersion version(true, false, cuda_impl::prefill_kernel_v6());
-  run_knob_subset("v4 without v5", {1, 4, 8}, 7350);
-}
-
-// The v5 additions (row-offset tables, first-tile rescale skip, one-compare masks; on by
-// default since session 5, KVATTN_PREFILL_V5=0 turns them off) across what the kernel
-// supports: causal / non-causal, GQA 1/4/8, chunked prefill, odd lengths, every layout and
-// page form (permuted pages, page 0 NaN-filled, poisoned outputs: run_attn_case), D 64/128/256,
-// f16/bf16, f32 query/out (scalar paths), window, soft cap, sinks, LSE in both bases, several
-// units per CTA.  All other groups
-// run with v5 unless the process has KVATTN_PREFILL_V5=0 (D 128 configs A/C/D: with
-// KVATTN_PREFILL_VARIANT=a|c|d in the same process); V4WithoutV5 keeps the v4 kernel tested.
-// The matrix V5Kernel and V6Loader run (the case names start with `v5`, the label).
-void run_v5_matrix(const std::string& v5, uint32_t seed) {
+// One K/V loader (label: "v6" or "flag-bit") across what the kernel supports: causal /
+// non-causal, GQA 1/4/8, chunked prefill, odd lengths, every layout and page form (permuted pages,
+// page 0 NaN-filled, poisoned outputs: run_attn_case), D 64/128/256, f16/bf16, f32 query/out
+// (scalar paths), window, soft cap, sinks, LSE in both bases, several units per CTA (row tables
+// reused).  The case names start with the label.
+void run_loader_matrix(const std::string& label, uint32_t seed) {
   for (int64_t group : {1, 4, 8}) {
     for (bool causal : {true, false}) {
       Case c;
-      c.name = v5 + " gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
+      c.name = label + " gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
       c.hkv = 2;
       c.hq = 2 * group;
       c.q_lens = {1, 15, 17, 250, 0, 130};
@@ -144,7 +116,7 @@ void run_v5_matrix(const std::string& v5, uint32_t seed) {
   }
   for (int layout = 0; layout < kNumLayouts; ++layout) {
     Case c;
-    c.name = std::string(v5 + " layout ") + layout_name(layout);
+    c.name = std::string(label + " layout ") + layout_name(layout);
     c.layout = layout;
     c.paged_form = layout % 2 == 1;
     c.page = layout % 3 == 0 ? 16 : (layout % 3 == 1 ? 8 : 32);
@@ -155,7 +127,7 @@ void run_v5_matrix(const std::string& v5, uint32_t seed) {
   for (int64_t dim : {64, 128, 256}) {
     for (DType kv : {DType::bf16, DType::f16}) {
       Case c;
-      c.name = v5 + " dim " + std::to_string(dim) + " kv " + dtype_name(kv);
+      c.name = label + " dim " + std::to_string(dim) + " kv " + dtype_name(kv);
       c.dim = dim;
       c.kv_dt = c.q_dt = c.out_dt = kv;
       c.q_lens = {150, 33, 1};
@@ -181,13 +153,13 @@ void run_v5_matrix(const std::string& v5, uint32_t seed) {
     c.base = variant % 2 ? LseBase::E : LseBase::Two;
     c.k_scale = 0.8; c.v_scale = 1.25;
     c.dim = variant == 5 ? 256 : (variant == 2 ? 64 : 128);
-    c.name = v5 + " window " + std::to_string(c.window_left) + " cap " + std::to_string(c.soft_cap) +
+    c.name = label + " window " + std::to_string(c.window_left) + " cap " + std::to_string(c.soft_cap) +
              (c.sinks ? " sinks" : "") + (c.causal ? " causal" : " non-causal");
     EXPECT_EQ(run_case(c, seed++), 1);
   }
   {
     Case c;
-    c.name = v5 + " causal 2049 + 1000, dim 64, LSE base e";
+    c.name = label + " causal 2049 + 1000, dim 64, LSE base e";
     c.hq = 4; c.hkv = 1; c.dim = 64;
     c.q_lens = {2049, 1000};
     c.kv_lens = {2049, 1003};
@@ -197,7 +169,7 @@ void run_v5_matrix(const std::string& v5, uint32_t seed) {
   {
     std::mt19937 rng(4747);
     Case c;  // many 1-2 tile units per CTA: row tables reused across units
-    c.name = v5 + " dim 128 group 8, 300 short requests with context";
+    c.name = label + " dim 128 group 8, 300 short requests with context";
     c.hq = 8; c.hkv = 1;
     for (int r = 0; r < 300; ++r) {
       const int64_t ql = 1 + static_cast<int64_t>(rng() % 16);
@@ -208,21 +180,21 @@ void run_v5_matrix(const std::string& v5, uint32_t seed) {
   }
 }
 
-TEST_F(CudaPrefill, V5Kernel) {
-  const PrefillKernelVersion version(true, true, false);
-  run_v5_matrix("v5", 7700);
+// The flag-bit loader (rows to zero-fill flagged in bit 0 of their address): what calls whose K/V
+// rows are not aligned to their size take, here forced with KVATTN_PREFILL_V6's knob off.
+TEST_F(CudaPrefill, FlagBitLoader) {
+  const PrefillLoader loader(false);
+  run_loader_matrix("flag-bit", 7700);
+  run_knob_subset("flag-bit", {1, 4, 8}, 7350);
 }
 
-// The v6 K/V loader (the default; KVATTN_PREFILL_V6=0 off): K and V row addresses paired in the
-// offset table, rows to zero-fill read a static zero row.  Same matrix as V5Kernel (every layout
-// and page form with page 0 NaN-filled and permuted block tables, poisoned outputs, D 64/128/256,
-// GQA 1/4/8, causal / non-causal, chunked prefill, window, soft cap, sinks, LSE, scalar paths,
-// many units per CTA) plus the knob subset (causal with and without a window).  Variants A/C/D
-// of D 128: the same test with KVATTN_PREFILL_VARIANT=a|c|d in the process.
+// The V6 K/V loader (the default; KVATTN_PREFILL_V6=0 off): K and V row addresses paired in the
+// offset table, rows to zero-fill read a static zero row.  The loader matrix plus the small
+// matrix (causal with and without a window) and lengths around tile and page edges.
 TEST_F(CudaPrefill, V6Loader) {
-  const PrefillKernelVersion version(true, true, true);
+  const PrefillLoader loader(true);
   ASSERT_TRUE(cuda_impl::prefill_kernel_v6());
-  run_v5_matrix("v6", 7900);
+  run_loader_matrix("v6", 7900);
   run_knob_subset("v6", {1, 4, 8}, 8100);
   {
     Case c;  // key ranges ending inside a tile and inside a page: zero-row reads for K and V

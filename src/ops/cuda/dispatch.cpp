@@ -121,10 +121,9 @@ std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnP
                          p.paged_form ? 1 : 0, p.max_blocks});
   for (const k::Idx* x : {&p.qo_indptr, &p.kv_indptr, &p.kv_indices, &p.last_page_len, &p.block_table, &p.seq_lens})
     add_idx(key, *x);
-  if (shape == nullptr) {  // prefill kernel: its variant and versions pick the kernel (its row tile)
-    key.insert(key.end(), {k::prefill_variant(), k::prefill_v4() ? 1 : 0, k::prefill_v5() ? 1 : 0,
-                           k::prefill_v6() ? 1 : 0});
-  } else {
+  // the prefill kernel's plan (shape == nullptr) depends on nothing more: its row tile is fixed
+  // per head_dim (prefill_kernel.cu PfCfgOf)
+  if (shape != nullptr) {
     key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,
                            shape->small, shape->mixed_kv_lens ? 1 : 0, k::decode_options(), k::decode_splits(), k::decode_chunk()});
   }
@@ -458,10 +457,6 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
 
 void set_prefill_kernel_mode(int mode) { k::set_prefill_mode(static_cast<k::PrefillMode>(mode)); }
 int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode()); }
-void set_prefill_kernel_v4(bool on) { k::set_prefill_v4(on); }
-bool prefill_kernel_v4() noexcept { return k::prefill_v4(); }
-void set_prefill_kernel_v5(bool on) { k::set_prefill_v5(on); }
-bool prefill_kernel_v5() noexcept { return k::prefill_v5(); }
 void set_prefill_kernel_v6(bool on) { k::set_prefill_v6(on); }
 bool prefill_kernel_v6() noexcept { return k::prefill_v6(); }
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }

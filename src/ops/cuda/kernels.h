@@ -225,22 +225,9 @@ enum class PrefillMode : int {
 // Initial mode from the environment: KVATTN_PREFILL=off|force (else automatic).
 void set_prefill_mode(PrefillMode m);
 PrefillMode prefill_mode();
-// head_dim-128 configuration: 0 = A (8 warps x 16 rows, 1 CTA / SM), 1 = B (4 warps x 32 rows,
-// 2 CTAs / SM; the default, 14 % faster than A, see docs/cuda-notes.md), 2 = C (4 warps x 16 rows, 64-row
-// CTAs, 2 CTAs / SM), 3 = D (B with 32-key tiles).  Initial value from
-// KVATTN_PREFILL_VARIANT=a|b|c|d.
-void set_prefill_variant(int v);
-int prefill_variant();
-// The v4 kernel (lazy O rescale, absolute-address K/V loader, masks specialised per case; the
-// default) or the previous one (false); initial value from KVATTN_PREFILL_V4=1|0.
-void set_prefill_v4(bool on);
-bool prefill_v4();
-// v5 additions on top of v4 (row-offset tables, first-tile rescale skip, one-compare masks; on
-// by default, used only with v4 on); KVATTN_PREFILL_V5=0 turns them off.
-void set_prefill_v5(bool on);
-bool prefill_v5();
-// v6 K/V loader on top of v5 (K and V row addresses paired, a zero row instead of zero-fill
-// flags; on by default since session 6, used only with v4 and v5 on); KVATTN_PREFILL_V6=0 turns it off.
+// The V6 K/V loader (K and V row addresses paired, a zero row instead of zero-fill flags; on by
+// default since session 6, for calls whose K/V rows are aligned to their size; the others take the
+// flag-bit loader); KVATTN_PREFILL_V6=0 turns it off (so tests reach the other loader).
 void set_prefill_v6(bool on);
 bool prefill_v6();
 int64_t prefill_launches();                        // calls routed to the prefill kernel so far

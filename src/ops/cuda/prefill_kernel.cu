@@ -87,9 +87,6 @@ __device__ __forceinline__ const void* add_lo32(int64_t a, uint32_t x) {
 // (static device memory, zero at module load, never written; >= one row of head_dim 256, and
 // aligned to it like every row V6 reads)
 __device__ __align__(512) unsigned char g_pf_zero_row[512];
-__device__ __forceinline__ uint32_t pk2_rt(float lo, float hi, bool bf16) {
-  return bf16 ? pack2<true>(lo, hi) : pack2<false>(lo, hi);
-}
 
 // Swizzled byte offset of (row, 16-byte chunk) in a tile of CPR chunks per row (CPR >= 8):
 // the 8 rows one ldmatrix reads at a fixed logical chunk land in 8 different bank groups.
@@ -223,11 +220,12 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
 
 // ---- the attention kernel ---------------------------------------------------------------------------
 // MT m-tiles of 16 rows per warp, NW warps: 16 * MT * NW rows per CTA.
-template <int D, int MT, int NW, int KT = kKeyTile>
+template <int D, int MT, int NW>
 struct PfCfg {
+  static constexpr int kMT = MT, kNW = NW;
   static constexpr int kThreads = 32 * NW;
   static constexpr int kRows = 16 * MT * NW;
-  static constexpr int kTile = KT;
+  static constexpr int kTile = kKeyTile;
   static constexpr bool kQRegs = MT * D <= 128;  // Q fragments held in registers
   static constexpr bool kFragDB = MT * D <= 128;  // K fragments double-buffered in registers
   static constexpr int kCPR = D * 2 / 16;
@@ -239,8 +237,9 @@ struct PfCfg {
   static constexpr int kStages = kStagesFit >= 3 ? 3 : 2;
   static constexpr int kOffBase = kQBytes + kStages * 2 * kStageBytes;
   static constexpr int kSmem = kOffBase + kStages * 2 * kTile * 8;
-  // V5 row tables after kSmem: Q and O element offsets (int64) and query position per CTA row
-  static constexpr int kV5Bytes = kRows * (8 + 8 + 4);
+  // row tables after kSmem (the launch adds them): Q and O element offsets (int64) and query
+  // position per CTA row
+  static constexpr int kRowTableBytes = kRows * (8 + 8 + 4);
   static constexpr int kChunksPerThread = kTile * kCPR / kThreads;
   static constexpr int kRowStep = kThreads / kCPR;
   static_assert(kStagesFit >= 2, "shared memory");
@@ -248,31 +247,29 @@ struct PfCfg {
   static_assert(kThreads >= 2 * kTile, "one offset per thread");
 };
 
-// NX = the v4 kernel (default; NX false = the previous v2 B code): the three changes ranked
-// first in docs/notes-s4-prefill.md §5, measured together on the H200 (session 4: causal
-// 8 x 2048 +11 %, non-causal +8 %, causal 1 x 8192 +8 %) —
+// The kernel's measured steps (docs/cuda-notes.md sessions 4-6; the earlier forms were retired in
+// session 23 to cut the CUDA build's time, their figures stay in the notes):
 //  * lazy O rescale: a row's reference max moves only when the tile max exceeds it by more than
 //    kLazy (log2 units), so P <= 2^kLazy and O / l are rescaled on few tiles instead of ~90 %;
-//  * K/V loader with absolute source addresses in shared memory (bit 0 = zero-fill) and the
-//    ignore-src form of cp.async: no per-copy src-size or cache-base arithmetic;
-//  * masks specialised per case (causal-only tiles skip the per-element window test).
-// V5 (with NX; the default, KVATTN_PREFILL_V5=0 off): cheaper per-unit work and diagonal tiles —
-//  * the row table also holds each row's Q and O element offsets and query position (one
-//    division per row, by its own thread), so the warps' positions, the Q staging copies and the
-//    output row stores need no divisions or 64-bit multiplies per element / chunk;
+//  * masks specialised per case (causal-only tiles skip the per-element window test; without a
+//    window, one compare of an immediate against a per-row limit per element);
+//  * a row table per unit with each row's token, head, Q and O element offsets and query position
+//    (one division per row, by its own thread), so the warps' positions, the Q staging copies and
+//    the output row stores need no divisions or 64-bit multiplies per element / chunk;
 //  * Q staging with a fixed 16-byte chunk per thread (swizzle constant per thread);
 //  * a warp's first computed tile skips the O rescale (O is still zero);
-//  * mask: one compare of an immediate against a per-row limit per element;
-//  * epilogue: the output pack type chosen once per unit instead of per packed pair.
-// V6 (with NX and V5; the default, KVATTN_PREFILL_V6=0 off): a K/V loader with fewer instructions
-// per tile — the offset table holds each key row's K and V addresses side by side (one 16-byte
-// shared load per row for both copies), rows to zero-fill point at g_pf_zero_row instead of
-// carrying a flag bit (no mask / subtract / predicate per copy), and the shared destinations
-// are one register + immediates per thread and tile.
-template <bool BF16, int D, int MT, int NW, int KT, bool NX, bool V5 = false, bool V6 = false>
-__global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, NW, KT>::kMinBlocks)
+//  * epilogue: the output pack type chosen once per unit instead of per packed pair;
+//  * K/V loader with absolute source addresses in shared memory and the ignore-src form of
+//    cp.async (no per-copy src-size or cache-base arithmetic).  Two forms: V6 (the default, for
+//    calls whose K/V rows are aligned to their size, pf_rows_aligned) holds each key row's K and
+//    V addresses side by side (one 16-byte shared load per row for both copies), points rows to
+//    zero-fill at g_pf_zero_row (no mask / subtract / predicate per copy) and keeps the shared
+//    destinations as one register + immediates per thread and tile; the other (!V6, any
+//    strides, or KVATTN_PREFILL_V6=0) flags a row to zero-fill in bit 0 of its address.
+template <bool BF16, int D, int MT, int NW, bool V6>
+__global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
-  using C = PfCfg<D, MT, NW, KT>;
+  using C = PfCfg<D, MT, NW>;
   constexpr int kTile = C::kTile, kCPR = C::kCPR, kS = C::kStages;
   constexpr int kKSteps = D / 16;
   constexpr int kNTs = kTile / 8;  // S n-tiles
@@ -283,7 +280,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
   int64_t* sOff = reinterpret_cast<int64_t*>(smem + C::kOffBase);  // [stage][K|V][kTile]
   __shared__ int s_work[2];
   __shared__ int s_rtok[C::kRows], s_rhead[C::kRows];
-  // V5 row tables (dynamic shared memory after kSmem; the launch adds kV5Bytes)
+  // row tables (dynamic shared memory after kSmem; the launch adds kRowTableBytes)
   int64_t* s_qoff = reinterpret_cast<int64_t*>(smem + C::kSmem);
   int64_t* s_ooff = s_qoff + C::kRows;
   int* s_rpos = reinterpret_cast<int*>(s_ooff + C::kRows);
@@ -329,54 +326,32 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
     const int n_tiles = hi > lo ? (hi - tile0 + kTile - 1) / kTile : 0;
     const int64_t pbase = plan.page_base[it.x];
 
-    // this warp's rows: positions (for masks) and the warp's position range (for skips)
-    int qp[MT][2];
-    int w_first, w_last;
-    if constexpr (!V5) {
-#pragma unroll
-      for (int m = 0; m < MT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int rr = min(row0 + wrow0 + 16 * m + g + 8 * h, rows_r - 1);
-          qp[m][h] = ctx + rr / p.group;
-        }
-      w_first = ctx + (row0 + wrow0) / p.group;
-      w_last = ctx + (min(rows_r, row0 + wrow0 + 16 * MT) - 1) / p.group;
-    }
     const bool warp_valid = row0 + wrow0 < rows_r;
-
-    if constexpr (V5) {
-      if (tid < C::kRows) {
-        const int rr = row0 + tid;
-        const bool v = rr < rows_r;
-        const int tk = min(rr, rows_r - 1) / p.group;  // rows past the end: the last row's position
-        const int tok = ri.q_start + tk;
-        const int head = hk * p.group + (v ? rr - tk * p.group : 0);
-        s_rtok[tid] = v ? tok : -1;
-        s_rhead[tid] = head;
-        s_rpos[tid] = ctx + tk;
-        s_qoff[tid] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
-        s_ooff[tid] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
-      }
-    } else if (tid < C::kRows) {
+    // the unit's row table: token, head, query position, Q and O element offsets per CTA row
+    if (tid < C::kRows) {
       const int rr = row0 + tid;
       const bool v = rr < rows_r;
-      s_rtok[tid] = v ? ri.q_start + rr / p.group : -1;
-      s_rhead[tid] = hk * p.group + (v ? rr % p.group : 0);
+      const int tk = min(rr, rows_r - 1) / p.group;  // rows past the end: the last row's position
+      const int tok = ri.q_start + tk;
+      const int head = hk * p.group + (v ? rr - tk * p.group : 0);
+      s_rtok[tid] = v ? tok : -1;
+      s_rhead[tid] = head;
+      s_rpos[tid] = ctx + tk;
+      s_qoff[tid] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
+      s_ooff[tid] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
     }
     __syncthreads();
-    if constexpr (V5) {
-      // same values as the !V5 branch above, from the row table (rows past the end are clamped
-      // to the last row there too; w_first of a warp without valid rows is never used)
+    // this warp's rows: positions (for masks) and the warp's position range (for skips); rows
+    // past the end are clamped to the last row, w_first of a warp without valid rows is never used
+    int qp[MT][2];
 #pragma unroll
-      for (int m = 0; m < MT; ++m)
+    for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) qp[m][h] = s_rpos[wrow0 + 16 * m + g + 8 * h];
-      w_first = s_rpos[wrow0];
-      w_last = s_rpos[wrow0 + 16 * MT - 1];
-    }
+      for (int h = 0; h < 2; ++h) qp[m][h] = s_rpos[wrow0 + 16 * m + g + 8 * h];
+    const int w_first = s_rpos[wrow0];
+    const int w_last = s_rpos[wrow0 + 16 * MT - 1];
     // ---- Q -> shared (swizzled, MMA element type) ----
-    if (V5 && q_fast) {
+    if (q_fast) {
       // thread = fixed 16-byte chunk my_chunk of rows my_row0 + i * kRowStep; kRowStep is a
       // multiple of 8, so the swizzle (row & 7) is the same for all of a thread's rows
       static_assert(C::kRowStep % 8 == 0 && (C::kRows * kCPR) % C::kThreads == 0, "Q mapping");
@@ -387,14 +362,6 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       for (int i = 0; i < kQIters; ++i) {
         const int64_t off = s_qoff[my_row0 + i * C::kRowStep];
         cpa16z(dq + i * C::kRowStep * kCPR * 16, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
-      }
-    } else if (q_fast) {
-      for (int idx = tid; idx < C::kRows * kCPR; idx += C::kThreads) {
-        const int row = idx / kCPR, c = idx % kCPR;
-        const int tok = s_rtok[row];
-        const uint16_t* src = static_cast<const uint16_t*>(p.q);
-        if (tok >= 0) src += int64_t(tok) * p.q_st + int64_t(s_rhead[row]) * p.q_sh + c * 8;
-        cp_async16(smem_u32(sQ + swz<kCPR>(row, c)), src, tok >= 0 ? 16 : 0);
       }
     } else {
       for (int idx = tid; idx < C::kRows * (D / 2); idx += C::kThreads) {
@@ -433,17 +400,14 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
                                      : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
       if constexpr (V6) {
         // [stage][row][K, V] absolute addresses; a row to zero-fill reads the zero row
-        static_assert(NX && V5, "V6 builds on v4 and v5");
         const unsigned char* base = which == 0 ? kb : vb;
         sOff[(((tile % kS) * kTile + row) << 1) + which] =
             pg < 0 ? reinterpret_cast<int64_t>(g_pf_zero_row) : reinterpret_cast<int64_t>(base + off);
-      } else if constexpr (NX) {
+      } else {
         // absolute address; a row to zero-fill keeps the (readable, 16-byte aligned) base | 1
         const unsigned char* base = which == 0 ? kb : vb;
         sOff[((tile % kS) * 2 + which) * kTile + row] =
             pg < 0 ? (reinterpret_cast<int64_t>(base) | 1) : reinterpret_cast<int64_t>(base + off);
-      } else {
-        sOff[((tile % kS) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
       }
     };
     auto issue = [&](int tile) {
@@ -472,14 +436,9 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
         const int row = my_row0 + i * C::kRowStep;
         const int so = swz<kCPR>(row, my_chunk);
         const int64_t ok = offk[row], ov = offv[row];
-        if constexpr (NX) {
-          const uint32_t zk = uint32_t(ok) & 1u, zv = uint32_t(ov) & 1u;
-          cpa16z(sk + so, reinterpret_cast<const unsigned char*>(ok - zk) + my_chunk * 16, zk);
-          cpa16z(sv + so, reinterpret_cast<const unsigned char*>(ov - zv) + my_chunk * 16, zv);
-        } else {
-          cp_async16(sk + so, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0);
-          cp_async16(sv + so, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0);
-        }
+        const uint32_t zk = uint32_t(ok) & 1u, zv = uint32_t(ov) & 1u;
+        cpa16z(sk + so, reinterpret_cast<const unsigned char*>(ok - zk) + my_chunk * 16, zk);
+        cpa16z(sv + so, reinterpret_cast<const unsigned char*>(ov - zv) + my_chunk * 16, zv);
       }
     };
 
@@ -516,7 +475,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
     float m_r[MT][2], l_r[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; ++m) m_r[m][0] = m_r[m][1] = -INFINITY, l_r[m][0] = l_r[m][1] = 0.f;
-    bool fresh = true;  // V5: no tile computed yet by this warp in this unit
+    bool fresh = true;  // no tile computed yet by this warp in this unit
 
     for (int tile = 0; tile < n_tiles; ++tile) {
       cp_async_wait<kS - 2>();
@@ -596,7 +555,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       }
       const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
                              (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
-      if (V5 && need_mask && p.window_left < 0) {
+      if (need_mask && p.window_left < 0) {
         // as below, with the per-element key folded into an immediate: key >= lim  <=>
         // 8j + (e & 1) >= lim - kt0 - 2 t4 (one ISETP with an immediate + one select per element)
         int dl[MT][2];
@@ -611,19 +570,6 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 #pragma unroll
             for (int e = 0; e < 4; ++e)
               if (8 * j + (e & 1) >= dl[m][e >> 1]) s[m][j][e] = -INFINITY;
-      } else if (need_mask && NX && p.window_left < 0) {
-        // no window: causal rows see keys <= q (< kv_len since q <= kv_len - 1), else keys < kv_len
-        const int kv_lim = ri.kv_len;
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-              const int lim = p.causal ? qp[m][e >> 1] + 1 : kv_lim;
-              if (key >= lim) s[m][j][e] = -INFINITY;
-            }
       } else if (need_mask) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -652,9 +598,9 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           float m_new = fmaxf(m_r[m][h], mx * c_exp);
-          // NX: keep the old reference max unless the tile's exceeds it by more than kLazy
+          // keep the old reference max unless the tile's exceeds it by more than kLazy
           // (-inf + kLazy = -inf: a row's first visible tile always moves it)
-          if constexpr (NX) m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
+          m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
           const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
           alpha[m][h] = ex2(m_r[m][h] - m_use);
           moved |= m_new != m_r[m][h];
@@ -670,8 +616,8 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
           }
           l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
         }
-      // V5: on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
-      if ((!V5 || !fresh) && __any_sync(0xffffffffu, moved)) {
+      // on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
+      if (!fresh && __any_sync(0xffffffffu, moved)) {
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -682,7 +628,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
             o[m][n][3] *= alpha[m][1];
           }
       }
-      if constexpr (V5) fresh = false;
+      fresh = false;
       // ---- O += P V ----
       // P stays in registers (the S accumulator layout is the A layout); V fragments by
       // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
@@ -752,24 +698,9 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
       }
     if (p.o_vec) {
       const bool obf = p.out_t == Elt::bf16;
-      if constexpr (V5) {
-        // the output type chosen once per unit, not per packed pair (no runtime select per pair)
-        auto stage = [&](auto bf_tag) {
-          constexpr bool kBf = decltype(bf_tag)::value;
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int lr = wrow0 + 16 * m + g + 8 * h;
-#pragma unroll
-              for (int n = 0; n < kNTo; ++n)
-                *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(lr, n) + 4 * t4) =
-                    pack2<kBf>(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h]);
-            }
-        };
-        if (obf) stage(std::true_type{});
-        else stage(std::false_type{});
-      } else {
+      // the output type chosen once per unit, not per packed pair (no runtime select per pair)
+      auto stage = [&](auto bf_tag) {
+        constexpr bool kBf = decltype(bf_tag)::value;
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -778,28 +709,20 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 #pragma unroll
             for (int n = 0; n < kNTo; ++n)
               *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(lr, n) + 4 * t4) =
-                  pk2_rt(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h], obf);
+                  pack2<kBf>(o[m][n][2 * h] * sc[m][h], o[m][n][2 * h + 1] * sc[m][h]);
           }
-      }
+      };
+      if (obf) stage(std::true_type{});
+      else stage(std::false_type{});
       __syncwarp();
-      if constexpr (V5) {
-        // lane = fixed chunk (kCPR >= 8 divides 32 or is a multiple of it)
-        uint16_t* ob = static_cast<uint16_t*>(p.out);
+      // lane = fixed chunk (kCPR >= 8 divides 32 or is a multiple of it)
+      uint16_t* ob = static_cast<uint16_t*>(p.out);
 #pragma unroll
-        for (int idx = lane; idx < 16 * MT * kCPR; idx += 32) {
-          const int lr = wrow0 + idx / kCPR, c = idx % kCPR;
-          const int64_t off = s_ooff[lr];
-          if (off < 0) continue;
-          *reinterpret_cast<uint4*>(ob + off + c * 8) = *reinterpret_cast<const uint4*>(sQ + swz<kCPR>(lr, c));
-        }
-      } else
       for (int idx = lane; idx < 16 * MT * kCPR; idx += 32) {
         const int lr = wrow0 + idx / kCPR, c = idx % kCPR;
-        const int tok = s_rtok[lr];
-        if (tok < 0) continue;
-        const uint4 v = *reinterpret_cast<const uint4*>(sQ + swz<kCPR>(lr, c));
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st +
-                                  int64_t(s_rhead[lr]) * p.o_sh + c * 8) = v;
+        const int64_t off = s_ooff[lr];
+        if (off < 0) continue;
+        *reinterpret_cast<uint4*>(ob + off + c * 8) = *reinterpret_cast<const uint4*>(sQ + swz<kCPR>(lr, c));
       }
     } else {
 #pragma unroll
@@ -822,11 +745,8 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW, KT>::kThreads, PfCfg<D, MT, N
 
 // ---- host side ------------------------------------------------------------------------------------
 std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
-std::atomic<int> g_variant{-1};  // head_dim-128 config: 0 = A, 1 = B, 2 = C, 3 = D; -1 = unread
 std::atomic<int64_t> g_launches{0};
-std::atomic<int> g_v4{-1};  // 1 = v4 kernel (lazy rescale, slim loader, specialised masks); -1 = unread
-std::atomic<int> g_v5{-1};  // 1 = v5 additions on top of v4 (row-offset tables, ...); -1 = unread
-std::atomic<int> g_v6{-1};  // 1 = v6 K/V loader on top of v5; -1 = unread
+std::atomic<int> g_v6{-1};  // 1 = the V6 K/V loader where rows are aligned; -1 = unread
 
 // A default-on kernel version flag: its set_* value, else (read once) the environment variable,
 // where "0" turns it off and anything else (or unset) leaves it on.
@@ -839,29 +759,18 @@ bool version_flag(std::atomic<int>& flag, const char* env) {
   return v != 0;
 }
 
-// v4 (the default since session 4: causal 8 x 2048 257 -> 285 TFLOP/s, 1 x 8192 300 -> 325 in
-// one run) = lazy O rescale + absolute-address K/V loader + masks specialised per case;
-// KVATTN_PREFILL_V4=0 selects the previous kernel (v2 B).  Read once; set_prefill_v4 overrides.
-bool v4_now() { return version_flag(g_v4, "KVATTN_PREFILL_V4"); }
-
-// v5 = v4 + per-unit row-offset tables (Q staging, output stores, positions without divisions),
-// no O rescale on a warp's first tile, one-compare masks.  On by default (with v4) since
-// session 5; KVATTN_PREFILL_V5=0 turns it off.  Read once; set_prefill_v5 overrides.
-// (device call S5-6: causal 8 x 2048 +4.3-4.6 %)
-bool v5_now() { return version_flag(g_v5, "KVATTN_PREFILL_V5"); }
-
-// v6 = v5 + the K/V loader with paired row addresses and a zero row (fewer instructions per
-// tile).  On by default since session 6 (device call S6-4, alternated twice: causal 8 x 2048
-// 295.3-295.6 -> 298.7-298.9 TFLOP/s, non-causal 319.0-319.1 -> 324.2-324.4, causal 1 x 8192
-// 332.9-333.0 -> 338.1-338.2); KVATTN_PREFILL_V6=0 turns it off (used only with v4 and v5 on,
-// and for calls whose K/V rows are aligned to their size: pf_rows_aligned).  Read once;
-// set_prefill_v6 overrides.
+// The V6 K/V loader (paired row addresses and a zero row: fewer instructions per tile).  On by
+// default since session 6 (device call S6-4, alternated twice: causal 8 x 2048 295.3-295.6 ->
+// 298.7-298.9 TFLOP/s, non-causal 319.0-319.1 -> 324.2-324.4, causal 1 x 8192 332.9-333.0 ->
+// 338.1-338.2) for calls whose K/V rows are aligned to their size (pf_rows_aligned; other calls
+// take the flag-bit loader); KVATTN_PREFILL_V6=0 turns it off, so tests reach the other loader
+// with vLLM's layouts too.  Read once; set_prefill_v6 overrides.
 bool v6_now() { return version_flag(g_v6, "KVATTN_PREFILL_V6"); }
 
 // V6 adds the chunk offset to the low 32 bits of a row address: every K/V row must start at a
 // multiple of its size (head_dim * 2 bytes, a power of two), i.e. both base pointers and all
-// byte strides (page, slot, head) are multiples of it (vLLM's layouts are; other views fall
-// back to the v5 loader).
+// byte strides (page, slot, head) are multiples of it (vLLM's layouts are; other views take the
+// flag-bit loader).
 bool pf_rows_aligned(const AttnParams& p) {
   const int64_t rb = int64_t(p.head_dim) * 2;
   auto al = [rb](int64_t x) { return x % rb == 0; };
@@ -871,29 +780,20 @@ bool pf_rows_aligned(const AttnParams& p) {
 }
 
 int mode_now() { return knob(g_mode, "KVATTN_PREFILL", off_or_force); }
-int variant_now() {
-  int v = g_variant.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  // B (4 warps x 32 rows, 2 CTAs/SM) is the default: 14 % faster than A on the H200 and all
-  // 7 prefill test groups pass with it there (docs/cuda-notes.md).  A (8 warps x 16 rows) is the
-  // configuration compute-sanitizer memcheck covered; KVATTN_PREFILL_VARIANT=a selects it.
-  v = 1;
-  if (const char* e = std::getenv("KVATTN_PREFILL_VARIANT")) {
-    if (!std::strcmp(e, "a")) v = 0;
-    else if (!std::strcmp(e, "b")) v = 1;
-    else if (!std::strcmp(e, "c")) v = 2;
-    else if (!std::strcmp(e, "d")) v = 3;
-  }
-  g_variant.store(v, std::memory_order_relaxed);
-  return v;
-}
+
+// The CTA shape per head dim: 8 warps x 16 rows, except head_dim 128: 4 warps x 32 rows (two
+// CTAs per SM; 14 % faster than 8 x 16 on the H200, session 3 — the 8 x 16, 4 x 16 and 32-key
+// tile variants it was measured against were retired in session 23, docs/cuda-notes.md).
+template <int D>
+using PfCfgOf = PfCfg<D, D == 128 ? 2 : 1, D == 128 ? 4 : 8>;
 
 struct PfWs {
   int64_t req, page_base, items, num_items, counter, total;
 };
 PfWs pf_ws(const AttnParams& p) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
-  const int64_t max_items = (p.num_tokens * p.group + 63) / 64 + p.batch;  // 64 = smallest CTA tile
+  // 64 rows: no CTA tile is smaller (PfCfgOf: 128 rows each), so this bounds every launch's items
+  const int64_t max_items = (p.num_tokens * p.group + 63) / 64 + p.batch;
   PfWs w{};
   int64_t off = 0;
   w.req = off; off += al(int64_t(p.batch) * sizeof(PfReq) + 16);
@@ -905,12 +805,12 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, bool NX, bool V5, bool V6, int D, int MT, int NW, int KT = kKeyTile>
+template <bool BF16, bool V6, int D>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, bool run_plan) {
-  using C = PfCfg<D, MT, NW, KT>;
+  using C = PfCfgOf<D>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
-  auto kern = pf_attn_kernel<BF16, D, MT, NW, KT, NX, V5, V6>;
-  constexpr int kSmem = C::kSmem + (V5 ? C::kV5Bytes : 0);
+  auto kern = pf_attn_kernel<BF16, D, C::kMT, C::kNW, V6>;
+  constexpr int kSmem = C::kSmem + C::kRowTableBytes;
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
   cudaGetDevice(&dev);
@@ -935,16 +835,12 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, bool run_plan) 
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16, bool NX, bool V5 = false, bool V6 = false>
-int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int variant, bool run_plan) {
+template <bool BF16, bool V6>
+int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, bool run_plan) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, NX, V5, V6, 64, 1, 8>(p, num_sms, plan, run_plan);
-    case 128:
-      if (variant == 1) return pf_run<BF16, NX, V5, V6, 128, 2, 4>(p, num_sms, plan, run_plan);
-      if (variant == 2) return pf_run<BF16, NX, V5, V6, 128, 1, 4>(p, num_sms, plan, run_plan);
-      if (variant == 3) return pf_run<BF16, NX, V5, V6, 128, 2, 4, 32>(p, num_sms, plan, run_plan);
-      return pf_run<BF16, NX, V5, V6, 128, 1, 8>(p, num_sms, plan, run_plan);  // A
-    case 256: return pf_run<BF16, NX, V5, V6, 256, 1, 8>(p, num_sms, plan, run_plan);
+    case 64: return pf_run<BF16, V6, 64>(p, num_sms, plan, run_plan);
+    case 128: return pf_run<BF16, V6, 128>(p, num_sms, plan, run_plan);
+    case 256: return pf_run<BF16, V6, 256>(p, num_sms, plan, run_plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
@@ -953,27 +849,18 @@ int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, int varian
 
 void set_prefill_mode(PrefillMode m) { g_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
 PrefillMode prefill_mode() { return static_cast<PrefillMode>(mode_now()); }
-void set_prefill_variant(int v) { g_variant.store(v, std::memory_order_relaxed); }
-void set_prefill_v4(bool on) { g_v4.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool prefill_v4() { return v4_now(); }
-void set_prefill_v5(bool on) { g_v5.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool prefill_v5() { return v5_now(); }
 void set_prefill_v6(bool on) { g_v6.store(on ? 1 : 0, std::memory_order_relaxed); }
 bool prefill_v6() { return v6_now(); }
-int prefill_variant() { return variant_now(); }
 int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 bool prefill_supported(const AttnParams& p) {
   const int optin = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
   if (optin == 0) return false;
-  const int need = p.head_dim == 64 ? PfCfg<64, 1, 8>::kSmem
-                   : p.head_dim == 128 ? (variant_now() == 1   ? PfCfg<128, 2, 4>::kSmem
-                                          : variant_now() == 2 ? PfCfg<128, 1, 4>::kSmem
-                                          : variant_now() == 3 ? PfCfg<128, 2, 4, 32>::kSmem
-                                                               : PfCfg<128, 1, 8>::kSmem)
-                                       : PfCfg<256, 1, 8>::kSmem;
-  // V5's row tables: kRows * 20 bytes (128 rows: 2560) more dynamic shared memory
-  if (need + 2048 + (v4_now() && v5_now() ? 2560 : 0) > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
+  const int need = p.head_dim == 64    ? PfCfgOf<64>::kSmem + PfCfgOf<64>::kRowTableBytes
+                   : p.head_dim == 128 ? PfCfgOf<128>::kSmem + PfCfgOf<128>::kRowTableBytes
+                                       : PfCfgOf<256>::kSmem + PfCfgOf<256>::kRowTableBytes;
+  // + 2048: the static row arrays and work slots
+  if (need + 2048 > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return false;  // fp8 pages: attn_kernel
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.xqa != nullptr || p.mm != nullptr) return false;  // XQA draft masks, PrefixLM: attn_kernel
@@ -1008,15 +895,10 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
-  const int v = variant_now();
-  if (v4_now() && v5_now() && v6_now() && pf_rows_aligned(p))
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true, true>(p, num_sms, plan, v, run_plan)
-                               : pf_dispatch<false, true, true, true>(p, num_sms, plan, v, run_plan);
-  if (v4_now() && v5_now())
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true, true>(p, num_sms, plan, v, run_plan) : pf_dispatch<false, true, true>(p, num_sms, plan, v, run_plan);
-  if (v4_now())
-    return p.kv_t == Elt::bf16 ? pf_dispatch<true, true>(p, num_sms, plan, v, run_plan) : pf_dispatch<false, true>(p, num_sms, plan, v, run_plan);
-  return p.kv_t == Elt::bf16 ? pf_dispatch<true, false>(p, num_sms, plan, v, run_plan) : pf_dispatch<false, false>(p, num_sms, plan, v, run_plan);
+  const bool v6 = v6_now() && pf_rows_aligned(p);
+  if (p.kv_t == Elt::bf16)
+    return v6 ? pf_dispatch<true, true>(p, num_sms, plan, run_plan) : pf_dispatch<true, false>(p, num_sms, plan, run_plan);
+  return v6 ? pf_dispatch<false, true>(p, num_sms, plan, run_plan) : pf_dispatch<false, false>(p, num_sms, plan, run_plan);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k
