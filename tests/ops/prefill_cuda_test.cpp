@@ -67,7 +67,7 @@ TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {
 
 // A small matrix added to a loader's: GQA groups, causal without and with a 100-key sliding
 // window, odd lengths and an empty request; soft cap on group 8.
-void run_knob_subset(const std::string& label, std::initializer_list<int64_t> groups, uint32_t seed) {
+void run_causal_window_subset(const std::string& label, std::initializer_list<int64_t> groups, uint32_t seed) {
   for (int64_t group : groups) {
     for (bool window : {false, true}) {
       Case c;
@@ -185,7 +185,7 @@ void run_loader_matrix(const std::string& label, uint32_t seed) {
 TEST_F(CudaPrefill, FlagBitLoader) {
   const PrefillLoader loader(false);
   run_loader_matrix("flag-bit", 7700);
-  run_knob_subset("flag-bit", {1, 4, 8}, 7350);
+  run_causal_window_subset("flag-bit", {1, 4, 8}, 7350);
 }
 
 // The V6 K/V loader (the default; KVATTN_PREFILL_V6=0 off): K and V row addresses paired in the
@@ -195,7 +195,7 @@ TEST_F(CudaPrefill, V6Loader) {
   const PrefillLoader loader(true);
   ASSERT_TRUE(cuda_impl::prefill_kernel_v6());
   run_loader_matrix("v6", 7900);
-  run_knob_subset("v6", {1, 4, 8}, 8100);
+  run_causal_window_subset("v6", {1, 4, 8}, 8100);
   {
     Case c;  // key ranges ending inside a tile and inside a page: zero-row reads for K and V
     c.name = "v6 causal, lengths around tile and page edges, page 16";
