@@ -83,7 +83,8 @@ void run(Reader& in) {
   const int n = static_cast<int>(in.u8() % (cfg.max_num_reqs + 2));
   for (int i = 0; i < n && !in.done(); ++i) {
     RequestState s;
-    s.req_id = "r" + std::to_string(i);
+    s.req_id = "r";  // appended, not "r" + std::string: GCC 12 warns (-Wrestrict) on that
+    s.req_id += std::to_string(i);
     s.num_prompt_tokens = in.small_signed(cfg.max_model_len + 8);
     s.num_computed_tokens = in.small_signed(cfg.max_model_len + 8);
     s.num_scheduled_tokens = in.small_signed(64);

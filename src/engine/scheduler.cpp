@@ -30,7 +30,9 @@ Scheduler::Scheduler(const SchedulerConfig& config, int32_t num_blocks, const st
                  "more memory or shorten the request",
                  t.id, t.prompt_len, t.output_len, need, pool_.capacity());
     (void)blocks_per_max_request;
-    requests_.push_back(EngineRequest{t});
+    EngineRequest r;
+    r.spec = t;
+    requests_.push_back(std::move(r));
   }
 }
 

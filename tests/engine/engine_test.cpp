@@ -61,7 +61,9 @@ TEST(Trace, DefaultTraceIsDeterministicAndValid) {
     EXPECT_LE(r.shared_prefix_len, r.prompt_len);
     shared += r.shared_prefix_id >= 0;
     long_ctx += r.prompt_len > 1000;
-    if (i > 0) EXPECT_GE(r.arrival_step, a.requests[i - 1].arrival_step);
+    if (i > 0) {
+      EXPECT_GE(r.arrival_step, a.requests[i - 1].arrival_step);
+    }
   }
   EXPECT_GT(shared, 10);
   EXPECT_GT(long_ctx, 2);

@@ -80,7 +80,9 @@ TEST(WorkerBlockSize, SelectCommonBlockSizeRandomAgainstBruteForce) {
         const int64_t v = pool[rng() % std::size(pool)];
         if (rng() % 3 == 0) sizes.emplace_back(MultipleOf{v}); else sizes.emplace_back(v);
       }
-      backends.push_back(BS::with_sizes("B" + std::to_string(i), sizes));
+      std::string name = "B";  // appended, not "B" + std::string: GCC 12 warns (-Wrestrict) on that
+      name += std::to_string(i);
+      backends.push_back(BS::with_sizes(name, sizes));
     }
     std::vector<const BS*> ptrs;
     for (auto& b : backends) ptrs.push_back(&b);
