@@ -41,7 +41,8 @@ if os.environ['BY_CONTENT'] == '1':
         match = then_by_code.get(b[k])
         same = same and match is not None
         print(f'{"identical" if match else "NO MATCH":9} {len(b[k]):7} {k[6:]}' + (f'  <- {match[6:]}' if match and match != k else ''))
-    print(f'{len(a) - len(set(then_by_code.values()) & {then_by_code[b[k]] for k in b if b[k] in then_by_code})} kernels then have no counterpart now')
+    now_codes = set(b.values())
+    print(f'{sum(v not in now_codes for v in a.values())} kernels then have no counterpart now')
     print('same machine code' if same else 'machine code differs')
     sys.exit(0 if same else 1)
 same = set(a) == set(b) and all(a[k] == b[k] for k in b)
