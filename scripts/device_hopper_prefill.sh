@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/device_hopper_prefill.sh [OUT_DIR] — one device call for the Hopper prefill kernel
+# scripts/device_hopper_prefill.sh [OUT_DIR] — one run on a GPU machine for the Hopper prefill kernel
 # (src/ops/cuda/hopper_prefill.cu): build test_ops_cuda and kvattn for sm_90a (scripts/device-build.sh,
 # .devdeps carried), the prefill tests (CudaPrefill.*), compute-sanitizer memcheck and racecheck on
 # HP_SANITIZE_FILTER (default CudaPrefill.HopperWgmmaSmall), then `kvattn bench-cuda --only prefill`
@@ -8,7 +8,7 @@
 # each of the tests, memcheck and racecheck (run in parallel; default 200); HP_NCU_LIMIT (default 150).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUTDIR="${1:-${OUT:-$ROOT/build/device-out}}"
+OUTDIR="${1:-$ROOT/build/device-out}"
 mkdir -p "$OUTDIR"
 cd "$ROOT"
 t0=$(date +%s)
