@@ -13,7 +13,7 @@ __all__ = [
     "reshape_attn_output_for_spec_decode", "split_kv_cache_layer_view", "mamba_get_block_table_tensor",
     "compute_mm_prefix_range_tensor", "make_xqa_draft_block_mask", "make_mock_block_table", "bind_kv_cache",
     "allocate_kv_cache", "get_seq_lens", "_make_xqa_draft_block_mask", "_make_xqa_ragged_draft_block_mask",
-    "_compute_decode_query_lens",
+    "_compute_decode_query_lens", "_merge_supported_layouts",
 ]
 
 
@@ -37,10 +37,43 @@ reshape_query_for_spec_decode = _returns_like(_kvattn.reshape_query_for_spec_dec
 reshape_attn_output_for_spec_decode = _returns_like(_kvattn.reshape_attn_output_for_spec_decode)
 split_kv_cache_layer_view = _returns_like(_kvattn.split_kv_cache_layer_view)
 get_seq_lens = _returns_like(_kvattn.get_seq_lens)
-# vLLM's private names (uint16 NumPy masks); `from _kvattn import *` skips underscored names.
-_make_xqa_draft_block_mask = _kvattn._make_xqa_draft_block_mask
-_make_xqa_ragged_draft_block_mask = _kvattn._make_xqa_ragged_draft_block_mask
+# vLLM's private names; `from _kvattn import *` skips underscored names.
 _compute_decode_query_lens = _kvattn._compute_decode_query_lens
+_merge_supported_layouts = _kvattn._merge_supported_layouts
+
+
+def _on_device(array, device):
+    """A NumPy array placed as vLLM's ``device`` argument asks: None -> the NumPy array; with
+    PyTorch importable -> a torch tensor on ``device`` (a torch.device or a name); without
+    PyTorch, "cpu" -> the NumPy array, any other device -> NotImplementedError."""
+    if device is None:
+        return array
+    try:
+        import torch
+    except ImportError:
+        if str(device) == "cpu":
+            return array
+        raise NotImplementedError(
+            f"device={device!r}: placing the result on a device needs PyTorch (not importable here); "
+            "pass device=None or 'cpu' for a NumPy array") from None
+    return torch.from_numpy(array).to(device)
+
+
+def _make_xqa_draft_block_mask(q_len: int, causal: bool, device=None):
+    """vLLM's _make_xqa_draft_block_mask(q_len, causal, device): the packed XQA draft mask of a
+    uniform request, uint16 [q_len, 2 * ceil(q_len / 32)] (vLLM's ``.view(torch.uint16)``
+    layout: 32-bit words, low half first); row qi has bit kj set iff kj <= qi (causal) or
+    kj < q_len.  device: see ``_on_device`` (None -> NumPy)."""
+    return _on_device(_kvattn._make_xqa_draft_block_mask(q_len, causal), device)
+
+
+def _make_xqa_ragged_draft_block_mask(q_lens, max_q_len: int, causal: bool, device=None):
+    """vLLM's _make_xqa_ragged_draft_block_mask(q_lens, max_q_len, causal, device): uint16
+    [sum(q_lens), 2 * ceil(max_q_len / 32)], one row per draft token of each request; bit kj is
+    set iff kj < q_len of the row's request and (kj <= qi if causal).  q_lens: a list of ints
+    (or any integer sequence / array).  device: as _make_xqa_draft_block_mask."""
+    return _on_device(_kvattn._make_xqa_ragged_draft_block_mask([int(x) for x in q_lens], max_q_len, causal),
+                      device)
 
 
 def mamba_get_block_table_tensor(block_table, seq_lens, kv_cache_spec, mamba_cache_mode: str):

@@ -2,6 +2,8 @@
 #include <dlpack/dlpack.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
+
 #include "bindings.h"
 #include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/core/dlpack_bridge.h"
@@ -118,6 +120,30 @@ Tensor as_tensor(const py::object& obj) {
   throw InvalidArgument(std::string("expected a kvattn.Tensor or an object with __dlpack__ (NumPy array, "
                                     "PyTorch or CuPy tensor), got ") +
                         std::string(py::str(py::type::of(obj))));
+}
+
+Tensor as_int32_tensor(const py::object& obj, const char* name) {
+  Tensor t = as_tensor(obj);
+  const DType dt = t.dtype();
+  if (dt == DType::i32 || (dt != DType::i64 && dt != DType::i8 && dt != DType::u8)) return t;
+  KVATTN_CHECK(t.device().is_cpu(),
+               "{}: a {} tensor on {} is converted to int32 on the CPU only; pass an int32 tensor or a CPU one",
+               name, dtype_name(dt), t.device().str());
+  Tensor out = Tensor::empty(t.shape(), DType::i32);
+  int32_t* o = out.data_ptr<int32_t>();
+  const Tensor c = t.contiguous();
+  const int64_t n = c.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (dt == DType::i64) v = c.data_ptr<int64_t>()[i];
+    else if (dt == DType::i8) v = c.data_ptr<int8_t>()[i];
+    else v = c.data_ptr<uint8_t>()[i];
+    KVATTN_CHECK(v >= INT32_MIN && v <= INT32_MAX,
+                 "{}: element {} = {} does not fit in int32 (kvattn's index and length type); lengths and "
+                 "ids must be below 2^31", name, i, v);
+    o[i] = static_cast<int32_t>(v);
+  }
+  return out;
 }
 
 void bind_core(py::module_& m) {

@@ -122,6 +122,44 @@ std::vector<const BlockSizeBackend*> backends_from_py(const py::handle& seq) {
   return out;
 }
 
+// The `backends` of select_common_block_size as vLLM passes them, each one of: a BlockSizeBackend;
+// an AttentionGroup (its backend; kvattn's earlier (kv_manager_block_size, attn_groups) form);
+// or any object with get_name() and get_supported_kernel_block_sizes([kv_cache_spec]) (vLLM's
+// backend classes), read into a BlockSizeBackend for this call with backend i's spec.
+struct PyBackends {
+  std::vector<std::shared_ptr<BlockSizeBackend>> owned;
+  std::vector<const BlockSizeBackend*> ptrs;
+};
+
+PyBackends py_backends(const py::handle& seq, const py::list& specs) {
+  PyBackends out;
+  size_t i = 0;
+  for (auto b : seq) {
+    if (py::isinstance<AttentionGroup>(b) || py::isinstance<BlockSizeBackend>(b)) {
+      out.ptrs.push_back(backends_from_py(py::make_tuple(b)).front());
+    } else if (py::hasattr(b, "get_supported_kernel_block_sizes") && py::hasattr(b, "get_name")) {
+      py::object spec = i < specs.size() ? py::object(specs[i]) : py::object(py::none());
+      py::object sizes;
+      try {
+        sizes = b.attr("get_supported_kernel_block_sizes")(spec);
+      } catch (const py::error_already_set& e) {
+        if (!e.matches(PyExc_TypeError)) throw;
+        sizes = b.attr("get_supported_kernel_block_sizes")();  // a method taking no spec
+      }
+      out.owned.push_back(std::make_shared<BlockSizeBackend>(
+          BlockSizeBackend::with_sizes(py::str(b.attr("get_name")()).cast<std::string>(), kernel_sizes_from_py(sizes))));
+      out.ptrs.push_back(out.owned.back().get());
+    } else {
+      throw InvalidArgument("select_common_block_size: backend " + std::to_string(i) + " is " +
+                            std::string(py::repr(b)) +
+                            "; pass BlockSizeBackend objects, AttentionGroups, or backend objects with "
+                            "get_name() and get_supported_kernel_block_sizes()");
+    }
+    ++i;
+  }
+  return out;
+}
+
 std::vector<AttentionGroup*> group_ptrs_from_py(const py::handle& seq) {
   std::vector<AttentionGroup*> out;
   for (auto g : seq) out.push_back(g.cast<AttentionGroup*>());
@@ -204,6 +242,8 @@ void bind_layouts(py::module_& m) {
         "FlashInfer's 'NHD' / 'HND' for a layout's block interior; NotImplementedError for LHBNC.");
   m.def("merge_supported_layouts", &merge_supported_layouts, py::arg("supported_layouts"),
         "vLLM's _merge_supported_layouts: the layouts in every list, ordered by how many lists put them first.");
+  m.def("_merge_supported_layouts", &merge_supported_layouts, py::arg("supported_layouts_lists"),
+        "vLLM's _merge_supported_layouts(supported_layouts_lists) under its own name (merge_supported_layouts).");
   m.def("get_supported_kv_cache_layouts", &get_supported_kv_cache_layouts, py::arg("backend_declarations"),
         "The layouts every backend supports, most preferred first; None entries do not vote.");
 
@@ -602,11 +642,30 @@ void bind_kernel_blocks(py::module_& m) {
         [](py::list backends, int64_t block_size) { return block_size_is_supported(backends_from_py(backends), block_size); },
         py::arg("backends"), py::arg("block_size"), "vLLM's _block_size_is_supported.");
   m.def("select_common_block_size",
-        [](int64_t kv_manager_block_size, py::list attn_groups) {
-          return select_common_block_size(kv_manager_block_size, backends_from_py(attn_groups));
+        [](int64_t kv_manager_block_size, py::object backends, py::object kv_cache_specs) {
+          py::list spec_list = kv_cache_specs.is_none() ? py::list() : py::list(kv_cache_specs);
+          PyBackends be = py_backends(backends, spec_list);
+          std::vector<SpecHolder> keep;
+          std::vector<const KVCacheSpec*> specs;
+          if (!kv_cache_specs.is_none()) {
+            KVATTN_CHECK(spec_list.size() == be.ptrs.size(),
+                         "select_common_block_size: {} kv_cache_specs for {} backends; pass one spec (or None) "
+                         "per backend", spec_list.size(), be.ptrs.size());
+            for (auto s : spec_list) {
+              keep.push_back(s.is_none() ? SpecHolder() : s.cast<SpecHolder>());
+              specs.push_back(keep.back().get());
+            }
+          }
+          return select_common_block_size(kv_manager_block_size, be.ptrs, specs);
         },
-        py::arg("kv_manager_block_size"), py::arg("attn_groups"),
-        "vLLM's select_common_block_size over AttentionGroups (or BlockSizeBackends).");
+        py::arg("kv_manager_block_size"), py::arg("backends"), py::arg("kv_cache_specs") = py::none(),
+        R"doc(vLLM's select_common_block_size(kv_manager_block_size, backends, kv_cache_specs=None).
+
+kv_manager_block_size itself when every backend accepts it, else the largest exact size a backend
+declares that divides it and every backend accepts; ValueError "No common block size ..." otherwise.
+backends: BlockSizeBackend objects, AttentionGroups (their backends), or any backend objects with
+get_name() and get_supported_kernel_block_sizes([kv_cache_spec]) as vLLM's classes have.
+kv_cache_specs: one spec (or None) per backend, passed to each backend's size query.)doc");
   m.def("customize_attention_spec",
         [](const BlockSizeBackend& backend, const std::shared_ptr<AttentionSpec>& spec) {
           return std::const_pointer_cast<AttentionSpec>(customize_attention_spec(backend, spec));
