@@ -17,7 +17,14 @@ from ._convert import framework_of, to_framework
 
 @dataclass
 class CommonAttentionMetadata:
-    """Per-step batch description every attention backend reads (vLLM field names and order)."""
+    """Per-step batch description every attention backend reads (vLLM field names and order).
+
+    Build it yourself from the caller's arrays (NumPy / PyTorch / CuPy; requests ordered decode
+    -> extend -> prefill, see reorder_batch_to_split_decodes_and_prefills) or get it from
+    ``BatchPreparer.prepare(input_batch)``.  Then ``split_decodes_and_prefills(cm)`` and
+    ``FlashInferMetadataBuilder.build(common_prefix_len, cm)`` read it; ``validate()`` runs
+    kvattn's checks.  kvattn reads the fields as zero-copy views; nothing is converted.
+    """
 
     query_start_loc: Any
     """[num_reqs + 1] int32, device: cumulative query lengths, [0] = 0."""

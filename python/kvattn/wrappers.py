@@ -13,7 +13,7 @@ __all__ = [
     "reshape_attn_output_for_spec_decode", "split_kv_cache_layer_view", "mamba_get_block_table_tensor",
     "compute_mm_prefix_range_tensor", "make_xqa_draft_block_mask", "make_mock_block_table", "bind_kv_cache",
     "allocate_kv_cache", "get_seq_lens", "_make_xqa_draft_block_mask", "_make_xqa_ragged_draft_block_mask",
-    "_compute_decode_query_lens", "_merge_supported_layouts",
+    "_compute_decode_query_lens", "_merge_supported_layouts", "_block_size_is_supported", "_layout_from_name",
 ]
 
 
@@ -40,6 +40,8 @@ get_seq_lens = _returns_like(_kvattn.get_seq_lens)
 # vLLM's private names; `from _kvattn import *` skips underscored names.
 _compute_decode_query_lens = _kvattn._compute_decode_query_lens
 _merge_supported_layouts = _kvattn._merge_supported_layouts
+_block_size_is_supported = _kvattn._block_size_is_supported
+_layout_from_name = _kvattn._layout_from_name
 
 
 def _on_device(array, device):

@@ -304,7 +304,13 @@ one-element tensor -> same shape as seq_lens.)doc");
 
   // ---- InputBatch and the reorder -------------------------------------------------------------
   py::class_<InputBatch>(m, "InputBatch",
-                         "vLLM's InputBatch reduced to what attention metadata needs: persistent per-request rows.")
+                         R"doc(vLLM's InputBatch reduced to what attention metadata needs: persistent per-request rows.
+
+InputBatch(max_num_reqs, max_num_blocks_per_req).  add_request(req_id, num_prompt_tokens,
+num_computed_tokens, num_scheduled_tokens=0, block_ids=[]) appends a row (ids must be unique,
+counts >= 0); remove_request(row) moves the last row into its place; swap_states(i1, i2);
+append_block_ids(row, ids).  Per step: set num_scheduled_tokens (or pass the scheduler's dict to
+reorder_batch_to_split_decodes_and_prefills), reorder, then BatchPreparer.prepare(batch).)doc")
       .def(py::init<int64_t, int64_t>(), py::arg("max_num_reqs"), py::arg("max_num_blocks_per_req"))
       .def(
           "add_request",
@@ -388,7 +394,13 @@ object with such a num_scheduled_tokens dict.  Returns whether any row moved.)do
 
   // ---- BatchPreparer --------------------------------------------------------------------------
   py::class_<BatchPreparer>(m, "BatchPreparer",
-                            "Builds each step's CommonAttentionMetadata from an InputBatch into persistent buffers.")
+                            R"doc(Builds each step's CommonAttentionMetadata from an InputBatch into persistent buffers.
+
+BatchPreparer(max_num_reqs=, max_num_batched_tokens=, max_model_len=, block_size=, ...,
+device="cpu"); prepare(input_batch, num_reqs_padded=-1, num_tokens_padded=-1,
+framework="numpy") -> CommonAttentionMetadata (query_start_loc, seq_lens, positions,
+slot_mapping, block_table_tensor, ...), views of the preparer's buffers valid until its next
+prepare.  Nothing is allocated per step.)doc")
       .def(py::init([](int64_t max_num_reqs, int64_t max_num_batched_tokens, int64_t max_model_len,
                        int64_t block_size, int64_t blocks_per_kv_block, int64_t dcp_world_size, int64_t dcp_rank,
                        int64_t cp_kv_cache_interleave_size, int64_t num_blocks, bool causal,

@@ -238,6 +238,8 @@ void bind_layouts(py::module_& m) {
 
   m.def("layout_from_name", [](const std::string& n) { return layout_from_name(n); }, py::arg("name"),
         "vLLM's _layout_from_name: a layout name or the legacy alias NHD / HND.");
+  m.def("_layout_from_name", [](const std::string& n) { return layout_from_name(n); }, py::arg("layout_name"),
+        "vLLM's _layout_from_name(layout_name) under its own name (layout_from_name).");
   m.def("get_flashinfer_layout_string", &get_flashinfer_layout_string, py::arg("layout"),
         "FlashInfer's 'NHD' / 'HND' for a layout's block interior; NotImplementedError for LHBNC.");
   m.def("merge_supported_layouts", &merge_supported_layouts, py::arg("supported_layouts"),
@@ -301,9 +303,11 @@ void bind_specs(py::module_& m) {
   py::enum_<KVQuantMode> qm(m, "KVQuantMode", "vLLM's KVQuantMode.");
   for (int k = 0; k <= static_cast<int>(KVQuantMode::NVFP4_DS_MLA); ++k)
     qm.value(kv_quant_mode_name(static_cast<KVQuantMode>(k)), static_cast<KVQuantMode>(k));
-  m.def("get_kv_quant_mode", &get_kv_quant_mode, py::arg("cache_dtype_str"));
-  m.def("is_per_token_head", &is_per_token_head, py::arg("kv_quant_mode"));
-  m.def("is_nvfp4", &is_nvfp4, py::arg("kv_quant_mode"));
+  m.def("get_kv_quant_mode", &get_kv_quant_mode, py::arg("cache_dtype_str"),
+        "vLLM's get_kv_quant_mode: the KVQuantMode of a cache dtype string ('auto' -> NONE, 'fp8' -> FP8_PER_TENSOR, ...).");
+  m.def("is_per_token_head", &is_per_token_head, py::arg("kv_quant_mode"),
+        "True for the quantisation modes with one scale per token and head.");
+  m.def("is_nvfp4", &is_nvfp4, py::arg("kv_quant_mode"), "True for the NVFP4 KV-cache modes.");
   m.def("iter_layer_specs",
         [](const SpecHolder& spec) {
           std::vector<SpecHolder> out;
@@ -311,7 +315,8 @@ void bind_specs(py::module_& m) {
           return out;
         },
         py::arg("kv_cache_spec"), "Per-layer specs of a UniformTypeKVCacheSpecs, else [spec].");
-  m.def("is_quantized_kv_cache", &is_quantized_kv_cache, py::arg("kv_cache_dtype"));
+  m.def("is_quantized_kv_cache", &is_quantized_kv_cache, py::arg("kv_cache_dtype"),
+        "vLLM's is_quantized_kv_cache: True unless kv_cache_dtype is 'auto' or a 16/32-bit float name.");
 
   py::class_<KVCacheSpec, SpecHolder>(m, "KVCacheSpec", "Base of vLLM's KV cache spec family (immutable).")
       .def_property_readonly("block_size", &KVCacheSpec::block_size)
@@ -483,8 +488,13 @@ void bind_config(py::module_& m) {
       });
 
   py::class_<KVCacheConfig>(m, "KVCacheConfig",
-                            "vLLM's KVCacheConfig.  List fields are returned as copies: assign the whole list "
-                            "to change one.")
+                            "vLLM's KVCacheConfig: the memory plan of the KV cache.\n\n"
+                            "num_blocks (per group), kv_cache_tensors (the backing allocations and the layers\n"
+                            "sharing each) and kv_cache_groups (layers with one spec).  Made by\n"
+                            "get_kv_cache_config(specs, layout, available_memory, max_model_len=...) or\n"
+                            "materialize_kv_cache_config(groups, layout, num_blocks); allocate_kv_cache(config,\n"
+                            "device, layout) allocates it.  List fields are returned as copies: assign the whole\n"
+                            "list to change one.")
       .def(py::init([](int64_t num_blocks, std::vector<KVCacheTensor> kv_cache_tensors,
                        std::vector<KVCacheGroupSpec> kv_cache_groups, std::optional<std::string> kv_cache_layout) {
              KVCacheConfig c;
@@ -513,17 +523,20 @@ void bind_config(py::module_& m) {
         [](py::object layout, const std::vector<KVCacheGroupSpec>& groups) {
           validate_kv_cache_config(layout_from_py(layout), groups);
         },
-        py::arg("kv_cache_layout"), py::arg("kv_cache_groups"));
+        py::arg("kv_cache_layout"), py::arg("kv_cache_groups"),
+        "Checks that the groups can share one allocation in this layout (ValueError naming the conflict).");
   m.def("get_kv_cache_bytes_per_block",
         [](const std::vector<KVCacheGroupSpec>& groups, py::object layout) {
           return get_kv_cache_bytes_per_block(groups, layout_from_py(layout));
         },
-        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"));
+        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"),
+        "Bytes one KV block costs across every group's layers in this layout (the planner's unit).");
   m.def("materialize_kv_cache_config",
         [](const std::vector<KVCacheGroupSpec>& groups, py::object layout, int64_t num_blocks) {
           return materialize_kv_cache_config(groups, layout_from_py(layout), num_blocks);
         },
-        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::arg("num_blocks"));
+        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::arg("num_blocks"),
+        "A KVCacheConfig of exactly num_blocks blocks for these groups (no memory budget involved).");
   m.def(
       "get_kv_cache_config",
       [](py::dict kv_cache_spec, py::object layout, int64_t available_memory, int64_t max_model_len,
@@ -551,7 +564,9 @@ void bind_config(py::module_& m) {
       },
       py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::arg("available_memory"), py::kw_only(),
       py::arg("max_model_len"), py::arg("max_num_batched_tokens") = 0, py::arg("max_num_encoder_input_tokens") = 0,
-      py::arg("decode_context_parallel_size") = 1, py::arg("num_gpu_blocks_override") = py::none());
+      py::arg("decode_context_parallel_size") = 1, py::arg("num_gpu_blocks_override") = py::none(),
+      "get_kv_cache_config for KV cache groups already formed (get_kv_cache_groups); MemoryError when one "
+      "max_model_len request does not fit available_memory.");
   m.def(
       "kv_cache_memory_needed",
       [](const std::vector<KVCacheGroupSpec>& groups, py::object layout, int64_t max_model_len,
@@ -559,7 +574,9 @@ void bind_config(py::module_& m) {
         return kv_cache_memory_needed(groups, layout_from_py(layout), limits_from(max_model_len, max_num_batched_tokens, 0, 1));
       },
       py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::kw_only(), py::arg("max_model_len"),
-      py::arg("max_num_batched_tokens") = 0);
+      py::arg("max_num_batched_tokens") = 0,
+      "Bytes of KV cache one request of max_model_len tokens needs across the groups (vLLM's "
+      "check_enough_kv_cache_memory figure).");
   m.def(
       "estimate_max_model_len",
       [](const std::vector<KVCacheGroupSpec>& groups, py::object layout, int64_t available_memory,
@@ -640,7 +657,26 @@ void bind_kernel_blocks(py::module_& m) {
 
   m.def("block_size_is_supported",
         [](py::list backends, int64_t block_size) { return block_size_is_supported(backends_from_py(backends), block_size); },
-        py::arg("backends"), py::arg("block_size"), "vLLM's _block_size_is_supported.");
+        py::arg("backends"), py::arg("block_size"),
+        "Whether every backend accepts block_size (an exact size equal to it, or a MultipleOf dividing it).");
+  m.def("_block_size_is_supported",
+        [](py::object backends, int64_t block_size, py::object specs) {
+          py::list spec_list(specs);
+          PyBackends be = py_backends(backends, spec_list);
+          KVATTN_CHECK(spec_list.size() == be.ptrs.size(),
+                       "_block_size_is_supported: {} specs for {} backends; pass one spec (or None) per backend",
+                       spec_list.size(), be.ptrs.size());
+          std::vector<SpecHolder> keep;
+          std::vector<const KVCacheSpec*> ptrs;
+          for (auto s : spec_list) {
+            keep.push_back(s.is_none() ? SpecHolder() : s.cast<SpecHolder>());
+            ptrs.push_back(keep.back().get());
+          }
+          return block_size_is_supported(be.ptrs, block_size, ptrs);
+        },
+        py::arg("backends"), py::arg("block_size"), py::arg("specs"),
+        "vLLM's _block_size_is_supported(backends, block_size, specs): backends as select_common_block_size "
+        "takes them, one spec (or None) per backend.");
   m.def("select_common_block_size",
         [](int64_t kv_manager_block_size, py::object backends, py::object kv_cache_specs) {
           py::list spec_list = kv_cache_specs.is_none() ? py::list() : py::list(kv_cache_specs);
@@ -670,11 +706,18 @@ kv_cache_specs: one spec (or None) per backend, passed to each backend's size qu
         [](const BlockSizeBackend& backend, const std::shared_ptr<AttentionSpec>& spec) {
           return std::const_pointer_cast<AttentionSpec>(customize_attention_spec(backend, spec));
         },
-        py::arg("backend"), py::arg("kv_cache_spec"));
+        py::arg("backend"), py::arg("kv_cache_spec"),
+        "vLLM's customize_attention_spec: the backend's spec customisation, then a block-stride alignment of "
+        "the largest exact kernel block size when the backend declares exact sizes only.");
 
   py::class_<AttentionGroup>(m, "AttentionGroup",
                              "The KV-cache part of vLLM's AttentionGroup: layers of one KV cache group served "
-                             "by one backend, and the manager-block -> kernel-block mapping.")
+                             "by one backend, and the manager-block -> kernel-block mapping.\n\n"
+                             "AttentionGroup(backend, layer_names, kv_cache_spec, kv_cache_group_id=0,\n"
+                             "kernel_block_size=None); configure_kernel_blocks(...) sizes its kernel block table;\n"
+                             "map_to_kernel_block_table(block_table) splits each manager block into\n"
+                             "blocks_per_kv_block() kernel blocks; map_kv_cache_to_kernel_blocks(view) re-views a\n"
+                             "layer's cache in kernel blocks.")
       .def(py::init([](std::shared_ptr<BlockSizeBackend> backend, std::vector<std::string> layer_names,
                        SpecHolder kv_cache_spec, int64_t kv_cache_group_id, std::optional<int64_t> kernel_block_size) {
              AttentionGroup g;
@@ -716,7 +759,9 @@ kv_cache_specs: one spec (or None) per backend, passed to each backend's size qu
         [](py::dict kv_caches, py::list attn_groups) {
           return views_to_py(map_kv_caches_to_kernel_blocks(views_from_py(kv_caches), group_ptrs_from_py(attn_groups)));
         },
-        py::arg("kv_caches"), py::arg("attn_groups"));
+        py::arg("kv_caches"), py::arg("attn_groups"),
+        "vLLM's map_kv_caches_to_kernel_blocks: {layer: view} with every group's views re-viewed in its kernel "
+        "block size (AttentionGroup.map_kv_cache_to_kernel_blocks per layer).");
   m.def("prepare_kernel_block_sizes",
         [](const KVCacheConfig& kv_cache_config, py::list attn_groups) {
           std::vector<std::vector<AttentionGroup>> groups;
@@ -730,7 +775,11 @@ kv_cache_specs: one spec (or None) per backend, passed to each backend's size qu
         py::arg("kv_cache_config"), py::arg("attn_groups"),
         "vLLM's prepare_kernel_block_sizes; attn_groups[gid] = the AttentionGroups of KV cache group gid.");
 
-  py::class_<KVBlockZeroer>(m, "KVBlockZeroer", "vLLM's KVBlockZeroer: zeroes newly allocated KV blocks.")
+  py::class_<KVBlockZeroer>(m, "KVBlockZeroer",
+                            "vLLM's KVBlockZeroer: zeroes newly allocated KV blocks.\n\n"
+                            "KVBlockZeroer(device, attn_groups, kernel_block_sizes, ...) over the groups' cache\n"
+                            "views; zero_block_ids(block_ids) zeroes those manager blocks in every layer (so stale\n"
+                            "K/V never leaks into a new request); warmup(num_kv_blocks) runs it once ahead.")
       .def(py::init([](py::object device, py::list attn_groups, std::vector<int64_t> kernel_block_sizes,
                        py::dict layer_kv_caches, int64_t num_blocks, py::object runner_only_attn_layers) {
              std::vector<AttentionGroup> groups;
@@ -795,7 +844,8 @@ void bind_worker(py::module_& m) {
       },
       py::arg("shared_kv_cache_layers"), py::arg("kv_cache_groups"), py::arg("runner_only_attn_layers") = py::none(),
       "vLLM's add_kv_sharing_layers_to_kv_cache_groups: {layer: target}; groups (list) and the set are updated in place.");
-  m.def("extract_layer_index", &extract_layer_index, py::arg("layer_name"), py::arg("num_attn_module") = 1);
+  m.def("extract_layer_index", &extract_layer_index, py::arg("layer_name"), py::arg("num_attn_module") = 1,
+        "vLLM's extract_layer_index: the layer number in a name such as 'model.layers.3.self_attn.attn' (3).");
   m.def(
       "_bind_kv_cache_order",
       [](std::vector<std::string> names, int64_t num_attn_module) {
@@ -829,13 +879,16 @@ void bind_worker(py::module_& m) {
         "vLLM's request_memory: bytes to request, ValueError when free memory does not cover it.");
   m.def("restride_blocks_first_kv_cache_to_kv_first_storage",
         [](py::object kv_cache) { return restride_blocks_first_kv_cache_to_kv_first_storage(as_tensor(kv_cache)); },
-        py::arg("kv_cache"));
+        py::arg("kv_cache"),
+        "A blocks-first layer view re-strided so K and V each occupy one contiguous half of its storage "
+        "(the K/V-first layout some backends read); same memory, no copy.");
 }
 
 void bind_model(py::module_& m) {
-  m.def("model_preset_names", &model_preset_names);
-  m.def("parse_memory_size", &parse_memory_size, py::arg("text"));
-  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices);
+  m.def("model_preset_names", &model_preset_names, "Names of the model presets plan_kv_cache and `kvattn plan` know.");
+  m.def("parse_memory_size", &parse_memory_size, py::arg("text"),
+        "Bytes in a size such as '8GiB', '512MiB', '80GB' or '1048576' (ValueError naming the accepted units).");
+  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices, "The accepted kv_cache_dtype names ('auto', 'fp8', ...).");
 
   py::class_<KVPlan>(m, "KVPlan", "A full KV cache memory plan (what `kvattn plan` prints).")
       .def_readonly("block_size", &KVPlan::block_size)

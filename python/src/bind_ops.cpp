@@ -69,7 +69,7 @@ void check_query_within_sequence(const ops::PagedAttentionArgs& a) {
 void bind_ops(py::module_& m) {
   m.def("set_cpu_num_threads", &ops::set_cpu_num_threads, py::arg("n"),
         "Worker threads of the CPU ops (default: the number of hardware threads).");
-  m.def("cpu_num_threads", &ops::cpu_num_threads);
+  m.def("cpu_num_threads", &ops::cpu_num_threads, "Worker threads the CPU ops use (set_cpu_num_threads).");
   m.def("cuda_ops_available", &ops::cuda_ops_available,
         "True when this build has the CUDA implementations of the ops.");
 

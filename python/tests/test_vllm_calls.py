@@ -203,3 +203,15 @@ def test_paged_kv_metadata_builder(framework):
         b.build(_cm([20], [20], [[1, 10, 0, 0]], framework))
     with pytest.raises(ValueError, match="multiple of the page size 16"):
         b.build(_cm([20], [1], [[1, 2, 0, 0]], framework), num_decodes=1, common_prefix_len=8)
+
+
+def test_block_size_is_supported_and_layout_from_name_under_vllm_private_names():
+    big = kvattn.FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=256, dtype="bfloat16")
+    assert kvattn._block_size_is_supported([_VllmStyleBackend, _Strict32], 32, [None, None])
+    assert not kvattn._block_size_is_supported([_VllmStyleBackend, _Strict32], 64, [None, None])
+    assert kvattn._block_size_is_supported(backends=[_SpecSized], block_size=8, specs=[big])
+    assert not kvattn._block_size_is_supported([_SpecSized], 8, [None])
+    with pytest.raises(ValueError, match="1 specs for 2 backends"):
+        kvattn._block_size_is_supported([_SpecSized, _Strict32], 16, [None])
+    assert kvattn._layout_from_name(layout_name="HND") == kvattn.KVCacheLayout.LBHNC
+    assert kvattn._layout_from_name("LBNHC") == kvattn.KVCacheLayout.LBNHC
