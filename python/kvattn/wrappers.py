@@ -114,22 +114,26 @@ def make_mock_block_table(num_reqs: int, pages_per_req: int):
     return to_framework(_kvattn.make_mock_block_table(num_reqs, pages_per_req), "numpy")
 
 
-def allocate_kv_cache(kv_cache_config, device, kv_cache_layout, kernel_block_sizes=None, framework="kvattn"):
-    """vLLM's allocate_kv_cache: ONE zero-filled allocation on ``device``; returns
-    {layer_name: [B, H, N, C] view}.  framework: "kvattn" (default; works for every dtype and
+def allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes=None, framework="kvattn"):
+    """vLLM's allocate_kv_cache(kv_cache_config, device, layout, kernel_block_sizes=None): ONE
+    zero-filled allocation on ``device``; returns {layer_name: [B, H, N, C] view}.  layout: a
+    KVCacheLayout or its name.  framework: "kvattn" (default; works for every dtype and
     device), "numpy" (CPU) or "torch"."""
-    views = _kvattn.allocate_kv_cache(kv_cache_config, str(device), kv_cache_layout, kernel_block_sizes)
+    views = _kvattn.allocate_kv_cache(kv_cache_config, str(device), layout, kernel_block_sizes)
     return {name: to_framework(t, framework) for name, t in views.items()}
 
 
 def bind_kv_cache(kv_caches: dict, forward_context: dict, runner_kv_caches: list, num_attn_module: int = 1,
-                  layer_kv_caches: dict | None = None) -> None:
-    """vLLM's bind_kv_cache.
+                  kv_cache_groups=None, layer_kv_caches: dict | None = None) -> None:
+    """vLLM's bind_kv_cache(kv_caches, forward_context, runner_kv_caches, num_attn_module=1,
+    kv_cache_groups=None, layer_kv_caches=None).
 
     Appends the caches to ``runner_kv_caches`` (must be empty) ordered by layer index (names
-    sharing an index keep ``kv_caches`` order) and binds every layer:
-    ``forward_context[name].kv_cache = (layer_kv_caches or kv_caches)[name]`` (or replaces the
-    dict entry when the value has no ``kv_cache`` attribute).  The ordering and every check
+    sharing an index keep ``kv_caches`` order) and binds every layer to
+    ``(layer_kv_caches or kv_caches)[name]``: through the layer's ``bind_kv_cache(view)``
+    method when it has one (vLLM's Attention), else by setting its ``kv_cache`` attribute, else
+    by replacing the dict entry.  ``kv_cache_groups`` is accepted for vLLM's signature; vLLM
+    uses it only to share ReplaySSM trackers, which kvattn does not have.  The ordering and every check
     (duplicate names, names without a layer index, layers missing from forward_context) are
     kvattn's C++ bind_kv_cache; nothing is bound when a check fails."""
     if runner_kv_caches:
@@ -144,7 +148,9 @@ def bind_kv_cache(kv_caches: dict, forward_context: dict, runner_kv_caches: list
     source = layer_kv_caches or kv_caches
     for name in names:
         layer = forward_context[name]
-        if hasattr(layer, "kv_cache"):
+        if callable(getattr(layer, "bind_kv_cache", None)):
+            layer.bind_kv_cache(source[name])
+        elif hasattr(layer, "kv_cache"):
             layer.kv_cache = source[name]
         else:
             forward_context[name] = source[name]

@@ -246,8 +246,30 @@ void bind_layouts(py::module_& m) {
         "vLLM's _merge_supported_layouts: the layouts in every list, ordered by how many lists put them first.");
   m.def("_merge_supported_layouts", &merge_supported_layouts, py::arg("supported_layouts_lists"),
         "vLLM's _merge_supported_layouts(supported_layouts_lists) under its own name (merge_supported_layouts).");
-  m.def("get_supported_kv_cache_layouts", &get_supported_kv_cache_layouts, py::arg("backend_declarations"),
-        "The layouts every backend supports, most preferred first; None entries do not vote.");
+  m.def(
+      "get_supported_kv_cache_layouts",
+      [](py::iterable backends) {
+        std::vector<std::optional<LayoutList>> declarations;
+        for (auto b : backends) {
+          py::object d = py::reinterpret_borrow<py::object>(b);
+          // A backend (vLLM passes the classes) answers supported_kv_cache_layouts(); a list or None
+          // is a declaration already.
+          if (!d.is_none() && !py::isinstance<py::sequence>(d) && py::hasattr(d, "supported_kv_cache_layouts"))
+            d = d.attr("supported_kv_cache_layouts")();
+          if (d.is_none()) {
+            declarations.emplace_back(std::nullopt);
+          } else {
+            LayoutList l;
+            for (auto x : d) l.push_back(layout_from_py(py::reinterpret_borrow<py::object>(x)));
+            declarations.emplace_back(std::move(l));
+          }
+        }
+        return get_supported_kv_cache_layouts(declarations);
+      },
+      py::arg("backends"),
+      "vLLM's get_supported_kv_cache_layouts(backends): the layouts every backend supports, most preferred "
+      "first.  Each entry is a backend answering supported_kv_cache_layouts() or that answer itself (a list of "
+      "layouts, or None: any layout, no vote).");
 
   py::class_<CacheConfig>(m, "CacheConfig", "The slice of vLLM's CacheConfig that holds the resolved layout.")
       .def(py::init([](std::optional<std::string> kv_cache_layout) { return CacheConfig{kv_cache_layout}; }),
@@ -706,7 +728,7 @@ kv_cache_specs: one spec (or None) per backend, passed to each backend's size qu
         [](const BlockSizeBackend& backend, const std::shared_ptr<AttentionSpec>& spec) {
           return std::const_pointer_cast<AttentionSpec>(customize_attention_spec(backend, spec));
         },
-        py::arg("backend"), py::arg("kv_cache_spec"),
+        py::arg("backend"), py::arg("spec"),
         "vLLM's customize_attention_spec: the backend's spec customisation, then a block-stride alignment of "
         "the largest exact kernel block size when the backend declares exact sizes only.");
 
@@ -874,9 +896,19 @@ void bind_worker(py::module_& m) {
            py::kw_only(), py::arg("total_memory"), py::arg("free_memory"), py::arg("device") = "cuda:0")
       .def_readwrite("total_memory", &MemorySnapshot::total_memory)
       .def_readwrite("free_memory", &MemorySnapshot::free_memory);
-  m.def("request_memory", &request_memory, py::arg("init_snapshot"), py::arg("gpu_memory_utilization"),
-        py::arg("external_weight_memory") = 0,
-        "vLLM's request_memory: bytes to request, ValueError when free memory does not cover it.");
+  m.def(
+      "request_memory",
+      [](const MemorySnapshot& init_snapshot, py::object cache_config, int64_t external_weight_memory) {
+        // vLLM passes its CacheConfig and reads gpu_memory_utilization from it; a number is that fraction.
+        const double utilization = py::hasattr(cache_config, "gpu_memory_utilization")
+                                       ? cache_config.attr("gpu_memory_utilization").cast<double>()
+                                       : cache_config.cast<double>();
+        return request_memory(init_snapshot, utilization, external_weight_memory);
+      },
+      py::arg("init_snapshot"), py::arg("cache_config"), py::arg("external_weight_memory") = 0,
+      "vLLM's request_memory(init_snapshot, cache_config, external_weight_memory=0): bytes to request, "
+      "ValueError when free memory does not cover it.  cache_config: an object with gpu_memory_utilization "
+      "(vLLM's CacheConfig) or that fraction itself.");
   m.def("restride_blocks_first_kv_cache_to_kv_first_storage",
         [](py::object kv_cache) { return restride_blocks_first_kv_cache_to_kv_first_storage(as_tensor(kv_cache)); },
         py::arg("kv_cache"),

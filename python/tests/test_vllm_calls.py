@@ -215,3 +215,49 @@ def test_block_size_is_supported_and_layout_from_name_under_vllm_private_names()
         kvattn._block_size_is_supported([_SpecSized, _Strict32], 16, [None])
     assert kvattn._layout_from_name(layout_name="HND") == kvattn.KVCacheLayout.LBHNC
     assert kvattn._layout_from_name("LBNHC") == kvattn.KVCacheLayout.LBNHC
+
+
+# ---- the rest of the audit: vLLM's parameter names where kvattn's differed -------------------------
+def test_worker_helpers_take_vllm_parameter_names():
+    L = kvattn.KVCacheLayout
+
+    class HndFirst:  # vLLM passes backend classes; each answers supported_kv_cache_layouts()
+        @staticmethod
+        def supported_kv_cache_layouts():
+            return [L.LBHNC, L.LBNHC]
+
+    class AnyLayout:
+        @staticmethod
+        def supported_kv_cache_layouts():
+            return None
+
+    assert kvattn.get_supported_kv_cache_layouts(backends=[HndFirst, AnyLayout]) == [L.LBHNC, L.LBNHC]
+    assert kvattn.get_supported_kv_cache_layouts([[L.LBNHC], None]) == [L.LBNHC]  # declarations as before
+
+    gib = 1 << 30
+    snap = kvattn.MemorySnapshot(total_memory=100 * gib, free_memory=100 * gib, device="cuda:0")
+
+    class CacheConfig:  # vLLM's CacheConfig, the field request_memory reads
+        gpu_memory_utilization = 0.5
+
+    assert kvattn.request_memory(snap, CacheConfig(), 0) == 50 * gib
+    assert kvattn.request_memory(init_snapshot=snap, cache_config=0.25, external_weight_memory=0) == 25 * gib
+
+    spec = kvattn.FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype="bfloat16")
+    backend = kvattn.BlockSizeBackend("EXACT", [16, 32])
+    custom = kvattn.customize_attention_spec(backend=backend, spec=spec)
+    assert custom == kvattn.customize_attention_spec(backend, spec) and custom != spec
+
+    cfg = kvattn.get_kv_cache_config({"model.layers.0.attn": spec}, "LBNHC", 4 * spec.page_size_bytes,
+                                     max_model_len=128)
+    views = kvattn.allocate_kv_cache(kv_cache_config=cfg, device="cpu", layout=L.LBNHC, kernel_block_sizes=None)
+    assert list(views) == ["model.layers.0.attn"]
+
+    class Attention:  # vLLM's Attention binds its own view
+        def bind_kv_cache(self, kv_cache):
+            self.bound = kv_cache
+
+    ctx = {"model.layers.0.attn": Attention()}
+    runner = []
+    kvattn.bind_kv_cache(views, ctx, runner, 1, None, {"model.layers.0.attn": "kernel view"})
+    assert runner == [views["model.layers.0.attn"]] and ctx["model.layers.0.attn"].bound == "kernel view"
