@@ -222,7 +222,8 @@ one-element tensor -> same shape as seq_lens.)doc");
       "_mamba_get_block_table_tensor",
       [](py::object block_table, py::object seq_lens, int64_t block_size, int64_t num_speculative_blocks,
          const std::string& mamba_cache_mode) {
-        return mamba_get_block_table_tensor(as_tensor(block_table), as_tensor(seq_lens),
+        // seq_lens: any integer dtype, as the seed's CPU path computes on it directly.
+        return mamba_get_block_table_tensor(as_tensor(block_table), as_int32_tensor(seq_lens, "seq_lens"),
                                             MambaBlockTableSpec{block_size, num_speculative_blocks},
                                             mamba_cache_mode);
       },

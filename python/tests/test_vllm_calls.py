@@ -261,3 +261,19 @@ def test_worker_helpers_take_vllm_parameter_names():
     runner = []
     kvattn.bind_kv_cache(views, ctx, runner, 1, None, {"model.layers.0.attn": "kernel view"})
     assert runner == [views["model.layers.0.attn"]] and ctx["model.layers.0.attn"].bound == "kernel view"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_mamba_get_block_table_tensor_any_integer_seq_lens(framework, dtype):
+    class MambaSpecFields:  # the two fields the helper reads from vLLM's MambaSpec
+        block_size = 4
+        num_speculative_blocks = 1
+
+    bt = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
+    if framework == "torch":
+        bt = torch.from_numpy(bt)
+    out = kvattn.mamba_get_block_table_tensor(bt, arr([5, 9], framework, dtype), MambaSpecFields, "align")
+    # row r: block_table[r, (seq_lens[r] - 1) // 4 + j] for j in 0..1
+    np.testing.assert_array_equal(np.asarray(out), [[2, 3], [7, 8]])
+    assert kvattn.mamba_get_block_table_tensor(bt, arr([5, 9], framework, dtype), MambaSpecFields, "none") is bt
