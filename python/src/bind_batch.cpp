@@ -358,6 +358,9 @@ reorder_batch_to_split_decodes_and_prefills), reorder, then BatchPreparer.prepar
       "classify_request",
       [](int32_t num_scheduled, int32_t num_computed, int32_t num_prompt, int32_t decode_threshold) {
         static const char* names[] = {"decode", "short_extend", "long_extend", "prefill"};
+        KVATTN_CHECK(num_scheduled >= 0 && num_computed >= 0 && num_prompt >= 0,
+                     "classify_request: counts must be >= 0, got num_scheduled = {}, num_computed = {}, "
+                     "num_prompt = {}", num_scheduled, num_computed, num_prompt);
         return names[static_cast<int>(classify_request(num_scheduled, num_computed, num_prompt, decode_threshold))];
       },
       py::arg("num_scheduled"), py::arg("num_computed"), py::arg("num_prompt"), py::arg("decode_threshold") = 1,

@@ -73,3 +73,10 @@ def test_paged_attention_refuses_a_sequence_shorter_than_its_query(rng):
     kvattn.paged_attention(q, kc, vc, qo, out=out2, block_table=np.array([[1, 2]], np.int32),
                            seq_lens=np.array([1], np.int32), causal=False)
     np.testing.assert_allclose(out2[:, 0], np.broadcast_to(vc[1, 0, 0], (5, D)), rtol=1e-5, atol=1e-6)
+
+
+def test_classify_request_refuses_negative_counts():
+    assert kvattn.classify_request(1, 9, 9) == "decode"
+    assert kvattn.classify_request(num_scheduled=7, num_computed=0, num_prompt=7) == "prefill"
+    with pytest.raises(ValueError, match=r"counts must be >= 0, got num_scheduled = -1"):
+        kvattn.classify_request(-1, 0, 5)
