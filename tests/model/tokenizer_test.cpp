@@ -237,6 +237,10 @@ TEST(Utf8, CompletePrefixAndRepair) {
   EXPECT_EQ(utf8_repair("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
   EXPECT_EQ(utf8_repair("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
   EXPECT_EQ(utf8_repair("x\xE4\xBD"), "x\xEF\xBF\xBD");     // truncated tail: one U+FFFD
+  EXPECT_EQ(utf8_repair("\xE4\xBD" "A"), "\xEF\xBF\xBD" "A");  // maximal subpart: one U+FFFD
+  EXPECT_EQ(utf8_repair("\xF4\x90\x80\x80"),  // > U+10FFFF: four invalid bytes
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(utf8_complete_prefix("\xF0\x9F\x98"), 0u);
   EXPECT_EQ(utf8_repair("你好"), "你好");
 }
 
