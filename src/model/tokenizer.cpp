@@ -75,25 +75,31 @@ std::string utf8_repair(std::string_view s) {
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tok_(&tokenizer), skip_special_(skip_special_tokens) {}
 
+// The window ids_ = [prefix_offset, end): its first read_offset_ ids produced text already
+// emitted.  Decoding the window and its prefix the same way keeps position-dependent decoder
+// rules (the leading-space strip of the first token) out of the difference.
 std::string IncrementalDetokenizer::push(int32_t id) {
   ids_.push_back(id);
-  const std::string bytes = tok_->decode_bytes(ids_, skip_special_);
-  if (bytes.size() < emitted_bytes_) {
-    // Decoding is not prefix-stable here (cannot happen for per-token decoders); restart.
-    emitted_bytes_ = bytes.size();
-    return {};
-  }
-  const std::string_view rest = std::string_view(bytes).substr(emitted_bytes_);
-  const size_t n = utf8_complete_prefix(rest);
-  emitted_bytes_ += n;
-  return utf8_repair(rest.substr(0, n));
+  const std::span<const int32_t> all(ids_);
+  const std::string prefix = tok_->decode_bytes(all.first(read_offset_), skip_special_);
+  const std::string full = tok_->decode_bytes(all, skip_special_);
+  if (full.size() <= prefix.size()) return {};
+  const std::string_view tail = std::string_view(full).substr(prefix.size());
+  if (utf8_complete_prefix(tail) != tail.size()) return {};  // a code point is incomplete
+  // Slide: the ids just decoded become the new prefix.
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(read_offset_));
+  read_offset_ = ids_.size();
+  return utf8_repair(tail);
 }
 
 std::string IncrementalDetokenizer::flush() {
-  const std::string bytes = tok_->decode_bytes(ids_, skip_special_);
-  std::string out = bytes.size() > emitted_bytes_ ? utf8_repair(std::string_view(bytes).substr(emitted_bytes_)) : std::string();
-  emitted_bytes_ = bytes.size();
-  return out;
+  const std::span<const int32_t> all(ids_);
+  const std::string prefix = tok_->decode_bytes(all.first(read_offset_), skip_special_);
+  const std::string full = tok_->decode_bytes(all, skip_special_);
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(read_offset_));
+  read_offset_ = ids_.size();
+  if (full.size() <= prefix.size()) return {};
+  return utf8_repair(std::string_view(full).substr(prefix.size()));
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& model_dir) {
