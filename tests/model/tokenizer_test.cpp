@@ -203,6 +203,10 @@ TEST(Tokenizer, StreamingHoldsBackIncompleteCodePoints) {
   EXPECT_GT(empty, 0);
   EXPECT_EQ(all + d3.flush(), "👨‍👩‍👧");
   EXPECT_EQ(l3.decode(std::vector<int32_t>{eids[0]}), "\xEF\xBF\xBD");  // a lone partial token
+  // Long inputs (regex backtracking over long whitespace runs, long words) stay correct.
+  const std::string long_text = std::string(100000, ' ') + "x\n" + std::string(50000, 'a') +
+                                std::string(20000, '\n') + "1234567";
+  EXPECT_EQ(l3.decode(l3.encode(long_text, false)), long_text);
 }
 
 TEST(Tokenizer, Rejections) {
