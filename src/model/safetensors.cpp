@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "kvattn/core/error.h"
+#include "read_file.h"
 
 namespace kvattn::model {
 namespace fs = std::filesystem;
@@ -225,13 +226,7 @@ Mapping map_file(const fs::path& path) {
   return m;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InvalidArgument(fmt::format("cannot read '{}'", p.string()));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::filesystem::path& p) { return detail::read_file(p); }
 
 bool plain_file_name(const std::string& s) {
   return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos &&
