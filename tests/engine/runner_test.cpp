@@ -62,6 +62,7 @@ TEST(Runner, OversubscribedCachePreemptsAndFinishes) {
   RunConfig c = small_config();
   c.gpu_memory = 640LL << 10;  // 40 blocks of 16 KiB (2 layers x 2 heads x 16 tokens x 64 x K,V x 2 B)
   c.max_num_batched_tokens = 256;
+  c.admission = "optimistic";  // admit on prefill blocks only, so decode growth must preempt
   Trace t;
   for (int i = 0; i < 10; ++i) t.requests.push_back({i, 0, 100 + i, 60});  // 10 blocks each at the end
   RunStats s = run_trace(c, t);
