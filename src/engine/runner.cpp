@@ -172,10 +172,22 @@ void Runner::setup() {
     if (model_.num_layers_of(ModelLayerKind::mamba) == 0) model_.mamba.reset();
   }
   if (W() > 1) {
+    // Each rank serves num_attention_heads / dcp query heads against all num_key_value_heads
+    // KV heads, so that share must itself be a multiple of the KV heads (GQA groups stay whole).
+    std::vector<int64_t> valid;
+    for (int64_t w = 1; w <= model_.num_attention_heads; ++w)
+      if (model_.num_attention_heads % w == 0 && (model_.num_attention_heads / w) % model_.num_key_value_heads == 0)
+        valid.push_back(w);
     KVATTN_CHECK(model_.num_attention_heads % W() == 0,
                  "--dcp {}: the model's {} query heads must divide over the DCP ranks (each rank serves "
-                 "num_attention_heads / dcp of them); valid --dcp values divide {}",
-                 W(), model_.num_attention_heads, model_.num_attention_heads);
+                 "num_attention_heads / dcp of them); valid --dcp values divide {}: {}",
+                 W(), model_.num_attention_heads, model_.num_attention_heads, fmt::join(valid, ", "));
+    KVATTN_CHECK((model_.num_attention_heads / W()) % model_.num_key_value_heads == 0,
+                 "--dcp {}: each rank would serve num_attention_heads / dcp = {} / {} = {} query heads, which must be a "
+                 "multiple of the model's num_key_value_heads ({}; every rank holds all KV heads); valid --dcp values "
+                 "for {}: {}",
+                 W(), model_.num_attention_heads, W(), model_.num_attention_heads / W(), model_.num_key_value_heads,
+                 model_.name, fmt::join(valid, ", "));
     KVATTN_CHECK(model_.num_layers_of(ModelLayerKind::sliding_window) == 0 && !model_.mamba,
                  "--dcp {}: model {} has sliding-window or Mamba layers; decode context parallelism serves "
                  "full-attention models only (vLLM's FlashInfer backend rejects sliding windows with DCP)",
@@ -190,6 +202,11 @@ void Runner::setup() {
   po.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   plan_ = plan_kv_cache(model_, po);
   kv_dtype_ = plan_.kv_dtype;
+  if (W() > 1)
+    KVATTN_CHECK(plan_.block_size % cfg_.dcp_interleave == 0,
+                 "--dcp-interleave {} must divide the KV cache block size {} (each block holds whole interleave runs "
+                 "of every rank's tokens); valid values are the divisors of {}, e.g. 1 or {}",
+                 cfg_.dcp_interleave, plan_.block_size, plan_.block_size, plan_.block_size);
   const Device dev = cfg_.device;
 
   // ---- the DCP transport ----------------------------------------------------------------
@@ -748,6 +765,7 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
   setup();
   const auto t_start = Clock::now();
   int64_t step = 0, finished = 0, tokens = 0;
+  double busy_us = 0;
   while (!scheduler_->all_finished()) {
     StepTiming timing;
     auto t0 = Clock::now();
@@ -818,6 +836,7 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
     }
     stats_.cascade_steps += step_cascade;
     stats_.timings.push_back(timing);
+    busy_us += timing.attention_us + timing.host_us;
     tokens += out.total_tokens;
     finished += static_cast<int64_t>(scheduler_->update_after_step(out).size());
     stats_.peak_blocks_used = std::max<int64_t>(stats_.peak_blocks_used, int64_t{scheduler_->pool().num_used()});
@@ -829,6 +848,7 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
       p.total = stats_.num_requests;
       p.tokens = tokens;
       p.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start).count();
+      p.busy_s = busy_us * 1e-6;
       p.blocks_used = scheduler_->pool().num_used();
       p.blocks_total = plan_.config.num_blocks - 1;
       on_step(p);

@@ -122,6 +122,7 @@ struct RunProgress {
   int64_t total = 0;
   int64_t tokens = 0;
   double elapsed_s = 0;
+  double busy_s = 0;       // attention + host time so far (the summary's throughput denominator)
   int64_t blocks_used = 0;
   int64_t blocks_total = 0;
 };
