@@ -206,7 +206,14 @@ std::function<int()> setup_run(CLI::App& app) {
     line(fmt::format("  plan                budget {} ({} bytes), {} blocks of {} tokens ({} usable + the null block), "
                      "layout {}",
                      format_bytes(s.gpu_memory), s.gpu_memory, s.num_blocks, s.block_size, s.num_blocks - 1, s.layout));
-    for (size_t g = 0; g < s.groups.size(); ++g) line(fmt::format("    group {}           {}", g, s.groups[g]));
+    // One line per run of identical groups (a hybrid model has many equal Mamba groups).
+    for (size_t g = 0; g < s.groups.size();) {
+      size_t e = g + 1;
+      while (e < s.groups.size() && s.groups[e] == s.groups[g]) ++e;
+      const std::string who = e - g == 1 ? fmt::format("group {}", g) : fmt::format("groups {}-{}", g, e - 1);
+      line(fmt::format("    {:<18}{}{}", who, s.groups[g], e - g == 1 ? "" : " each"));
+      g = e;
+    }
     line(fmt::format("    layout why        {}", s.layout_reason));
     if (s.dcp > 1)
       line(fmt::format("  DCP                 {} ranks ({}), {} combine, interleave {}", s.dcp, s.dcp_transport,
