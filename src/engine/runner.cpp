@@ -47,7 +47,6 @@ double tolerance_for(DType model_dtype, DType kv_dtype) {
   return t;
 }
 
-
 // One model layer as the runner sees it: its name, kind, and the reference (oracle) layer.
 struct LayerState {
   std::string name;
@@ -845,7 +844,7 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
       RunProgress p;
       p.step = step;
       p.finished = finished;
-      p.total = stats_.num_requests;
+      p.total = stats_.num_requests - static_cast<int64_t>(stats_.rejected.size());  // those that will finish
       p.tokens = tokens;
       p.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start).count();
       p.busy_s = busy_us * 1e-6;
