@@ -76,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (in.next(2) == 0) {
     static const char* kModels[] = {"tiny-llama", "tiny-gemma2", "hybrid-mamba"};
     const std::string model = kModels[in.next(3)];
-    max_len = int64_t{256} << in.next(4);  // 256 .. 2048
+    max_len = int64_t{256} << in.next(3);  // 256 .. 1024
     const KVPlan* plan = plan_for(model, 1 + in.next(24), batched, max_len);
     if (plan == nullptr) return 0;
     const int64_t dcp = model == "tiny-llama" ? 1 + in.next(2) : 1;
@@ -120,7 +120,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint32_t gap = in.next(8);
     arrival += gap == 7 ? int64_t{1} << (20 + in.next(21)) : gap;  // sometimes an idle stretch up to 2^40
     r.arrival_step = std::min<int64_t>(arrival, int64_t{1} << 41);
-    r.output_len = 1 + static_cast<int32_t>(in.next(static_cast<uint32_t>(std::min<int64_t>(max_len - 1, 200))));
+    r.output_len = 1 + static_cast<int32_t>(in.next(static_cast<uint32_t>(std::min<int64_t>(max_len - 1, 96))));
     r.prompt_len = 1 + static_cast<int32_t>(in.next(static_cast<uint32_t>(max_len - r.output_len)));
     if (in.next(3) != 0) {
       r.shared_prefix_id = static_cast<int32_t>(in.next(3));
