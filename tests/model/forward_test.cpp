@@ -189,6 +189,55 @@ TEST_P(ForwardTest, Fp8KvCacheMatchesFp8RoundedReference) {
   EXPECT_GT(o.max_err, 10 * kF32Tolerance);
 }
 
+// Greedy decoding of 32 tokens for every prompt at once (a plain loop over execute(), the
+// scheduler's role played by the test): token for token equal to the reference's greedy
+// continuation, up to the first step where the reference's top two logits are closer than the
+// f32 tolerance (there either token is right, and the continuations may part).
+TEST_P(ForwardTest, GreedyDecodeMatchesReferenceTokenForToken) {
+  const ReferenceModel& m = model();
+  const ModelDir dir = open();
+  ModelRunner runner(dir, options());
+  const auto R = m.prompts.ids.size();
+  const int64_t max_blocks = (256 + runner.block_size() - 1) / runner.block_size();
+  std::vector<std::vector<int32_t>> seq = m.prompts.ids, blocks(R);
+  for (size_t i = 0; i < R; ++i)
+    for (int64_t b = 0; b < max_blocks; ++b)
+      blocks[i].push_back(static_cast<int32_t>(1 + static_cast<int64_t>(i) * max_blocks + b));
+  std::vector<int64_t> computed(R, 0);
+  std::vector<bool> comparable(R, true);
+  int64_t compared = 0;
+  for (int step = 0; step < testing::kGreedyTokens; ++step) {
+    std::vector<StepRequest> reqs;
+    for (size_t i = 0; i < R; ++i) {
+      StepRequest r;
+      r.request_id = static_cast<int64_t>(i);
+      r.token_ids = std::span<const int32_t>(seq[i].data() + computed[i], seq[i].size() - static_cast<size_t>(computed[i]));
+      r.start_pos = computed[i];
+      r.block_ids = blocks[i];
+      r.wants_logits = true;
+      reqs.push_back(r);
+    }
+    const Tensor logits = runner.execute(reqs);
+    for (size_t i = 0; i < R; ++i) {
+      computed[i] = static_cast<int64_t>(seq[i].size());
+      const float* row = logits.data_ptr<float>() + static_cast<int64_t>(i) * m.vocab;
+      const auto next = static_cast<int32_t>(std::max_element(row, row + m.vocab) - row);
+      seq[i].push_back(next);
+      if (!comparable[i]) continue;
+      const int32_t want = m.greedy[i][static_cast<size_t>(step)];
+      if (m.greedy_margins[i][static_cast<size_t>(step)] < kF32Tolerance) {
+        comparable[i] = false;  // a near tie: either token is a correct greedy choice
+        continue;
+      }
+      EXPECT_EQ(next, want) << "prompt " << i << " step " << step;
+      ++compared;
+    }
+  }
+  std::printf("%s greedy: %lld of %zu tokens compared\n", GetParam().c_str(), static_cast<long long>(compared),
+              R * testing::kGreedyTokens);
+  EXPECT_GE(compared, static_cast<int64_t>(R) * testing::kGreedyTokens / 2) << "too many near ties to mean anything";
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, ForwardTest,
                          ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2"),
                          [](const auto& info) { return info.param; });
