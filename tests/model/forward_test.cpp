@@ -78,14 +78,21 @@ ModelRunner::Options options(std::optional<KVCacheLayout> layout = std::nullopt,
 // Runs every prompt of `m` through `runner`, all requests in the same steps: a prompt's first
 // len - decode_tail tokens in chunks of `chunk` (0: whole), then one token per step.  Compares
 // the logits of every step whose last position has a reference row.
-Outcome run_prompts(ModelRunner& runner, const ReferenceModel& m, int chunk, int decode_tail, bool fp8_reference = false) {
+// `reverse_blocks`: the same block ids handed out in reverse (request 0 gets the highest ids,
+// each table descending): block tables need not be ordered or contiguous, and blocks a
+// previous run wrote hold stale K/V that must not leak in.
+Outcome run_prompts(ModelRunner& runner, const ReferenceModel& m, int chunk, int decode_tail,
+                    bool fp8_reference = false, bool reverse_blocks = false) {
   const auto& reference = fp8_reference ? m.logits_fp8 : m.logits;
   const auto R = m.prompts.ids.size();
   const int64_t bs = runner.block_size();
   const int64_t max_blocks = (256 + bs - 1) / bs;
   std::vector<std::vector<int32_t>> blocks(R);
   for (size_t i = 0; i < R; ++i)
-    for (int64_t b = 0; b < max_blocks; ++b) blocks[i].push_back(static_cast<int32_t>(1 + static_cast<int64_t>(i) * max_blocks + b));
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      const int64_t k = static_cast<int64_t>(i) * max_blocks + b;
+      blocks[i].push_back(static_cast<int32_t>(reverse_blocks ? static_cast<int64_t>(R) * max_blocks - k : 1 + k));
+    }
   std::vector<int64_t> cur(R, 0);
   Outcome out;
   while (true) {
@@ -187,6 +194,19 @@ TEST_P(ForwardTest, Fp8KvCacheMatchesFp8RoundedReference) {
   EXPECT_LE(q.max_err, kFp8Tolerance);
   // The rounding is real: the cache's error against the exact reference is far above f32's.
   EXPECT_GT(o.max_err, 10 * kF32Tolerance);
+}
+
+// A request recomputed after preemption gets blocks that other requests filled: the same
+// prompts again on the same runner, with the block ids of a first pass handed out in reverse.
+TEST_P(ForwardTest, RecomputeInReusedPermutedBlocksMatchesReference) {
+  const ModelDir dir = open();
+  ModelRunner runner(dir, options());
+  const Outcome first = run_prompts(runner, model(), 0, 0);
+  const Outcome again = run_prompts(runner, model(), 7, 3, false, /*reverse_blocks=*/true);
+  std::printf("%s recompute in reused blocks: max |dlogit| %.3g\n", GetParam().c_str(), again.max_err);
+  EXPECT_LE(first.max_err, kF32Tolerance);
+  EXPECT_EQ(again.compared_rows, 13);
+  EXPECT_LE(again.max_err, kF32Tolerance);
 }
 
 // Greedy decoding of 32 tokens for every prompt at once (a plain loop over execute(), the
