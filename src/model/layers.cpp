@@ -128,12 +128,19 @@ class Loader {
     KVATTN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
                  "checkpoint tensor '{}' has dtype {}; valid: float32, bfloat16, float16", name, dtype_name(t.dtype()));
     const size_t off = dst.size();
-    dst.resize(off + static_cast<size_t>(t.numel()));
-    if (t.dtype() == DType::f32 && t.is_contiguous()) {
-      std::memcpy(dst.data() + off, t.data(), static_cast<size_t>(t.nbytes()));
+    const auto n = static_cast<size_t>(t.numel());
+    dst.resize(off + n);
+    float* out = dst.data() + off;
+    const Tensor c = t.contiguous();  // checkpoint tensors are contiguous: a view, no copy
+    if (c.dtype() == DType::f32) {
+      std::memcpy(out, c.data(), n * sizeof(float));
     } else {
-      Tensor f = t.to(DType::f32).contiguous();
-      std::memcpy(dst.data() + off, f.data(), static_cast<size_t>(f.nbytes()));
+      const auto* in = static_cast<const uint16_t*>(c.data());
+      if (c.dtype() == DType::bf16) {
+        for (size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(in[i]);
+      } else {
+        for (size_t i = 0; i < n; ++i) out[i] = f16_bits_to_f32(in[i]);
+      }
     }
   }
   std::vector<float> get(const std::string& name, std::initializer_list<int64_t> shape) {

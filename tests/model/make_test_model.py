@@ -285,6 +285,12 @@ def main():
     ap.add_argument("--layers", type=int, default=0,
                     help="decoder layers (default 3; Gemma 2: 4, two sliding and two full = two KV cache groups)")
     ap.add_argument("--hidden", type=int, default=64)
+    # Larger shapes (benchmarks, full-size checks): override the tiny configuration's fields.
+    ap.add_argument("--heads", type=int, help="num_attention_heads")
+    ap.add_argument("--kv-heads", type=int, help="num_key_value_heads")
+    ap.add_argument("--head-dim", type=int, help="head_dim (Qwen2: hidden_size / heads)")
+    ap.add_argument("--intermediate", type=int, help="intermediate_size")
+    ap.add_argument("--max-position", type=int, help="max_position_embeddings")
     a = ap.parse_args()
 
     os.makedirs(a.out, exist_ok=True)
@@ -294,6 +300,16 @@ def main():
     if a.layers <= 0:
         a.layers = 4 if a.arch == "gemma2" else 3
     c = base_config(a.arch, a.hidden, a.layers)
+    for key, val in (("num_attention_heads", a.heads), ("num_key_value_heads", a.kv_heads),
+                     ("intermediate_size", a.intermediate), ("max_position_embeddings", a.max_position)):
+        if val:
+            c[key] = val
+    if a.hidden != 64:
+        c["hidden_size"] = a.hidden
+    if a.head_dim:
+        if "head_dim" not in c:
+            sys.exit(f"--head-dim: {a.arch} derives head_dim from hidden_size / num_attention_heads")
+        c["head_dim"] = a.head_dim
     c["torch_dtype"] = a.dtype
     src = find_real_tokenizer(a.arch, a.tokenizer)
     if src:
