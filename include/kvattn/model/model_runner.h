@@ -58,7 +58,9 @@ class ModelRunner {
   };
 
   // Validates the options against the model, plans and allocates the KV cache, converts the
-  // weights.  Unsupported for CUDA (not built yet) and for bf16/f16 compute on CPU.
+  // weights (the runner keeps its own f32 copy: `model` may be closed afterwards).
+  // Unsupported for CUDA (not built yet) and for bf16/f16 compute on CPU.  Not thread-safe:
+  // one step at a time.
   ModelRunner(const ModelDir& model, const Options& options);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
