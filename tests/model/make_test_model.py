@@ -282,6 +282,8 @@ def main():
                          "with --tokenizer none); must cover the generated tokenizer")
     ap.add_argument("--drop-tensor", action="append", default=[],
                     help="leave this tensor out of the checkpoint (bad-input tests)")
+    ap.add_argument("--extra-tensor", action="append", default=[],
+                    help="add a [hidden] tensor of this name (bad-input tests)")
     ap.add_argument("--layers", type=int, default=0,
                     help="decoder layers (default 3; Gemma 2: 4, two sliding and two full = two KV cache groups)")
     ap.add_argument("--hidden", type=int, default=64)
@@ -331,6 +333,8 @@ def main():
         c["pad_token_id"] = 0
     rng = np.random.default_rng(a.seed)
     w = make_weights(c, a.arch, rng, a.std)
+    for name in a.extra_tensor:
+        w[name] = np.ones(c["hidden_size"], dtype=np.float32)
     for name in a.drop_tensor:
         if name not in w:
             sys.exit(f"--drop-tensor {name}: no such tensor")

@@ -206,7 +206,7 @@ TEST_F(ModelRunnerInputs, DecodeStepAllocatesNothing) {
   EXPECT_LE(allocated, 12 * dir_->config.num_hidden_layers) << "a decode step allocated " << allocated << " times";
 }
 
-TEST(ModelRunnerCheckpoint, MissingTensorAndContradictingShapeAreNamed) {
+TEST(ModelRunnerCheckpoint, MissingUnusedAndMisshapenTensorsAreNamed) {
   const fs::path base = testing::data_dir() / "bad-checkpoints";
   fs::create_directories(base);
   const fs::path src = testing::source_dir() / "tests" / "model" / "make_test_model.py";
@@ -215,6 +215,12 @@ TEST(ModelRunnerCheckpoint, MissingTensorAndContradictingShapeAreNamed) {
                " --drop-tensor model.layers.1.mlp.down_proj.weight > /dev/null");
   const ModelDir d1 = open_model_dir(missing, false);
   EXPECT_NE(error_of<InvalidArgument>([&] { ModelRunner r(d1, opts()); }).find("'model.layers.1.mlp.down_proj.weight'"),
+            std::string::npos);
+  const fs::path extra = base / "mlp-bias";
+  testing::run("/usr/bin/python3 " + src.string() + " --arch mistral --tokenizer none --out " + extra.string() +
+               " --extra-tensor model.layers.2.mlp.down_proj.bias > /dev/null");
+  const ModelDir d3 = open_model_dir(extra, false);
+  EXPECT_NE(error_of<Unsupported>([&] { ModelRunner r(d3, opts()); }).find("'model.layers.2.mlp.down_proj.bias'"),
             std::string::npos);
   const fs::path shape = base / "shape";
   testing::run("/usr/bin/python3 " + src.string() + " --arch qwen2 --tokenizer none --out " + shape.string() +
