@@ -43,6 +43,8 @@ std::string generator_args(const std::string& arch) {
   if (arch == "mistral") return a + "--dtype float32 --vocab-size 1000";
   if (arch == "qwen2") return a + "--dtype bfloat16 --vocab-size 1000 --shards 3";
   if (arch == "qwen3") return a + "--dtype float16 --vocab-size 1000";
+  // Qwen2 with use_sliding_window: layer 0 full, layers 1-2 sliding = three KV cache groups.
+  if (arch == "qwen2_window") return a + "--arch qwen2 --qwen-window 12 --dtype bfloat16 --vocab-size 1000";
   return a + "--dtype bfloat16 --vocab-size 1000";
 }
 
@@ -145,6 +147,10 @@ class ForwardTest : public ::testing::TestWithParam<std::string> {
 TEST_P(ForwardTest, BatchedPrefillMatchesReference) {
   const ModelDir dir = open();
   ModelRunner runner(dir, options());
+  // KV cache groups from the real layer specs: Gemma 2's 2 sliding + 2 full layers make two;
+  // windowed Qwen2's 1 full + 2 sliding make three groups of one layer.
+  const int64_t groups = GetParam() == "gemma2" ? 2 : GetParam() == "qwen2_window" ? 3 : 1;
+  EXPECT_EQ(runner.num_kv_cache_groups(), groups);
   const Outcome o = run_prompts(runner, model(), 0, 0);
   std::printf("%s batched prefill: max |dlogit| %.3g (max |logit| %.3g), %lld rows\n", GetParam().c_str(), o.max_err,
               o.max_ref, static_cast<long long>(o.compared_rows));
@@ -259,7 +265,7 @@ TEST_P(ForwardTest, GreedyDecodeMatchesReferenceTokenForToken) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, ForwardTest,
-                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2"),
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2", "qwen2_window"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -113,8 +113,10 @@ inline ReferenceModel reference_model(const std::string& arch, const std::string
     fs::create_directories(data_dir());
     const fs::path tmp = data_dir() / (std::string(name) + ".tmp" + std::to_string(::getpid()));
     fs::remove_all(tmp);
-    run("/usr/bin/python3 " + (src / "make_test_model.py").string() + " --arch " + arch + " --out " + tmp.string() +
-        " " + generator_args + " > /dev/null");
+    // `arch` names the architecture unless the arguments name it (variants of one architecture).
+    const std::string arch_arg = generator_args.find("--arch ") == std::string::npos ? " --arch " + arch : "";
+    run("/usr/bin/python3 " + (src / "make_test_model.py").string() + arch_arg + " --out " + tmp.string() + " " +
+        generator_args + " > /dev/null");
     const int64_t vocab = read_vocab(tmp / "config.json");
     const Prompts p = make_prompts(lengths, vocab, prompt_seed, tail);
     std::ofstream(tmp / "prompts.json") << prompts_json(p);

@@ -287,6 +287,9 @@ def main():
     ap.add_argument("--layers", type=int, default=0,
                     help="decoder layers (default 3; Gemma 2: 4, two sliding and two full = two KV cache groups)")
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--qwen-window", type=int, default=0,
+                    help="Qwen2/3: use_sliding_window with this window on layers >= max_window_layers = 1 "
+                         "(one full layer, the rest sliding: three KV cache groups)")
     # Larger shapes (benchmarks, full-size checks): override the tiny configuration's fields.
     ap.add_argument("--heads", type=int, help="num_attention_heads")
     ap.add_argument("--kv-heads", type=int, help="num_key_value_heads")
@@ -308,6 +311,10 @@ def main():
             c[key] = val
     if a.hidden != 64:
         c["hidden_size"] = a.hidden
+    if a.qwen_window:
+        if a.arch not in ("qwen2", "qwen3"):
+            sys.exit("--qwen-window applies to qwen2 and qwen3")
+        c.update(use_sliding_window=True, sliding_window=a.qwen_window, max_window_layers=1)
     if a.head_dim:
         if "head_dim" not in c:
             sys.exit(f"--head-dim: {a.arch} derives head_dim from hidden_size / num_attention_heads")
