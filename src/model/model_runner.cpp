@@ -132,15 +132,26 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
   po.kv_cache_dtype = o.kv_cache_dtype;
   po.layout = o.layout ? layout_name(*o.layout) : "auto";
   po.max_num_batched_tokens = o.max_num_batched_tokens;
+  const DType kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, compute_dtype_);  // names the choices
   int64_t budget = o.kv_cache_memory;
   if (budget == 0) {
-    const int64_t per_token = cfg_.num_hidden_layers * 2 * cfg_.num_key_value_heads * cfg_.head_dim *
-                              dtype_size(resolve_kv_cache_dtype(o.kv_cache_dtype, compute_dtype_));
+    const int64_t per_token =
+        cfg_.num_hidden_layers * 2 * cfg_.num_key_value_heads * cfg_.head_dim * dtype_size(kv_dtype);
     const int64_t blocks = kCpuDefaultRequests * ((mc.max_model_len + o.block_size - 1) / o.block_size) + 2;
     budget = std::min(kCpuDefaultKvMax, blocks * o.block_size * per_token);
   }
   po.gpu_memory = budget;
-  plan_ = plan_kv_cache(mc, po);
+  try {
+    plan_ = plan_kv_cache(mc, po);
+  } catch (const InvalidArgument& e) {
+    // A budget too small: the planner speaks `kvattn plan`'s flags (--gpu-memory = the KV cache
+    // budget here).  Other plan errors (layout, block size) are the user's choices, as named.
+    if (std::string_view(e.what()).find("--gpu-memory") == std::string_view::npos) throw;
+    throw InvalidArgument(fmt::format(
+        "the KV cache cannot be planned with --kv-cache-memory {} bytes{} and --max-model-len {}: {}. Raise "
+        "--kv-cache-memory or lower --max-model-len",
+        budget, o.kv_cache_memory ? "" : " (the CPU default)", mc.max_model_len, e.what()));
+  }
 
   // ---- backend -----------------------------------------------------------------------
   bc_.platform.device = o.device;
