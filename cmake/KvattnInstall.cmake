@@ -5,7 +5,7 @@ include(CMakePackageConfigHelpers)
 
 set(kvattn_install_targets kvattn_all)
 set(kvattn_pc_libs "")
-foreach(layer engine attention batch kv ops core)  # dependents first, for static linking
+foreach(layer model engine attention batch kv ops core)  # dependents first, for static linking
   if(TARGET kvattn_${layer})
     list(APPEND kvattn_install_targets kvattn_${layer})
     set_target_properties(kvattn_${layer} PROPERTIES EXPORT_NAME ${layer})
