@@ -1,0 +1,172 @@
+// kvattn/model/llm.h — offline generation as vLLM's `LLM.generate`: prompts in, one
+// RequestOutput per prompt out, the engine's scheduler (continuous batching, chunked prefill,
+// recompute preemption) driving a model step by step.
+//
+// The loop, per engine step:
+//   Scheduler::schedule -> one StepRequest per scheduled request (the tokens it computes this
+//   step, their first position, its block table, whether the step ends its known tokens and so
+//   needs logits) -> StepExecutor::execute (logits [requests that want them, vocab]) ->
+//   RequestSampler::sample per row -> stop checks (EOS unless ignore_eos, stop_token_ids, stop
+//   strings on the detokenized text, max_tokens, max_model_len) -> streaming callback ->
+//   Scheduler::update_after_step.
+//
+// Finish reasons follow vLLM: "stop" (EOS, a stop token id, or a stop string — the text is cut
+// before the stop string unless include_stop_str_in_output; the stop token is kept in
+// token_ids but not detokenized), "length" (max_tokens, or prompt + output reached
+// max_model_len).  A stop token or stop string wins over "length" in the same step.
+//
+// Requests that stop early: the scheduler's request list is fixed at construction and a request
+// leaves it only after its planned number of outputs, so a request that stopped keeps its seat
+// and its blocks until then; the engine no longer computes it (the model is not called for it)
+// and ignores its remaining "outputs".  Correct, but it holds KV blocks and a seat it no longer
+// needs; an abort call on the scheduler would free them at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvattn/core/tensor.h"
+#include "kvattn/model/sampling.h"
+
+namespace kvattn::model {
+
+// The step a scheduler hands the model: one request with the tokens to compute this step.
+struct StepRequest {
+  int64_t request_id = 0;
+  std::span<const int32_t> token_ids;  // tokens computed this step
+  int64_t start_pos = 0;               // position of token_ids[0]
+  std::span<const int32_t> block_ids;  // the request's KV block ids (block 0 is never one)
+  bool wants_logits = false;           // the step ends the request's known tokens
+};
+
+// What the engine needs from a model.  num_kv_blocks() counts block ids including the reserved
+// null block 0; execute() returns f32 CPU logits [number of requests with wants_logits, vocab]
+// in request order.
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual int64_t num_kv_blocks() const = 0;
+  virtual int64_t block_size() const = 0;
+  virtual int64_t max_model_len() const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual Tensor execute(std::span<const StepRequest> reqs) = 0;
+};
+
+// Streaming detokenization of one request's output.
+class StreamDecoder {
+ public:
+  virtual ~StreamDecoder() = default;
+  virtual std::string push(int32_t id) = 0;  // the new complete text (may be empty)
+  virtual std::string flush() = 0;
+};
+
+// The engine's view of a tokenizer: prompt encoding, EOS ids, streaming decoding.
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  virtual std::unique_ptr<StreamDecoder> decoder(bool skip_special_tokens) const = 0;
+  virtual std::vector<int32_t> eos_token_ids() const = 0;  // generation_config's, else the tokenizer's
+};
+
+struct EngineOptions {
+  int64_t max_num_seqs = 256;             // requests running at once
+  int64_t max_num_batched_tokens = 8192;  // tokens per step (prefill chunks share it)
+  uint64_t seed = 0;                      // seeds requests without their own seed
+  LogprobsMode logprobs_mode = LogprobsMode::raw_logprobs;
+};
+
+struct CompletionOutput {
+  int64_t index = 0;
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::string finish_reason;              // "stop" | "length"
+  std::string stop_reason;                // the stop string that matched (empty otherwise)
+  std::optional<int32_t> stop_token_id;   // the stop token id that matched (not EOS)
+  std::vector<TokenLogprobs> logprobs;    // one per token when SamplingParams::logprobs > 0
+};
+
+struct RequestMetrics {
+  double time_to_first_token_s = 0;  // from generate()'s start to the first sampled token
+  double total_time_s = 0;           // from generate()'s start to the last one
+  double decode_tokens_per_s = 0;    // (outputs - 1) / (last - first token time); 0 for 1 output
+  int64_t num_preemptions = 0;
+  int64_t kv_blocks = 0;             // the most KV blocks the request held at once
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::string prompt;
+  std::vector<int32_t> prompt_token_ids;
+  CompletionOutput output;
+  bool finished = false;
+  RequestMetrics metrics;
+};
+
+// Totals of the last generate() call.
+struct GenerateStats {
+  int64_t num_steps = 0;
+  int64_t num_model_calls = 0;
+  int64_t num_prompt_tokens = 0;
+  int64_t num_generated_tokens = 0;
+  int64_t num_computed_tokens = 0;   // tokens the model computed, recomputation included
+  int64_t num_preemptions = 0;
+  int64_t num_kv_blocks = 0;         // usable blocks (the null block excluded)
+  int64_t block_size = 0;
+  int64_t peak_kv_blocks_used = 0;
+  double total_time_s = 0;
+};
+
+// Called on the engine thread as tokens arrive.  `text` is the new text since the previous
+// event of this request (held back while it could still become a stop string);
+// `output.finished` marks the last event of a request.
+struct StreamEvent {
+  size_t index = 0;  // position of the prompt in generate()'s input
+  int32_t token_id = -1;
+  std::string_view text;
+  const RequestOutput& output;
+};
+using StreamCallback = std::function<void(const StreamEvent&)>;
+
+class LLM {
+ public:
+  // A model given as an executor and a codec (for tests and embedders).
+  LLM(std::unique_ptr<StepExecutor> executor, std::unique_ptr<TextCodec> codec, EngineOptions options = {});
+  ~LLM();
+  LLM(LLM&&) noexcept;
+  LLM& operator=(LLM&&) noexcept;
+
+  // One output per prompt, in order.  All prompts are validated (length <= max_model_len, token
+  // ids in the vocabulary, parameters) before anything runs.
+  std::vector<RequestOutput> generate(const std::vector<std::string>& prompts, const SamplingParams& params,
+                                      const StreamCallback& callback = {});
+  std::vector<RequestOutput> generate(const std::vector<std::string>& prompts,
+                                      const std::vector<SamplingParams>& params, const StreamCallback& callback = {});
+  // Prompts given as token ids (vLLM's TokensPrompt).
+  std::vector<RequestOutput> generate_tokens(const std::vector<std::vector<int32_t>>& prompts,
+                                             const std::vector<SamplingParams>& params,
+                                             const StreamCallback& callback = {});
+
+  const GenerateStats& last_stats() const noexcept { return stats_; }
+  const EngineOptions& options() const noexcept { return options_; }
+  StepExecutor& executor() noexcept { return *executor_; }
+  const TextCodec& codec() const noexcept { return *codec_; }
+
+ private:
+  std::vector<RequestOutput> run(std::vector<RequestOutput> outputs, const std::vector<SamplingParams>& params,
+                                 const StreamCallback& callback);
+
+  std::unique_ptr<StepExecutor> executor_;
+  std::unique_ptr<TextCodec> codec_;
+  EngineOptions options_;
+  GenerateStats stats_;
+  int64_t requests_started_ = 0;  // for request ids and unseeded requests' seeds
+};
+
+}  // namespace kvattn::model
