@@ -36,6 +36,24 @@ struct Sequence {
 
 }  // namespace
 
+TokenizerCodec::TokenizerCodec(const Tokenizer& tokenizer, std::vector<int32_t> eos_token_ids)
+    : tok_(&tokenizer), eos_(std::move(eos_token_ids)) {
+  for (int32_t id : tokenizer.eos_ids())
+    if (std::find(eos_.begin(), eos_.end(), id) == eos_.end()) eos_.push_back(id);
+}
+
+std::vector<int32_t> TokenizerCodec::encode(std::string_view text) const { return tok_->encode(text, true); }
+
+std::unique_ptr<StreamDecoder> TokenizerCodec::decoder(bool skip_special_tokens) const {
+  struct Decoder final : StreamDecoder {
+    IncrementalDetokenizer detok;
+    Decoder(const Tokenizer& t, bool skip) : detok(t, skip) {}
+    std::string push(int32_t id) override { return detok.push(id); }
+    std::string flush() override { return detok.flush(); }
+  };
+  return std::make_unique<Decoder>(*tok_, skip_special_tokens);
+}
+
 LLM::LLM(std::unique_ptr<StepExecutor> executor, std::unique_ptr<TextCodec> codec, EngineOptions options)
     : executor_(std::move(executor)), codec_(std::move(codec)), options_(options) {
   KVATTN_CHECK(executor_ != nullptr && codec_ != nullptr, "LLM needs a model executor and a tokenizer codec");

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -33,6 +34,7 @@
 
 #include "kvattn/core/tensor.h"
 #include "kvattn/model/sampling.h"
+#include "kvattn/model/tokenizer.h"
 
 namespace kvattn::model {
 
@@ -73,6 +75,21 @@ class TextCodec {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   virtual std::unique_ptr<StreamDecoder> decoder(bool skip_special_tokens) const = 0;
   virtual std::vector<int32_t> eos_token_ids() const = 0;  // generation_config's, else the tokenizer's
+};
+
+// A Tokenizer as the engine's codec: encode with the tokenizer's special tokens (BOS as the
+// model adds it), IncrementalDetokenizer for streaming; EOS = the generation config's EOS ids
+// and the tokenizer's (vLLM adds the generation config's to the tokenizer's).
+class TokenizerCodec final : public TextCodec {
+ public:
+  TokenizerCodec(const Tokenizer& tokenizer, std::vector<int32_t> eos_token_ids);
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::unique_ptr<StreamDecoder> decoder(bool skip_special_tokens) const override;
+  std::vector<int32_t> eos_token_ids() const override { return eos_; }
+
+ private:
+  const Tokenizer* tok_;
+  std::vector<int32_t> eos_;
 };
 
 struct EngineOptions {
