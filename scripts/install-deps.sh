@@ -8,6 +8,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-dev pybind11-dev python3-numpy python3-pytest
   libpcre2-dev libsentencepiece-dev libutf8proc-dev
+  libopenblas-dev
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
