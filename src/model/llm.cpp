@@ -7,6 +7,8 @@
 
 #include "kvattn/core/error.h"
 #include "kvattn/engine/scheduler.h"
+#include "kvattn/kv/kv_cache_layout.h"
+#include "kvattn/model/model_dir.h"
 
 namespace kvattn::model {
 namespace {
@@ -34,6 +36,56 @@ struct Sequence {
   Clock::time_point first_token{}, last_token{};
 };
 
+// A model directory and its runner as the engine's executor.  The directory (weights mapped,
+// tokenizer) lives as long as the runner that reads it.
+class RunnerExecutor final : public StepExecutor {
+ public:
+  RunnerExecutor(std::unique_ptr<ModelDir> dir, const ModelRunner::Options& options)
+      : dir_(std::move(dir)), runner_(*dir_, options) {}
+  int64_t num_kv_blocks() const override { return runner_.num_kv_blocks(); }
+  int64_t block_size() const override { return runner_.block_size(); }
+  int64_t max_model_len() const override { return runner_.max_model_len(); }
+  int64_t vocab_size() const override { return runner_.vocab_size(); }
+  Tensor execute(std::span<const StepRequest> reqs) override { return runner_.execute(reqs); }
+  const ModelDir& dir() const noexcept { return *dir_; }
+
+ private:
+  std::unique_ptr<ModelDir> dir_;
+  ModelRunner runner_;
+};
+
+// The codec of a model loaded without a tokenizer.
+class TokenIdsOnlyCodec final : public TextCodec {
+ public:
+  explicit TokenIdsOnlyCodec(std::vector<int32_t> eos) : eos_(std::move(eos)) {}
+  std::vector<int32_t> encode(std::string_view) const override {
+    throw InvalidArgument(
+        "this model was loaded without a tokenizer (skip_tokenizer_init, or the directory has none): give "
+        "prompts as token ids");
+  }
+  std::unique_ptr<StreamDecoder> decoder(bool) const override {
+    struct NoText final : StreamDecoder {
+      std::string push(int32_t) override { return {}; }
+      std::string flush() override { return {}; }
+    };
+    return std::make_unique<NoText>();
+  }
+  std::vector<int32_t> eos_token_ids() const override { return eos_; }
+  bool has_text() const override { return false; }
+
+ private:
+  std::vector<int32_t> eos_;
+};
+
+SamplingParams defaults_from(const GenerationConfig& g) {
+  SamplingParams p;
+  if (g.temperature) p.temperature = *g.temperature;
+  if (g.top_p) p.top_p = *g.top_p;
+  if (g.top_k) p.top_k = *g.top_k;
+  if (g.repetition_penalty) p.repetition_penalty = *g.repetition_penalty;
+  return p;
+}
+
 }  // namespace
 
 TokenizerCodec::TokenizerCodec(const Tokenizer& tokenizer, std::vector<int32_t> eos_token_ids)
@@ -57,13 +109,64 @@ std::unique_ptr<StreamDecoder> TokenizerCodec::decoder(bool skip_special_tokens)
 LLM::LLM(std::unique_ptr<StepExecutor> executor, std::unique_ptr<TextCodec> codec, EngineOptions options)
     : executor_(std::move(executor)), codec_(std::move(codec)), options_(options) {
   KVATTN_CHECK(executor_ != nullptr && codec_ != nullptr, "LLM needs a model executor and a tokenizer codec");
-  KVATTN_CHECK(options_.max_num_seqs >= 1 && options_.max_num_seqs <= (1 << 20),
-               "max_num_seqs must be in [1, 2^20], got {}", options_.max_num_seqs);
-  KVATTN_CHECK(options_.max_num_batched_tokens >= 1 && options_.max_num_batched_tokens <= (int64_t{1} << 30),
-               "max_num_batched_tokens must be in [1, 2^30], got {}", options_.max_num_batched_tokens);
+  check_options(options_);
+  check_kv_blocks();
+}
+
+void LLM::check_options(const EngineOptions& o) {
+  KVATTN_CHECK(o.max_num_seqs >= 1 && o.max_num_seqs <= (1 << 20), "max_num_seqs must be in [1, 2^20], got {}",
+               o.max_num_seqs);
+  KVATTN_CHECK(o.max_num_batched_tokens >= 1 && o.max_num_batched_tokens <= (int64_t{1} << 30),
+               "max_num_batched_tokens must be in [1, 2^30], got {}", o.max_num_batched_tokens);
+}
+
+void LLM::check_kv_blocks() const {
   KVATTN_CHECK(executor_->num_kv_blocks() >= 2,
                "the KV cache has {} blocks (block 0 is reserved); give it more memory (--kv-cache-memory)",
                executor_->num_kv_blocks());
+}
+
+LLM::LLM(const std::filesystem::path& model_dir, const ModelRunner::Options& runner, EngineOptions options)
+    : options_(options) {
+  check_options(options_);
+  auto dir = std::make_unique<ModelDir>(open_model_dir(model_dir, /*require_tokenizer=*/!options_.skip_tokenizer_init));
+  std::vector<int32_t> eos;
+  for (int64_t id : dir->generation.eos_token_ids)
+    if (id >= 0 && id <= INT32_MAX) eos.push_back(static_cast<int32_t>(id));
+  for (int64_t id : dir->config.eos_token_ids)
+    if (id >= 0 && id <= INT32_MAX && std::find(eos.begin(), eos.end(), id) == eos.end())
+      eos.push_back(static_cast<int32_t>(id));
+  defaults_ = defaults_from(dir->generation);
+  ModelRunner::Options ro = runner;
+  ro.max_num_seqs = options_.max_num_seqs;
+  ro.max_num_batched_tokens = options_.max_num_batched_tokens;
+  const Tokenizer* tok = options_.skip_tokenizer_init ? nullptr : dir->tokenizer.get();
+  auto exec = std::make_unique<RunnerExecutor>(std::move(dir), ro);
+  if (tok)
+    codec_ = std::make_unique<TokenizerCodec>(*tok, std::move(eos));
+  else
+    codec_ = std::make_unique<TokenIdsOnlyCodec>(std::move(eos));
+  executor_ = std::move(exec);
+  check_kv_blocks();
+}
+
+LLM LLM::open(const std::filesystem::path& model_dir, const ModelLoadConfig& load, EngineOptions options) {
+  ModelRunner::Options ro;
+  ro.device = Device::parse(load.device);
+  ro.compute_dtype = ModelRunner::parse_dtype_option(load.dtype);
+  ro.kv_cache_dtype = load.kv_cache_dtype;
+  if (load.layout != "auto") ro.layout = layout_from_name(load.layout);
+  KVATTN_CHECK(load.kv_cache_memory >= 0, "kv_cache_memory must be >= 0 bytes, got {}", load.kv_cache_memory);
+  ro.kv_cache_memory = load.kv_cache_memory;
+  KVATTN_CHECK(load.gpu_memory_utilization > 0 && load.gpu_memory_utilization <= 1,
+               "gpu_memory_utilization must be in (0, 1], got {}", load.gpu_memory_utilization);
+  ro.gpu_memory_utilization = load.gpu_memory_utilization;
+  KVATTN_CHECK(load.max_model_len >= 0, "max_model_len must be >= 0 (0: the model's), got {}", load.max_model_len);
+  ro.max_model_len = load.max_model_len;
+  KVATTN_CHECK(load.block_size >= 1, "block_size must be >= 1, got {}", load.block_size);
+  ro.block_size = load.block_size;
+  ro.num_threads = load.num_threads;
+  return LLM(model_dir, ro, options);
 }
 
 LLM::~LLM() = default;
@@ -118,6 +221,8 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
     const auto& ids = outputs[i].prompt_token_ids;
     const SamplingParams& p = params_of(i);
     p.validate(vocab);
+    KVATTN_CHECK(p.stop.empty() || codec_->has_text(),
+                 "request {} has stop strings but the model was loaded without a tokenizer; use stop_token_ids", i);
     KVATTN_CHECK(!ids.empty(), "prompt {} is empty (0 tokens); give it at least one token", i);
     KVATTN_CHECK(static_cast<int64_t>(ids.size()) <= max_model_len,
                  "prompt {} has {} tokens, more than max_model_len {}; shorten it or raise --max-model-len", i,

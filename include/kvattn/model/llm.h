@@ -33,23 +33,15 @@
 #include <vector>
 
 #include "kvattn/core/tensor.h"
+#include "kvattn/model/model_runner.h"
 #include "kvattn/model/sampling.h"
 #include "kvattn/model/tokenizer.h"
 
 namespace kvattn::model {
 
-// The step a scheduler hands the model: one request with the tokens to compute this step.
-struct StepRequest {
-  int64_t request_id = 0;
-  std::span<const int32_t> token_ids;  // tokens computed this step
-  int64_t start_pos = 0;               // position of token_ids[0]
-  std::span<const int32_t> block_ids;  // the request's KV block ids (block 0 is never one)
-  bool wants_logits = false;           // the step ends the request's known tokens
-};
-
-// What the engine needs from a model.  num_kv_blocks() counts block ids including the reserved
-// null block 0; execute() returns f32 CPU logits [number of requests with wants_logits, vocab]
-// in request order.
+// What the engine needs from a model (ModelRunner's contract, model_runner.h): num_kv_blocks()
+// counts block ids including the reserved null block 0; execute() returns f32 CPU logits
+// [number of requests with wants_logits, vocab] in request order, valid until the next call.
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
@@ -75,6 +67,9 @@ class TextCodec {
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   virtual std::unique_ptr<StreamDecoder> decoder(bool skip_special_tokens) const = 0;
   virtual std::vector<int32_t> eos_token_ids() const = 0;  // generation_config's, else the tokenizer's
+  // False for a model loaded without a tokenizer: prompts must be token ids, outputs have no
+  // text, stop strings are rejected.
+  virtual bool has_text() const { return true; }
 };
 
 // A Tokenizer as the engine's codec: encode with the tokenizer's special tokens (BOS as the
@@ -92,11 +87,26 @@ class TokenizerCodec final : public TextCodec {
   std::vector<int32_t> eos_;
 };
 
+// How to load a model directory, as strings the way the CLI and Python take them.
+struct ModelLoadConfig {
+  std::string device = "cpu";         // cpu | cuda | cuda:N
+  std::string dtype = "auto";         // compute: auto | float32 | bfloat16 | float16
+  std::string kv_cache_dtype = "auto";
+  std::string layout = "auto";        // KV cache layout name or auto
+  int64_t kv_cache_memory = 0;        // bytes; 0: the runner's default
+  double gpu_memory_utilization = 0.9;
+  int64_t max_model_len = 0;          // 0: config.json's
+  int64_t block_size = 16;
+  int num_threads = 0;                // CPU threads; 0: all cores
+};
+
 struct EngineOptions {
   int64_t max_num_seqs = 256;             // requests running at once
   int64_t max_num_batched_tokens = 8192;  // tokens per step (prefill chunks share it)
   uint64_t seed = 0;                      // seeds requests without their own seed
   LogprobsMode logprobs_mode = LogprobsMode::raw_logprobs;
+  // vLLM's skip_tokenizer_init: load no tokenizer; token-id prompts only, no output text.
+  bool skip_tokenizer_init = false;
 };
 
 struct CompletionOutput {
@@ -155,6 +165,12 @@ class LLM {
  public:
   // A model given as an executor and a codec (for tests and embedders).
   LLM(std::unique_ptr<StepExecutor> executor, std::unique_ptr<TextCodec> codec, EngineOptions options = {});
+  // A Hugging Face model directory: open_model_dir (all validation first), a ModelRunner with
+  // `runner` (its max_num_seqs / max_num_batched_tokens are taken from `options`), the
+  // directory's tokenizer and EOS ids.
+  LLM(const std::filesystem::path& model_dir, const ModelRunner::Options& runner, EngineOptions options = {});
+  // The same from strings ("auto" dtype / layout resolved by the runner).
+  static LLM open(const std::filesystem::path& model_dir, const ModelLoadConfig& load, EngineOptions options = {});
   ~LLM();
   LLM(LLM&&) noexcept;
   LLM& operator=(LLM&&) noexcept;
@@ -171,11 +187,16 @@ class LLM {
                                              const StreamCallback& callback = {});
 
   const GenerateStats& last_stats() const noexcept { return stats_; }
+  // vLLM's default when no SamplingParams are given: the generation config's temperature,
+  // top_p, top_k and repetition_penalty over SamplingParams' defaults.
+  const SamplingParams& default_sampling_params() const noexcept { return defaults_; }
   const EngineOptions& options() const noexcept { return options_; }
   StepExecutor& executor() noexcept { return *executor_; }
   const TextCodec& codec() const noexcept { return *codec_; }
 
  private:
+  static void check_options(const EngineOptions& o);
+  void check_kv_blocks() const;
   std::vector<RequestOutput> run(std::vector<RequestOutput> outputs, const std::vector<SamplingParams>& params,
                                  const StreamCallback& callback);
 
@@ -183,6 +204,7 @@ class LLM {
   std::unique_ptr<TextCodec> codec_;
   EngineOptions options_;
   GenerateStats stats_;
+  SamplingParams defaults_;
   int64_t requests_started_ = 0;  // for request ids and unseeded requests' seeds
 };
 
