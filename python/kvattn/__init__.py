@@ -18,3 +18,4 @@ from .specs import (  # noqa: F401
     ChunkedLocalAttentionSpec, CrossAttentionSpec, EncoderOnlyAttentionSpec, FullAttentionSpec,
     MLAAttentionSpec, SinkFullAttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec)
 from .wrappers import *  # noqa: F401,F403
+from .llm import LLM  # noqa: F401,E402
