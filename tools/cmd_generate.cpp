@@ -122,8 +122,8 @@ nlohmann::json output_json(const model::RequestOutput& r, bool with_logprobs) {
 }
 
 std::string one_line(std::string s, size_t max) {
-  for (char& c : s)
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
+  for (char& c : s)  // control characters would move the cursor
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
   if (s.size() > max) {
     size_t cut = max - 3;
     while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
