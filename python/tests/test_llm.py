@@ -116,3 +116,27 @@ def test_bad_prompts_are_clear_errors(llm):
         llm.generate("text needs a tokenizer")
     with pytest.raises(ValueError, match="stop strings but the model was loaded without a tokenizer"):
         llm.generate([{"prompt_token_ids": [1]}], kvattn.SamplingParams(stop=["x"]))
+
+
+def test_text_prompts_and_stop_strings(tmp_path_factory):
+    d = make_model(tmp_path_factory, "generate")
+    llm = kvattn.LLM(d, dtype="float32", max_model_len=128, kv_cache_memory="4MiB")
+    greedy = kvattn.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = ["Hello, world", "The quick brown fox"]
+    outs = llm.generate(prompts, greedy)
+    assert [o.prompt for o in outs] == prompts
+    assert outs[0].prompt_token_ids == llm._llm.encode(prompts[0])
+    text = outs[0].outputs[0].text
+    assert len(outs[0].outputs[0].token_ids) == 12 and text
+    # A stop string taken from the generated text: the text ends right before its first match.
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    cut = llm.generate(prompts[0], kvattn.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                         stop=[stop]))[0].outputs[0]
+    assert cut.text == text[:text.index(stop)]
+    assert cut.finish_reason == "stop" and cut.stop_reason == stop
+    assert cut.token_ids == outs[0].outputs[0].token_ids[:len(cut.token_ids)]
+    # No SamplingParams: vLLM's defaults under generation_config.json's (which sets none here).
+    d = llm._llm.default_sampling_params
+    assert (d.temperature, d.top_p, d.top_k, d.max_tokens) == (1.0, 1.0, -1, 16)
+    out = llm.generate(prompts[0])[0].outputs[0]
+    assert 1 <= len(out.token_ids) <= 16

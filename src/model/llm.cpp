@@ -97,10 +97,13 @@ TokenizerCodec::TokenizerCodec(const Tokenizer& tokenizer, std::vector<int32_t> 
 std::vector<int32_t> TokenizerCodec::encode(std::string_view text) const { return tok_->encode(text, true); }
 
 std::unique_ptr<StreamDecoder> TokenizerCodec::decoder(bool skip_special_tokens) const {
+  // Ids beyond the tokenizer's vocabulary (a model's embedding rows are often padded past it)
+  // have no text: they decode to nothing, as in vLLM.
   struct Decoder final : StreamDecoder {
     IncrementalDetokenizer detok;
-    Decoder(const Tokenizer& t, bool skip) : detok(t, skip) {}
-    std::string push(int32_t id) override { return detok.push(id); }
+    int64_t vocab;
+    Decoder(const Tokenizer& t, bool skip) : detok(t, skip), vocab(t.vocab_size()) {}
+    std::string push(int32_t id) override { return id >= 0 && id < vocab ? detok.push(id) : std::string(); }
     std::string flush() override { return detok.flush(); }
   };
   return std::make_unique<Decoder>(*tok_, skip_special_tokens);

@@ -73,8 +73,9 @@ class TextCodec {
 };
 
 // A Tokenizer as the engine's codec: encode with the tokenizer's special tokens (BOS as the
-// model adds it), IncrementalDetokenizer for streaming; EOS = the generation config's EOS ids
-// and the tokenizer's (vLLM adds the generation config's to the tokenizer's).
+// model adds it), IncrementalDetokenizer for streaming (ids past the tokenizer's vocabulary, in
+// a model's padded embedding rows, decode to no text); EOS = the generation config's EOS ids and
+// the tokenizer's (vLLM adds the generation config's to the tokenizer's).
 class TokenizerCodec final : public TextCodec {
  public:
   TokenizerCodec(const Tokenizer& tokenizer, std::vector<int32_t> eos_token_ids);
