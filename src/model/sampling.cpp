@@ -13,22 +13,25 @@ constexpr double kSamplingEps = 1e-5;  // vLLM's _SAMPLING_EPS
 constexpr int64_t kMaxLogprobs = 20;   // vLLM's default max_logprobs
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// log(sum(exp(x))) over the finite entries, in double.
+// log(sum(exp(x))) over the finite entries, in double (NaN entries are skipped).
 double log_sum_exp(std::span<const float> x) {
   float m = kNegInf;
-  for (float v : x) m = std::max(m, v);
+  for (float v : x)
+    if (v > m) m = v;
   if (m == kNegInf) return -std::numeric_limits<double>::infinity();
   double s = 0;
   for (float v : x)
-    if (v != kNegInf) s += std::exp(static_cast<double>(v) - m);
+    if (v > kNegInf) s += std::exp(static_cast<double>(v) - m);
   return m + std::log(s);
 }
 
-// Descending value, ascending id: the total order used for ranks and candidates.
+// Descending value, ascending id: the total order used for ranks and candidates (NaN counts as
+// -inf, so the order stays strict and weak on any input).
 struct ByValueDesc {
   std::span<const float> x;
+  static float key(float v) { return std::isnan(v) ? kNegInf : v; }
   bool operator()(int32_t a, int32_t b) const {
-    const float va = x[static_cast<size_t>(a)], vb = x[static_cast<size_t>(b)];
+    const float va = key(x[static_cast<size_t>(a)]), vb = key(x[static_cast<size_t>(b)]);
     return va > vb || (va == vb && a < b);
   }
 };

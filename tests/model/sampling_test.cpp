@@ -262,3 +262,28 @@ TEST(Sampling, InvalidParametersAreNamed) {
   EXPECT_THROW(parse_logprobs_mode("raw"), InvalidArgument);
   EXPECT_EQ(parse_logprobs_mode("processed_logprobs"), LogprobsMode::processed_logprobs);
 }
+
+TEST(Sampling, NanLogitsAreNeverChosen) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x{nan, 1.0f, 2.0f, nan, 0.5f};
+  SamplingParams g;
+  g.temperature = 0;
+  g.logprobs = 3;
+  RequestSampler greedy(g, 5, {}, 0, LogprobsMode::raw_logprobs);
+  SamplerScratch scratch(5);
+  TokenLogprobs lp;
+  EXPECT_EQ(greedy.sample(x, scratch, &lp), 2);
+  ASSERT_EQ(lp.size(), 3u);  // ranks skip the NaN entries
+  EXPECT_EQ(lp[1].first, 1);
+  EXPECT_EQ(lp[2].first, 4);
+  const auto want = std::log(std::exp(2.0) / (std::exp(2.0) + std::exp(1.0) + std::exp(0.5)));
+  EXPECT_NEAR(lp[0].second, want, 1e-6);
+  SamplingParams r;
+  r.seed = 5;
+  r.top_p = 0.99;
+  RequestSampler random(r, 5, {}, 0);
+  for (int i = 0; i < 200; ++i) {
+    const int32_t t = random.sample(x, scratch);
+    EXPECT_TRUE(t == 1 || t == 2 || t == 4) << t;
+  }
+}
