@@ -23,6 +23,16 @@ size_t utf8_boundary(const std::string& s, size_t cut) {
   return cut;
 }
 
+// A request's block table as the scheduler keeps it: one list, or one list per KV cache group
+// ([group][block]) where the scheduler allocates per group — the model runner takes one table
+// for all its groups, so the engine schedules a single group and passes its list.
+[[maybe_unused]] std::span<const int32_t> block_table(const std::vector<int32_t>& blocks) { return blocks; }
+[[maybe_unused]] std::span<const int32_t> block_table(const std::vector<std::vector<int32_t>>& groups) {
+  return groups.empty() ? std::span<const int32_t>() : std::span<const int32_t>(groups.front());
+}
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // One request's generation state.
 struct Sequence {
   std::vector<int32_t> tokens;  // prompt + generated
@@ -254,6 +264,11 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
     t.output_len = static_cast<int32_t>(s.max_outputs);
     trace.push_back(t);
     stats_.num_prompt_tokens += s.prompt_len;
+    const int64_t need = cdiv(s.prompt_len + s.max_outputs - 1, block_size);
+    KVATTN_CHECK(need <= num_blocks - 1,
+                 "prompt {} ({} tokens + up to {} generated) needs {} KV blocks of {} tokens but the cache has {}; "
+                 "give the KV cache more memory (--kv-cache-memory) or lower max_tokens",
+                 i, s.prompt_len, s.max_outputs, need, block_size, num_blocks - 1);
   }
   requests_started_ += static_cast<int64_t>(outputs.size());
   stats_.num_kv_blocks = num_blocks - 1;
@@ -268,6 +283,10 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
   cfg.enable_prefix_sharing = false;
   KVATTN_CHECK(num_blocks <= INT32_MAX, "{} KV blocks is more than the scheduler's 32-bit ids", num_blocks);
   engine::Scheduler sched(cfg, static_cast<int32_t>(num_blocks), trace);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    KVATTN_CHECK(sched.request(static_cast<int64_t>(i)).state == engine::RequestState::Waiting,
+                 "the scheduler cannot serve prompt {} ({} tokens) in a KV cache of {} blocks of {} tokens", i,
+                 seqs[i].prompt_len, num_blocks - 1, block_size);
 
   SamplerScratch scratch(vocab);
   std::vector<StepRequest> step_reqs;
@@ -299,7 +318,8 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
       const engine::EngineRequest& er = sched.request(sr.request_id);
       Sequence& s = seqs[i];
       if (s.done) continue;  // stopped early: the scheduler still counts it, the model does not
-      outputs[i].metrics.kv_blocks = std::max<int64_t>(outputs[i].metrics.kv_blocks, er.block_ids.size());
+      const std::span<const int32_t> blocks = block_table(er.block_ids);
+      outputs[i].metrics.kv_blocks = std::max<int64_t>(outputs[i].metrics.kv_blocks, static_cast<int64_t>(blocks.size()));
       KVATTN_ASSERT(er.num_known_tokens() == static_cast<int32_t>(s.tokens.size()),
                     "request {} has {} tokens but the scheduler knows {}", i, s.tokens.size(), er.num_known_tokens());
       const int64_t begin = sr.num_computed_before, n = sr.num_new_tokens;
@@ -307,7 +327,7 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
       r.request_id = static_cast<int64_t>(i);
       r.token_ids = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(begin), static_cast<size_t>(n));
       r.start_pos = begin;
-      r.block_ids = er.block_ids;
+      r.block_ids = blocks;
       r.wants_logits = begin + n == static_cast<int64_t>(s.tokens.size());
       step_reqs.push_back(r);
       step_index.push_back(i);

@@ -378,7 +378,15 @@ TEST(LLMLoop, BadPromptsAreClearErrors) {
   EXPECT_THROW(llm.generate_tokens({{1}, {2}}, {greedy(1), greedy(1), greedy(1)}), InvalidArgument);
   // A request that cannot fit the KV cache at all.
   LLM tiny = make_llm(3, 4, 32);
-  EXPECT_THROW(tiny.generate_tokens({prompt_of_length(20, 1)}, {greedy(4)}), InvalidArgument);
+  try {
+    tiny.generate_tokens({prompt_of_length(2, 1), prompt_of_length(20, 1)}, {greedy(4)});
+    ADD_FAILURE() << "no error for a request larger than the KV cache";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("prompt 1 (20 tokens + up to 4 generated) needs 6 KV blocks of 4 tokens but "
+                                         "the cache has 2"),
+              std::string::npos)
+        << e.what();
+  }
   // Nothing ran, and the engine still works.
   EXPECT_EQ(llm.generate_tokens({{1, 2}}, {greedy(2)})[0].output.token_ids, reference_greedy({1, 2}, 2));
 }
