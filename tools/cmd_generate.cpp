@@ -214,7 +214,10 @@ std::function<int()> setup_generate(CLI::App& app) {
         std::fflush(stdout);
       })
                                                   : model::StreamCallback());
-      if (stream) std::fputc('\n', stdout);
+      if (stream) {
+        std::fputc('\n', stdout);
+        std::fflush(stdout);
+      }
     } else {
       const auto lines = read_prompts(o->prompts_file);
       const bool all_text = std::all_of(lines.begin(), lines.end(), [](const PromptLine& p) { return !p.token_ids; });
