@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kvattn/core/error.h"
+#include "read_file.h"
 
 namespace kvattn::model {
 using nlohmann::json;
@@ -20,15 +21,7 @@ std::string clip(const std::string& s, size_t n = 80) {
   return s.size() <= n ? s : s.substr(0, n) + "...";
 }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f)
-    throw InvalidArgument(fmt::format("cannot read '{}'; a Hugging Face model directory has it",
-                                      p.string()));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::filesystem::path& p) { return detail::read_file(p); }
 
 json parse_object(std::string_view text, const std::string& label) {
   json j;

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "kvattn/core/error.h"
+#include "read_file.h"
 
 namespace kvattn::model {
 namespace fs = std::filesystem;
@@ -225,13 +226,7 @@ Mapping map_file(const fs::path& path) {
   return m;
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InvalidArgument(fmt::format("cannot read '{}'", p.string()));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::filesystem::path& p) { return detail::read_file(p); }
 
 bool plain_file_name(const std::string& s) {
   return !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos &&
@@ -240,30 +235,38 @@ bool plain_file_name(const std::string& s) {
 
 }  // namespace
 
+void WeightStore::add_file(std::shared_ptr<Buffer> bytes_buf, const fs::path& path) {
+  const auto* bytes = static_cast<const uint8_t*>(bytes_buf->data());
+  const size_t size = bytes_buf->size();
+  auto entries = parse_safetensors_bytes({bytes, size}, path.string());
+  const int64_t data_start = 8 + read_u64_le(bytes);
+  const size_t file_index = files_.size();
+  for (auto& e : entries) {
+    if (auto it = tensors_.find(e.name); it != tensors_.end())
+      throw InvalidArgument(fmt::format(
+          "tensor '{}' appears in both '{}' and '{}'; a checkpoint holds each tensor once", e.name,
+          files_[it->second.file].string(), path.string()));
+    Item item;
+    item.file = file_index;
+    item.tensor = Tensor::from_buffer(bytes_buf, data_start + e.begin, e.shape,
+                                      contiguous_strides(e.shape), e.dtype);
+    total_bytes_ += e.end - e.begin;
+    tensors_.emplace(e.name, std::move(item));
+  }
+  files_.push_back(path);
+  mappings_.push_back(std::move(bytes_buf));
+}
+
 WeightStore WeightStore::open_files(const std::vector<fs::path>& files) {
   WeightStore ws;
-  for (const fs::path& path : files) {
-    Mapping m = map_file(path);
-    const auto* bytes = static_cast<const uint8_t*>(m.buffer->data());
-    auto entries = parse_safetensors_bytes({bytes, m.size}, path.string());
-    const int64_t header_len = read_u64_le(bytes);
-    const int64_t data_start = 8 + header_len;
-    const size_t file_index = ws.files_.size();
-    for (auto& e : entries) {
-      if (ws.tensors_.count(e.name))
-        throw InvalidArgument(fmt::format(
-            "tensor '{}' appears in both '{}' and '{}'; a checkpoint holds each tensor once",
-            e.name, ws.files_[ws.tensors_.find(e.name)->second.file].string(), path.string()));
-      Item item;
-      item.file = file_index;
-      item.tensor = Tensor::from_buffer(m.buffer, data_start + e.begin, e.shape,
-                                        contiguous_strides(e.shape), e.dtype);
-      ws.total_bytes_ += e.end - e.begin;
-      ws.tensors_.emplace(e.name, std::move(item));
-    }
-    ws.files_.push_back(path);
-    ws.mappings_.push_back(std::move(m.buffer));
-  }
+  for (const fs::path& path : files) ws.add_file(map_file(path).buffer, path);
+  return ws;
+}
+
+WeightStore WeightStore::from_buffer(std::shared_ptr<Buffer> bytes, const std::string& label) {
+  KVATTN_CHECK(bytes && bytes->device().is_cpu(), "{}: safetensors bytes must be a CPU buffer", label);
+  WeightStore ws;
+  ws.add_file(std::move(bytes), label);
   return ws;
 }
 

@@ -17,32 +17,34 @@ bool Tokenizer::is_special(int32_t id) const {
 
 namespace {
 
-// Length of the valid UTF-8 sequence starting at s[i] (1..4), 0 when invalid, -1 when the
-// input ends inside an otherwise valid sequence.
-int utf8_seq(std::string_view s, size_t i) {
+// The UTF-8 sequence starting at s[i]: a valid character of `len` bytes, an invalid
+// "maximal subpart" of `len` bytes (replaced by one U+FFFD, as Python's errors="replace" and
+// Rust's from_utf8_lossy do), or a valid prefix cut off by the end of the input.
+struct Seq {
+  enum State { Valid, Invalid, Truncated } state;
+  size_t len;
+};
+
+Seq utf8_seq(std::string_view s, size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
-  int n;
-  uint32_t min;
-  if (c < 0x80) return 1;
-  if (c >= 0xC2 && c <= 0xDF) { n = 2; min = 0x80; }
-  else if (c >= 0xE0 && c <= 0xEF) { n = 3; min = 0x800; }
-  else if (c >= 0xF0 && c <= 0xF4) { n = 4; min = 0x10000; }
-  else return 0;
-  uint32_t cp = c & (0x7F >> n);
-  for (int k = 1; k < n; ++k) {
-    if (i + k >= s.size()) return -1;
-    const auto cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (cc & 0x3F);
-    // Reject overlongs / surrogates / > U+10FFFF as early as the second byte allows.
-    if (k == 1) {
-      if (n == 3 && c == 0xE0 && cc < 0xA0) return 0;
-      if (n == 3 && c == 0xED && cc > 0x9F) return 0;
-      if (n == 4 && c == 0xF0 && cc < 0x90) return 0;
-      if (n == 4 && c == 0xF4 && cc > 0x8F) return 0;
-    }
+  if (c < 0x80) return {Seq::Valid, 1};
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c == 0xE0) { n = 3; lo = 0xA0; }
+  else if (c >= 0xE1 && c <= 0xEC) n = 3;
+  else if (c == 0xED) { n = 3; hi = 0x9F; }  // no surrogates
+  else if (c >= 0xEE && c <= 0xEF) n = 3;
+  else if (c == 0xF0) { n = 4; lo = 0x90; }
+  else if (c >= 0xF1 && c <= 0xF3) n = 4;
+  else if (c == 0xF4) { n = 4; hi = 0x8F; }  // <= U+10FFFF
+  else return {Seq::Invalid, 1};
+  for (size_t k = 1; k < n; ++k) {
+    if (i + k >= s.size()) return {Seq::Truncated, k};
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return {Seq::Invalid, k};
   }
-  return cp >= min ? n : 0;
+  return {Seq::Valid, n};
 }
 
 }  // namespace
@@ -50,9 +52,9 @@ int utf8_seq(std::string_view s, size_t i) {
 size_t utf8_complete_prefix(std::string_view s) noexcept {
   size_t i = 0;
   while (i < s.size()) {
-    const int n = utf8_seq(s, i);
-    if (n < 0) return i;          // an incomplete tail: wait for more bytes
-    i += n == 0 ? 1 : static_cast<size_t>(n);  // invalid bytes are final (become U+FFFD)
+    const Seq q = utf8_seq(s, i);
+    if (q.state == Seq::Truncated) return i;  // wait for more bytes
+    i += q.len;                               // invalid bytes are final (become U+FFFD)
   }
   return i;
 }
@@ -62,17 +64,10 @@ std::string utf8_repair(std::string_view s) {
   out.reserve(s.size());
   size_t i = 0;
   while (i < s.size()) {
-    const int n = utf8_seq(s, i);
-    if (n > 0) {
-      out.append(s.substr(i, static_cast<size_t>(n)));
-      i += static_cast<size_t>(n);
-    } else {
-      out.append("\xEF\xBF\xBD");
-      // An incomplete tail is one replacement character (as Python's errors="replace"
-      // does for a truncated sequence); an invalid byte is one each.
-      if (n < 0) break;
-      ++i;
-    }
+    const Seq q = utf8_seq(s, i);
+    if (q.state == Seq::Valid) out.append(s.substr(i, q.len));
+    else out.append("\xEF\xBF\xBD");
+    i += q.len;
   }
   return out;
 }
@@ -80,25 +75,31 @@ std::string utf8_repair(std::string_view s) {
 IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens)
     : tok_(&tokenizer), skip_special_(skip_special_tokens) {}
 
+// The window ids_ = [prefix_offset, end): its first read_offset_ ids produced text already
+// emitted.  Decoding the window and its prefix the same way keeps position-dependent decoder
+// rules (the leading-space strip of the first token) out of the difference.
 std::string IncrementalDetokenizer::push(int32_t id) {
   ids_.push_back(id);
-  const std::string bytes = tok_->decode_bytes(ids_, skip_special_);
-  if (bytes.size() < emitted_bytes_) {
-    // Decoding is not prefix-stable here (cannot happen for per-token decoders); restart.
-    emitted_bytes_ = bytes.size();
-    return {};
-  }
-  const std::string_view rest = std::string_view(bytes).substr(emitted_bytes_);
-  const size_t n = utf8_complete_prefix(rest);
-  emitted_bytes_ += n;
-  return utf8_repair(rest.substr(0, n));
+  const std::span<const int32_t> all(ids_);
+  const std::string prefix = tok_->decode_bytes(all.first(read_offset_), skip_special_);
+  const std::string full = tok_->decode_bytes(all, skip_special_);
+  if (full.size() <= prefix.size()) return {};
+  const std::string_view tail = std::string_view(full).substr(prefix.size());
+  if (utf8_complete_prefix(tail) != tail.size()) return {};  // a code point is incomplete
+  // Slide: the ids just decoded become the new prefix.
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(read_offset_));
+  read_offset_ = ids_.size();
+  return utf8_repair(tail);
 }
 
 std::string IncrementalDetokenizer::flush() {
-  const std::string bytes = tok_->decode_bytes(ids_, skip_special_);
-  std::string out = bytes.size() > emitted_bytes_ ? utf8_repair(std::string_view(bytes).substr(emitted_bytes_)) : std::string();
-  emitted_bytes_ = bytes.size();
-  return out;
+  const std::span<const int32_t> all(ids_);
+  const std::string prefix = tok_->decode_bytes(all.first(read_offset_), skip_special_);
+  const std::string full = tok_->decode_bytes(all, skip_special_);
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(read_offset_));
+  read_offset_ = ids_.size();
+  if (full.size() <= prefix.size()) return {};
+  return utf8_repair(std::string_view(full).substr(prefix.size()));
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& model_dir) {

@@ -22,6 +22,7 @@
 #include <unordered_map>
 
 #include "kvattn/core/error.h"
+#include "read_file.h"
 #include "kvattn/model/tokenizer.h"
 
 namespace kvattn::model {
@@ -34,13 +35,7 @@ std::string clip(std::string_view s, size_t n = 60) {
   return s.size() <= n ? std::string(s) : std::string(s.substr(0, n)) + "...";
 }
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw InvalidArgument(fmt::format("cannot read '{}'", p.string()));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const std::filesystem::path& p) { return detail::read_file(p); }
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -800,8 +795,8 @@ BpeTokenizer::BpeTokenizer(const json& j, const json* config, const std::string&
       throw InvalidArgument(fmt::format("{}: model.merges must be a list", label));
     merges_.reserve(m["merges"].size());
     int32_t rank = 0;
+    std::string a, b, ab;
     for (const json& e : m["merges"]) {
-      std::string a, b;
       if (e.is_string()) {
         const std::string& s = e.get_ref<const std::string&>();
         const size_t sp = s.find(' ');
@@ -809,16 +804,17 @@ BpeTokenizer::BpeTokenizer(const json& j, const json* config, const std::string&
           throw InvalidArgument(fmt::format("{}: merge '{}' must be two tokens separated by one "
                                             "space",
                                             label, clip(s)));
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
+        a.assign(s, 0, sp);
+        b.assign(s, sp + 1);
       } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-        a = e[0].get<std::string>();
-        b = e[1].get<std::string>();
+        a = e[0].get_ref<const std::string&>();
+        b = e[1].get_ref<const std::string&>();
       } else {
         throw InvalidArgument(fmt::format("{}: merge {} must be \"a b\" or [\"a\", \"b\"]", label,
                                           clip(e.dump())));
       }
-      auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
+      ab.assign(a).append(b);
+      auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(ab);
       if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
         throw InvalidArgument(fmt::format("{}: merge ('{}', '{}') uses a token missing from the "
                                           "vocabulary",

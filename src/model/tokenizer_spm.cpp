@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "kvattn/core/error.h"
+#include "read_file.h"
 #include "kvattn/model/tokenizer.h"
 
 namespace kvattn::model {
@@ -145,12 +146,9 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const fs::path& tokenizer_model,
   json cfg;
   const json* cfgp = nullptr;
   if (!tokenizer_config_json.empty()) {
-    std::ifstream f(tokenizer_config_json, std::ios::binary);
-    if (!f) throw InvalidArgument(fmt::format("cannot read '{}'", tokenizer_config_json.string()));
-    std::stringstream ss;
-    ss << f.rdbuf();
+    const std::string text = detail::read_file(tokenizer_config_json);
     try {
-      cfg = json::parse(ss.str());
+      cfg = json::parse(text);
     } catch (const json::exception& e) {
       throw InvalidArgument(fmt::format("{}: not valid JSON ({})", tokenizer_config_json.string(), e.what()));
     }

@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -122,6 +123,38 @@ TEST_P(OracleTokenizer, MatchesTheOracle) {
     ++checked;
   }
   EXPECT_EQ(checked, static_cast<int>(cases.size()));
+
+  // Random Unicode text round-trips exactly: byte-level BPE and byte fallback are lossless
+  // (Qwen 3 is left out: its NFC normalizer rewrites decomposed text by design).
+  if (name != "qwen3") {
+    std::mt19937 rng(1234);
+    auto pick = [&](uint32_t lo, uint32_t hi) { return std::uniform_int_distribution<uint32_t>(lo, hi)(rng); };
+    for (int round = 0; round < 200; ++round) {
+      std::string text;
+      const int len = static_cast<int>(pick(0, 40));
+      for (int k = 0; k < len; ++k) {
+        uint32_t cp;
+        switch (pick(0, 6)) {
+          case 0: cp = pick(0x20, 0x7E); break;          // ASCII
+          case 1: cp = " \n\t "[pick(0, 3)]; break;     // whitespace
+          case 2: cp = pick(0xA0, 0x24F); break;         // Latin-1 / Latin Extended
+          case 3: cp = pick(0x4E00, 0x9FFF); break;      // CJK
+          case 4: cp = pick(0x1F300, 0x1FAFF); break;    // emoji
+          case 5: cp = pick(0x80, 0xD7FF); break;        // anything in the BMP below surrogates
+          default: cp = pick(0xE000, 0x10FFFF); break;   // the rest, incl. private use
+        }
+        if (cp == 0x2581) cp = 'x';  // "▁" is the SentencePiece space marker itself
+        std::string ch;
+        if (cp < 0x80) ch += static_cast<char>(cp);
+        else if (cp < 0x800) ch += {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+        else if (cp < 0x10000) ch += {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
+        else ch += {static_cast<char>(0xF0 | (cp >> 18)), static_cast<char>(0x80 | ((cp >> 12) & 0x3F)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), static_cast<char>(0x80 | (cp & 0x3F))};
+        text += ch;
+      }
+      const auto ids = tok.encode(text, true);
+      EXPECT_EQ(tok.decode(ids, true), text) << name << " round " << round;
+    }
+  }
   if (name == "qwen3") {  // an added token that is not special
     EXPECT_FALSE(tok.is_special(*tok.token_to_id("<think>")));
   }
@@ -170,6 +203,10 @@ TEST(Tokenizer, StreamingHoldsBackIncompleteCodePoints) {
   EXPECT_GT(empty, 0);
   EXPECT_EQ(all + d3.flush(), "👨‍👩‍👧");
   EXPECT_EQ(l3.decode(std::vector<int32_t>{eids[0]}), "\xEF\xBF\xBD");  // a lone partial token
+  // Long inputs (regex backtracking over long whitespace runs, long words) stay correct.
+  const std::string long_text = std::string(100000, ' ') + "x\n" + std::string(50000, 'a') +
+                                std::string(20000, '\n') + "1234567";
+  EXPECT_EQ(l3.decode(l3.encode(long_text, false)), long_text);
 }
 
 TEST(Tokenizer, Rejections) {
@@ -237,6 +274,10 @@ TEST(Utf8, CompletePrefixAndRepair) {
   EXPECT_EQ(utf8_repair("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
   EXPECT_EQ(utf8_repair("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
   EXPECT_EQ(utf8_repair("x\xE4\xBD"), "x\xEF\xBF\xBD");     // truncated tail: one U+FFFD
+  EXPECT_EQ(utf8_repair("\xE4\xBD" "A"), "\xEF\xBF\xBD" "A");  // maximal subpart: one U+FFFD
+  EXPECT_EQ(utf8_repair("\xF4\x90\x80\x80"),  // > U+10FFFF: four invalid bytes
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(utf8_complete_prefix("\xF0\x9F\x98"), 0u);
   EXPECT_EQ(utf8_repair("你好"), "你好");
 }
 

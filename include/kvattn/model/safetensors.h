@@ -57,6 +57,8 @@ class WeightStore {
   static WeightStore open(const std::filesystem::path& model_dir);
   // Opens explicit safetensors files (tests, tools).
   static WeightStore open_files(const std::vector<std::filesystem::path>& files);
+  // A whole safetensors file already in memory (`bytes` is kept alive by the tensors).
+  static WeightStore from_buffer(std::shared_ptr<Buffer> bytes, const std::string& label);
 
   bool has(std::string_view name) const;
   // CPU tensor viewing the mapping; throws InvalidArgument naming the tensor (and the
@@ -78,6 +80,7 @@ class WeightStore {
   std::vector<std::string> unclaimed() const;
 
  private:
+  void add_file(std::shared_ptr<Buffer> bytes, const std::filesystem::path& label);
   struct Item {
     Tensor tensor;
     size_t file = 0;

@@ -54,9 +54,9 @@ class Tokenizer {
 
 // Streaming detokenisation: push ids one at a time; each push returns the new complete
 // UTF-8 text (empty while a code point is incomplete).  flush() returns what remains (an
-// incomplete tail as U+FFFD).  The concatenation of all outputs equals
-// decode(all ids) for tokenizers whose decoding is per-token (byte-level BPE, byte fallback);
-// for SentencePiece the leading-space rule of the first token is applied once.
+// incomplete tail as U+FFFD).  The concatenation of all outputs equals decode(all ids).
+// As vLLM's detokenizer, it decodes only a sliding window of recent ids (the ids of the last
+// emitted text and those after it), so a push costs O(window), not O(sequence).
 class IncrementalDetokenizer {
  public:
   explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens = true);
@@ -66,8 +66,8 @@ class IncrementalDetokenizer {
  private:
   const Tokenizer* tok_;
   bool skip_special_;
-  std::vector<int32_t> ids_;
-  size_t emitted_bytes_ = 0;  // bytes of decode_bytes(ids_) already emitted as text
+  std::vector<int32_t> ids_;   // ids from prefix_offset on (earlier ones are dropped)
+  size_t read_offset_ = 0;     // ids_[0, read_offset_) produced the last emitted text
 };
 
 // Loads tokenizer.json (preferred) or tokenizer.model from `model_dir`, with
