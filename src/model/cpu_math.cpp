@@ -13,6 +13,10 @@ extern "C" int openblas_get_num_threads(void);
 
 namespace kvattn::model::cpu {
 
+namespace {
+constexpr int64_t kGemvRows = 4;  // below this many rows, linear() runs one sgemv per row
+}  // namespace
+
 void set_num_threads(int n) {
   if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(n);
@@ -25,6 +29,14 @@ void linear(const float* x, int64_t M, int64_t K, int64_t ldx, const float* w, i
   if (M == 0 || N == 0) return;
   if (bias) {
     for (int64_t m = 0; m < M; ++m) std::copy(bias, bias + N, y + m * ldy);
+  }
+  if (M < kGemvRows) {
+    // Decode-sized steps: sgemm would pack the whole weight matrix for a few rows; a
+    // matrix-vector product per row streams it once per row instead.
+    for (int64_t m = 0; m < M; ++m)
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(N), static_cast<blasint>(K), 1.0f, w,
+                  static_cast<blasint>(K), x + m * ldx, 1, bias ? 1.0f : 0.0f, y + m * ldy, 1);
+    return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(M), static_cast<blasint>(N),
               static_cast<blasint>(K), 1.0f, x, static_cast<blasint>(ldx), w, static_cast<blasint>(K),

@@ -16,6 +16,7 @@ void set_num_threads(int n);
 int num_threads();
 
 // y[M, N] = x[M, K] · w[N, K]^T (+ bias[N] when not null): a PyTorch nn.Linear over M rows.
+// One sgemm, or one sgemv per row when M < 4 (decode steps).
 // x rows are `ldx` floats apart (>= K); y rows `ldy` floats apart (>= N).
 void linear(const float* x, int64_t M, int64_t K, int64_t ldx, const float* w, int64_t N, const float* bias, float* y,
             int64_t ldy);

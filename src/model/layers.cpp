@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <set>
 
 #include "cpu_math.h"
 #include "kvattn/core/error.h"
@@ -116,6 +117,7 @@ class Loader {
 
   // Appends tensor `name` (shape `shape`) converted to f32.
   void append(const std::string& name, std::initializer_list<int64_t> shape, std::vector<float>& dst) {
+    used_.insert(name);
     if (!w_.has(name))
       throw InvalidArgument(fmt::format("the checkpoint has no tensor '{}', which this architecture needs; the "
                                         "model directory is incomplete or its config.json names another model",
@@ -128,12 +130,19 @@ class Loader {
     KVATTN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
                  "checkpoint tensor '{}' has dtype {}; valid: float32, bfloat16, float16", name, dtype_name(t.dtype()));
     const size_t off = dst.size();
-    dst.resize(off + static_cast<size_t>(t.numel()));
-    if (t.dtype() == DType::f32 && t.is_contiguous()) {
-      std::memcpy(dst.data() + off, t.data(), static_cast<size_t>(t.nbytes()));
+    const auto n = static_cast<size_t>(t.numel());
+    dst.resize(off + n);
+    float* out = dst.data() + off;
+    const Tensor c = t.contiguous();  // checkpoint tensors are contiguous: a view, no copy
+    if (c.dtype() == DType::f32) {
+      std::memcpy(out, c.data(), n * sizeof(float));
     } else {
-      Tensor f = t.to(DType::f32).contiguous();
-      std::memcpy(dst.data() + off, f.data(), static_cast<size_t>(f.nbytes()));
+      const auto* in = static_cast<const uint16_t*>(c.data());
+      if (c.dtype() == DType::bf16) {
+        for (size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(in[i]);
+      } else {
+        for (size_t i = 0; i < n; ++i) out[i] = f16_bits_to_f32(in[i]);
+      }
     }
   }
   std::vector<float> get(const std::string& name, std::initializer_list<int64_t> shape) {
@@ -142,8 +151,22 @@ class Loader {
     return v;
   }
 
+  // A checkpoint tensor the architecture does not read (an MLP bias, an o_proj bias, another
+  // architecture's weights) would be silently ignored: Unsupported, naming it.  Rotary
+  // inv_freq buffers and a saved copy of a tied lm_head are not weights.
+  void check_all_used(const std::string& architecture, bool tied) const {
+    for (const std::string& name : w_.names()) {
+      if (used_.count(name) || name.ends_with("rotary_emb.inv_freq") || (tied && name == "lm_head.weight")) continue;
+      throw Unsupported(fmt::format("checkpoint tensor '{}' is not part of {} as kvattn implements it (it would be "
+                                    "ignored); the checkpoint has weights kvattn does not support (biases, "
+                                    "another architecture's layers)",
+                                    name, architecture));
+    }
+  }
+
  private:
   const WeightStore& w_;
+  std::set<std::string, std::less<>> used_;
 };
 
 }  // namespace
@@ -188,6 +211,7 @@ ModelWeights load_weights(const ArchTraits& t, const HfModelConfig& c, const Wei
     ld.append(p + "mlp.up_proj.weight", {I, H}, l.gate_up_w);
     l.down_w = ld.get(p + "mlp.down_proj.weight", {H, I});
   }
+  ld.check_all_used(c.architecture, c.tie_word_embeddings);
   return w;
 }
 

@@ -103,7 +103,8 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
                "--max-model-len {} exceeds the model's max_position_embeddings {} (config.json); use a value in "
                "[1, {}] or 0 for the model's",
                o.max_model_len, cfg_.max_position_embeddings, cfg_.max_position_embeddings);
-  if (o.num_threads > 0 || cpu::num_threads() <= 1) cpu::set_num_threads(o.num_threads);
+  KVATTN_CHECK(o.num_threads >= 0, "num_threads must be >= 0 (0: OpenBLAS's default), got {}", o.num_threads);
+  if (o.num_threads > 0) cpu::set_num_threads(o.num_threads);
   const ArchTraits traits = arch_traits(cfg_);
 
   // ---- KV cache plan from the model's real layer specs ------------------------------------

@@ -43,6 +43,8 @@ std::string generator_args(const std::string& arch) {
   if (arch == "mistral") return a + "--dtype float32 --vocab-size 1000";
   if (arch == "qwen2") return a + "--dtype bfloat16 --vocab-size 1000 --shards 3";
   if (arch == "qwen3") return a + "--dtype float16 --vocab-size 1000";
+  // Qwen2 with use_sliding_window: layer 0 full, layers 1-2 sliding = three KV cache groups.
+  if (arch == "qwen2_window") return a + "--arch qwen2 --qwen-window 12 --dtype bfloat16 --vocab-size 1000";
   return a + "--dtype bfloat16 --vocab-size 1000";
 }
 
@@ -78,14 +80,21 @@ ModelRunner::Options options(std::optional<KVCacheLayout> layout = std::nullopt,
 // Runs every prompt of `m` through `runner`, all requests in the same steps: a prompt's first
 // len - decode_tail tokens in chunks of `chunk` (0: whole), then one token per step.  Compares
 // the logits of every step whose last position has a reference row.
-Outcome run_prompts(ModelRunner& runner, const ReferenceModel& m, int chunk, int decode_tail, bool fp8_reference = false) {
+// `reverse_blocks`: the same block ids handed out in reverse (request 0 gets the highest ids,
+// each table descending): block tables need not be ordered or contiguous, and blocks a
+// previous run wrote hold stale K/V that must not leak in.
+Outcome run_prompts(ModelRunner& runner, const ReferenceModel& m, int chunk, int decode_tail,
+                    bool fp8_reference = false, bool reverse_blocks = false) {
   const auto& reference = fp8_reference ? m.logits_fp8 : m.logits;
   const auto R = m.prompts.ids.size();
   const int64_t bs = runner.block_size();
   const int64_t max_blocks = (256 + bs - 1) / bs;
   std::vector<std::vector<int32_t>> blocks(R);
   for (size_t i = 0; i < R; ++i)
-    for (int64_t b = 0; b < max_blocks; ++b) blocks[i].push_back(static_cast<int32_t>(1 + static_cast<int64_t>(i) * max_blocks + b));
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      const int64_t k = static_cast<int64_t>(i) * max_blocks + b;
+      blocks[i].push_back(static_cast<int32_t>(reverse_blocks ? static_cast<int64_t>(R) * max_blocks - k : 1 + k));
+    }
   std::vector<int64_t> cur(R, 0);
   Outcome out;
   while (true) {
@@ -138,6 +147,10 @@ class ForwardTest : public ::testing::TestWithParam<std::string> {
 TEST_P(ForwardTest, BatchedPrefillMatchesReference) {
   const ModelDir dir = open();
   ModelRunner runner(dir, options());
+  // KV cache groups from the real layer specs: Gemma 2's 2 sliding + 2 full layers make two;
+  // windowed Qwen2's 1 full + 2 sliding make three groups of one layer.
+  const int64_t groups = GetParam() == "gemma2" ? 2 : GetParam() == "qwen2_window" ? 3 : 1;
+  EXPECT_EQ(runner.num_kv_cache_groups(), groups);
   const Outcome o = run_prompts(runner, model(), 0, 0);
   std::printf("%s batched prefill: max |dlogit| %.3g (max |logit| %.3g), %lld rows\n", GetParam().c_str(), o.max_err,
               o.max_ref, static_cast<long long>(o.compared_rows));
@@ -189,8 +202,70 @@ TEST_P(ForwardTest, Fp8KvCacheMatchesFp8RoundedReference) {
   EXPECT_GT(o.max_err, 10 * kF32Tolerance);
 }
 
+// A request recomputed after preemption gets blocks that other requests filled: the same
+// prompts again on the same runner, with the block ids of a first pass handed out in reverse.
+TEST_P(ForwardTest, RecomputeInReusedPermutedBlocksMatchesReference) {
+  const ModelDir dir = open();
+  ModelRunner runner(dir, options());
+  const Outcome first = run_prompts(runner, model(), 0, 0);
+  const Outcome again = run_prompts(runner, model(), 7, 3, false, /*reverse_blocks=*/true);
+  std::printf("%s recompute in reused blocks: max |dlogit| %.3g\n", GetParam().c_str(), again.max_err);
+  EXPECT_LE(first.max_err, kF32Tolerance);
+  EXPECT_EQ(again.compared_rows, 13);
+  EXPECT_LE(again.max_err, kF32Tolerance);
+}
+
+// Greedy decoding of 32 tokens for every prompt at once (a plain loop over execute(), the
+// scheduler's role played by the test): token for token equal to the reference's greedy
+// continuation, up to the first step where the reference's top two logits are closer than the
+// f32 tolerance (there either token is right, and the continuations may part).
+TEST_P(ForwardTest, GreedyDecodeMatchesReferenceTokenForToken) {
+  const ReferenceModel& m = model();
+  const ModelDir dir = open();
+  ModelRunner runner(dir, options());
+  const auto R = m.prompts.ids.size();
+  const int64_t max_blocks = (256 + runner.block_size() - 1) / runner.block_size();
+  std::vector<std::vector<int32_t>> seq = m.prompts.ids, blocks(R);
+  for (size_t i = 0; i < R; ++i)
+    for (int64_t b = 0; b < max_blocks; ++b)
+      blocks[i].push_back(static_cast<int32_t>(1 + static_cast<int64_t>(i) * max_blocks + b));
+  std::vector<int64_t> computed(R, 0);
+  std::vector<bool> comparable(R, true);
+  int64_t compared = 0;
+  for (int step = 0; step < testing::kGreedyTokens; ++step) {
+    std::vector<StepRequest> reqs;
+    for (size_t i = 0; i < R; ++i) {
+      StepRequest r;
+      r.request_id = static_cast<int64_t>(i);
+      r.token_ids = std::span<const int32_t>(seq[i].data() + computed[i], seq[i].size() - static_cast<size_t>(computed[i]));
+      r.start_pos = computed[i];
+      r.block_ids = blocks[i];
+      r.wants_logits = true;
+      reqs.push_back(r);
+    }
+    const Tensor logits = runner.execute(reqs);
+    for (size_t i = 0; i < R; ++i) {
+      computed[i] = static_cast<int64_t>(seq[i].size());
+      const float* row = logits.data_ptr<float>() + static_cast<int64_t>(i) * m.vocab;
+      const auto next = static_cast<int32_t>(std::max_element(row, row + m.vocab) - row);
+      seq[i].push_back(next);
+      if (!comparable[i]) continue;
+      const int32_t want = m.greedy[i][static_cast<size_t>(step)];
+      if (m.greedy_margins[i][static_cast<size_t>(step)] < kF32Tolerance) {
+        comparable[i] = false;  // a near tie: either token is a correct greedy choice
+        continue;
+      }
+      EXPECT_EQ(next, want) << "prompt " << i << " step " << step;
+      ++compared;
+    }
+  }
+  std::printf("%s greedy: %lld of %zu tokens compared\n", GetParam().c_str(), static_cast<long long>(compared),
+              R * testing::kGreedyTokens);
+  EXPECT_GE(compared, static_cast<int64_t>(R) * testing::kGreedyTokens / 2) << "too many near ties to mean anything";
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, ForwardTest,
-                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2"),
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2", "qwen2_window"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

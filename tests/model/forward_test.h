@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace kvattn::model::testing {
 
 namespace fs = std::filesystem;
@@ -82,7 +84,11 @@ struct ReferenceModel {
   Prompts prompts;
   std::vector<std::vector<std::vector<double>>> logits;      // [prompt][kept position][vocab]
   std::vector<std::vector<std::vector<double>>> logits_fp8;  // the same with K/V rounded to fp8 e4m3
+  std::vector<std::vector<int32_t>> greedy;                  // [prompt][kGreedyTokens] greedy continuation
+  std::vector<std::vector<double>> greedy_margins;           // top1 - top2 logit of each greedy step
 };
+
+inline constexpr int kGreedyTokens = 32;
 
 inline int64_t read_vocab(const fs::path& config) {
   const std::string s = read_file(config);
@@ -107,8 +113,10 @@ inline ReferenceModel reference_model(const std::string& arch, const std::string
     fs::create_directories(data_dir());
     const fs::path tmp = data_dir() / (std::string(name) + ".tmp" + std::to_string(::getpid()));
     fs::remove_all(tmp);
-    run("/usr/bin/python3 " + (src / "make_test_model.py").string() + " --arch " + arch + " --out " + tmp.string() +
-        " " + generator_args + " > /dev/null");
+    // `arch` names the architecture unless the arguments name it (variants of one architecture).
+    const std::string arch_arg = generator_args.find("--arch ") == std::string::npos ? " --arch " + arch : "";
+    run("/usr/bin/python3 " + (src / "make_test_model.py").string() + arch_arg + " --out " + tmp.string() + " " +
+        generator_args + " > /dev/null");
     const int64_t vocab = read_vocab(tmp / "config.json");
     const Prompts p = make_prompts(lengths, vocab, prompt_seed, tail);
     std::ofstream(tmp / "prompts.json") << prompts_json(p);
@@ -116,6 +124,9 @@ inline ReferenceModel reference_model(const std::string& arch, const std::string
         (tmp / "prompts.json").string() + " " + (tmp / "reference_logits.bin").string());
     run("/usr/bin/python3 " + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
         (tmp / "prompts.json").string() + " " + (tmp / "reference_logits_fp8.bin").string() + " --kv-fp8");
+    run("/usr/bin/python3 " + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
+        (tmp / "prompts.json").string() + " " + (tmp / "reference_greedy.json").string() + " --greedy " +
+        std::to_string(kGreedyTokens));
     std::ofstream(tmp / "done") << "ok\n";
     std::error_code ec;
     fs::rename(tmp, m.dir, ec);
@@ -139,6 +150,9 @@ inline ReferenceModel reference_model(const std::string& arch, const std::string
   };
   load("reference_logits.bin", m.logits);
   load("reference_logits_fp8.bin", m.logits_fp8);
+  const auto g = nlohmann::json::parse(read_file(m.dir / "reference_greedy.json"));
+  m.greedy = g.at("tokens").get<std::vector<std::vector<int32_t>>>();
+  m.greedy_margins = g.at("margins").get<std::vector<std::vector<double>>>();
   return m;
 }
 

@@ -282,9 +282,20 @@ def main():
                          "with --tokenizer none); must cover the generated tokenizer")
     ap.add_argument("--drop-tensor", action="append", default=[],
                     help="leave this tensor out of the checkpoint (bad-input tests)")
+    ap.add_argument("--extra-tensor", action="append", default=[],
+                    help="add a [hidden] tensor of this name (bad-input tests)")
     ap.add_argument("--layers", type=int, default=0,
                     help="decoder layers (default 3; Gemma 2: 4, two sliding and two full = two KV cache groups)")
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--qwen-window", type=int, default=0,
+                    help="Qwen2/3: use_sliding_window with this window on layers >= max_window_layers = 1 "
+                         "(one full layer, the rest sliding: three KV cache groups)")
+    # Larger shapes (benchmarks, full-size checks): override the tiny configuration's fields.
+    ap.add_argument("--heads", type=int, help="num_attention_heads")
+    ap.add_argument("--kv-heads", type=int, help="num_key_value_heads")
+    ap.add_argument("--head-dim", type=int, help="head_dim (Qwen2: hidden_size / heads)")
+    ap.add_argument("--intermediate", type=int, help="intermediate_size")
+    ap.add_argument("--max-position", type=int, help="max_position_embeddings")
     a = ap.parse_args()
 
     os.makedirs(a.out, exist_ok=True)
@@ -294,6 +305,20 @@ def main():
     if a.layers <= 0:
         a.layers = 4 if a.arch == "gemma2" else 3
     c = base_config(a.arch, a.hidden, a.layers)
+    for key, val in (("num_attention_heads", a.heads), ("num_key_value_heads", a.kv_heads),
+                     ("intermediate_size", a.intermediate), ("max_position_embeddings", a.max_position)):
+        if val:
+            c[key] = val
+    if a.hidden != 64:
+        c["hidden_size"] = a.hidden
+    if a.qwen_window:
+        if a.arch not in ("qwen2", "qwen3"):
+            sys.exit("--qwen-window applies to qwen2 and qwen3")
+        c.update(use_sliding_window=True, sliding_window=a.qwen_window, max_window_layers=1)
+    if a.head_dim:
+        if "head_dim" not in c:
+            sys.exit(f"--head-dim: {a.arch} derives head_dim from hidden_size / num_attention_heads")
+        c["head_dim"] = a.head_dim
     c["torch_dtype"] = a.dtype
     src = find_real_tokenizer(a.arch, a.tokenizer)
     if src:
@@ -315,6 +340,8 @@ def main():
         c["pad_token_id"] = 0
     rng = np.random.default_rng(a.seed)
     w = make_weights(c, a.arch, rng, a.std)
+    for name in a.extra_tensor:
+        w[name] = np.ones(c["hidden_size"], dtype=np.float32)
     for name in a.drop_tensor:
         if name not in w:
             sys.exit(f"--drop-tensor {name}: no such tensor")

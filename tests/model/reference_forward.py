@@ -2,11 +2,16 @@
 """An independent reference forward pass of a Hugging Face model directory, in float64 NumPy.
 
     reference_forward.py MODEL_DIR PROMPTS_JSON OUT_BIN [--kv-fp8]
+    reference_forward.py MODEL_DIR PROMPTS_JSON OUT_JSON --greedy N [--kv-fp8]
 
 PROMPTS_JSON: {"prompts": [[token ids], ...], "positions": [[positions to emit], ...]}.
 OUT_BIN: the logits of every requested position, prompt after prompt, as little-endian f64
 rows of vocab_size values.  --kv-fp8: keys and values are rounded to fp8 e4m3 (scale 1,
 round to nearest even, saturating at 448) before attention, as an fp8 KV cache stores them.
+--greedy N: for every prompt, the N tokens greedy decoding produces (argmax, lowest id on a
+tie), written as JSON {"tokens": [[ids]...], "margins": [[top1 - top2 logit per step]...]}:
+the oracle for token-for-token generation checks (a step whose margin is below the compared
+implementation's error may legitimately differ).  "positions" is not needed in this mode.
 
 Written from the architectures' definitions (transformers' modeling_llama / mistral / qwen2 /
 qwen3 / gemma2), not from kvattn: its own safetensors reader, plain causal attention over the
@@ -188,10 +193,16 @@ def forward(c, w, ids, kv_fp8=False):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--kv-fp8"]
+    argv = sys.argv[1:]
+    greedy = None
+    if "--greedy" in argv:
+        k = argv.index("--greedy")
+        greedy = int(argv[k + 1])
+        del argv[k:k + 2]
+    args = [a for a in argv if a != "--kv-fp8"]
     if len(args) != 3:
         raise SystemExit(__doc__)
-    kv_fp8 = "--kv-fp8" in sys.argv
+    kv_fp8 = "--kv-fp8" in argv
     d, prompts_json, out = args
     with open(os.path.join(d, "config.json")) as f:
         c = json.load(f)
@@ -201,6 +212,24 @@ def main():
     final_cap = c.get("final_logit_softcapping") if gemma else None
     with open(prompts_json) as f:
         spec = json.load(f)
+    if greedy is not None:
+        result = {"tokens": [], "margins": []}
+        for ids in spec["prompts"]:
+            seq, toks, margins = list(ids), [], []
+            for _ in range(greedy):
+                x = forward(c, w, np.asarray(seq, dtype=np.int64), kv_fp8)
+                logits = x[-1] @ lm.T
+                if final_cap:
+                    logits = final_cap * np.tanh(logits / final_cap)
+                order = np.argsort(-logits, kind="stable")
+                toks.append(int(order[0]))
+                margins.append(float(logits[order[0]] - logits[order[1]]))
+                seq.append(int(order[0]))
+            result["tokens"].append(toks)
+            result["margins"].append(margins)
+        with open(out, "w") as f:
+            json.dump(result, f)
+        return
     rows = []
     for ids, positions in zip(spec["prompts"], spec["positions"]):
         x = forward(c, w, np.asarray(ids, dtype=np.int64), kv_fp8)

@@ -52,11 +52,15 @@ class ModelRunner {
     int64_t block_size = 16;
     int64_t max_num_seqs = 256;           // requests per step
     int64_t max_num_batched_tokens = 2048;  // tokens per step
-    int num_threads = 0;                  // CPU GEMM threads (0 = the machine's cores)
+    // CPU GEMM threads for the process's OpenBLAS (0 = its default: the machine's cores, or
+    // OPENBLAS_NUM_THREADS).
+    int num_threads = 0;
   };
 
   // Validates the options against the model, plans and allocates the KV cache, converts the
-  // weights.  Unsupported for CUDA (not built yet) and for bf16/f16 compute on CPU.
+  // weights (the runner keeps its own f32 copy: `model` may be closed afterwards).
+  // Unsupported for CUDA (not built yet) and for bf16/f16 compute on CPU.  Not thread-safe:
+  // one step at a time.
   ModelRunner(const ModelDir& model, const Options& options);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
