@@ -1,6 +1,6 @@
 """kvattn.LLM / kvattn.SamplingParams: vLLM's offline-generation surface over kvattn's engine,
 on a generated Qwen3 test model (tests/model/make_test_model.py), checked against the
-independent NumPy reference's greedy continuation (tests/model/reference_greedy.py)."""
+independent NumPy reference's greedy continuation (tests/model/reference_forward.py --greedy)."""
 import json
 import os
 import subprocess
@@ -60,8 +60,8 @@ def test_greedy_generation_matches_the_numpy_reference(llm, model_dir, tmp_path)
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": [ids]}))
     ref = tmp_path / "greedy.json"
-    subprocess.run([sys.executable, os.path.join(MODEL_TESTS, "reference_greedy.py"), model_dir, str(prompts), "10",
-                    str(ref)], check=True)
+    subprocess.run([sys.executable, os.path.join(MODEL_TESTS, "reference_forward.py"), model_dir, str(prompts),
+                    str(ref), "--greedy", "10"], check=True)
     want = json.loads(ref.read_text())
     # Equal until the reference's top-2 margin drops below 2e-3 (f32 against float64).
     for t, (got, exp, margin) in enumerate(zip(out.token_ids, want["tokens"][0], want["margins"][0])):

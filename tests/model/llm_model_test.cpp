@@ -1,6 +1,6 @@
 // Greedy generation through LLM (scheduler + ModelRunner + kvattn's attention) on the generated
 // test models of every architecture, against the greedy continuation of the independent
-// float64 NumPy reference (reference_greedy.py over reference_forward.py): 32 tokens per prompt,
+// float64 NumPy reference (reference_forward.py --greedy): 32 tokens per prompt,
 // token for token, under plain batching, chunked prefill, preemption forced by a small KV cache,
 // every KV cache layout, and an fp8 KV cache.
 //
@@ -28,7 +28,7 @@ namespace {
 
 using testing::ReferenceModel;
 
-constexpr int kNewTokens = 32;
+constexpr int kNewTokens = testing::kGreedyTokens;  // 32
 constexpr double kF32Margin = 2e-3;
 constexpr double kFp8Margin = 0.1;
 
@@ -40,6 +40,8 @@ std::string generator_args(const std::string& arch) {
   if (arch == "mistral") return a + "--dtype float32 --vocab-size 1000";
   if (arch == "qwen2") return a + "--dtype bfloat16 --vocab-size 1000 --shards 3";
   if (arch == "qwen3") return a + "--dtype float16 --vocab-size 1000";
+  // Qwen2 with use_sliding_window: layer 0 full, layers 1-2 sliding = three KV cache groups.
+  if (arch == "qwen2_window") return a + "--arch qwen2 --qwen-window 12 --dtype bfloat16 --vocab-size 1000";
   return a + "--dtype bfloat16 --vocab-size 1000";
 }
 
@@ -53,20 +55,20 @@ struct Model {
   Greedy greedy, greedy_fp8;
 };
 
-Greedy reference_greedy(const ReferenceModel& m, bool fp8) {
+// The reference's greedy continuation with keys and values rounded to fp8 e4m3 (the f32 one
+// comes with the ReferenceModel), cached next to the model.
+Greedy reference_greedy_fp8(const ReferenceModel& m) {
   namespace fs = std::filesystem;
   const fs::path src = testing::source_dir() / "tests" / "model";
-  const std::string key = testing::read_file(src / "reference_greedy.py") +
-                          testing::read_file(src / "reference_forward.py") + std::to_string(kNewTokens) +
-                          (fp8 ? "fp8" : "");
+  const std::string key = testing::read_file(src / "reference_forward.py") + std::to_string(testing::kGreedyTokens);
   char name[64];
-  std::snprintf(name, sizeof name, "greedy-%016zx.json", std::hash<std::string>{}(key));
+  std::snprintf(name, sizeof name, "greedy-fp8-%016zx.json", std::hash<std::string>{}(key));
   const fs::path out = m.dir / name;
   if (!fs::exists(out)) {
     const fs::path tmp = m.dir / (std::string(name) + ".tmp" + std::to_string(::getpid()));
-    testing::run("/usr/bin/python3 " + (src / "reference_greedy.py").string() + " " + m.dir.string() + " " +
-                 (m.dir / "prompts.json").string() + " " + std::to_string(kNewTokens) + " " + tmp.string() +
-                 (fp8 ? " --kv-fp8" : ""));
+    testing::run("/usr/bin/python3 " + (src / "reference_forward.py").string() + " " + m.dir.string() + " " +
+                 (m.dir / "prompts.json").string() + " " + tmp.string() + " --greedy " +
+                 std::to_string(testing::kGreedyTokens) + " --kv-fp8");
     fs::rename(tmp, out);
   }
   const auto j = nlohmann::json::parse(testing::read_file(out));
@@ -82,8 +84,8 @@ const Model& model_for(const std::string& arch) {
   if (it == cache.end()) {
     Model m;
     m.ref = testing::reference_model(arch, generator_args(arch), kLengths, 4, 11);
-    m.greedy = reference_greedy(m.ref, false);
-    m.greedy_fp8 = reference_greedy(m.ref, true);
+    m.greedy = Greedy{m.ref.greedy, m.ref.greedy_margins};
+    m.greedy_fp8 = reference_greedy_fp8(m.ref);
     it = cache.emplace(arch, std::move(m)).first;
   }
   return it->second;
@@ -202,7 +204,8 @@ TEST_P(GenerateTest, GreedyWithFp8KvCacheMatchesTheFp8RoundedReference) {
   EXPECT_GE(2 * a.compared, a.total);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, GenerateTest, ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2"),
+INSTANTIATE_TEST_SUITE_P(Architectures, GenerateTest,
+                         ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2", "qwen2_window"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
