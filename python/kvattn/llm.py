@@ -11,6 +11,8 @@ from typing import Any, Sequence, Union
 
 from . import _kvattn
 
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
 SamplingParams = _kvattn.SamplingParams
 RequestOutput = _kvattn.RequestOutput
 CompletionOutput = _kvattn.CompletionOutput

@@ -95,7 +95,10 @@ void bind_model(py::module_& m) {
                            p.max_tokens);
       });
 
-  py::class_<CompletionOutput>(m, "CompletionOutput")
+  py::class_<CompletionOutput>(m, "CompletionOutput",
+                               "vLLM's CompletionOutput: one generated sequence — text, token_ids, finish_reason "
+                               "('stop' | 'length'), stop_reason (the stop string or token id), logprobs (a dict "
+                               "{token_id: logprob} per token, the sampled token first) when requested")
       .def_readonly("index", &CompletionOutput::index)
       .def_readonly("text", &CompletionOutput::text)
       .def_readonly("token_ids", &CompletionOutput::token_ids)
@@ -108,7 +111,10 @@ void bind_model(py::module_& m) {
                            c.text, c.token_ids.size(), c.finish_reason);
       });
 
-  py::class_<RequestOutput>(m, "RequestOutput")
+  py::class_<RequestOutput>(m, "RequestOutput",
+                            "vLLM's RequestOutput: one prompt's result — request_id, prompt, prompt_token_ids, "
+                            "outputs (a list of one CompletionOutput), finished, metrics (time to first token, "
+                            "decode tokens/s, preemptions, KV blocks)")
       .def_readonly("request_id", &RequestOutput::request_id)
       .def_readonly("prompt", &RequestOutput::prompt)
       .def_readonly("prompt_token_ids", &RequestOutput::prompt_token_ids)
@@ -128,7 +134,7 @@ void bind_model(py::module_& m) {
                            r.request_id, r.prompt, r.output.text);
       });
 
-  py::class_<model::LLM>(m, "_LLM")
+  py::class_<model::LLM>(m, "_LLM", "The C++ engine behind kvattn.LLM (kvattn/llm.py)")
       .def(py::init([](const std::filesystem::path& model, const std::string& device, const std::string& dtype,
                        const std::string& kv_cache_dtype, const std::string& layout, int64_t kv_cache_memory,
                        double gpu_memory_utilization, int64_t max_model_len, int64_t block_size, int64_t max_num_seqs,
