@@ -259,12 +259,11 @@ HfModelConfig parse_hf_config(std::string_view json_text, const std::string& lab
   }
 
   // ---- rope scaling ----
-  if (const json* rs = r.find("rope_scaling")) {
-    if (!rs->is_object())
-      throw InvalidArgument(fmt::format("{}: rope_scaling must be an object or null, got {}", label,
-                                        clip(rs->dump())));
-    const std::string rl = label + ": rope_scaling";
-    const Reader rr{*rs, rl};
+  // Hub checkpoints carry "rope_theta" and "rope_scaling"; transformers 5 writes both into one
+  // "rope_parameters" object (rope_type, rope_theta, the scaling fields), for models with
+  // several layer types possibly one such object per type.
+  auto parse_rope = [&](const json& obj, const std::string& rl) {
+    const Reader rr{obj, rl};
     RopeScaling s;
     std::optional<std::string> type = rr.opt_str("rope_type");
     if (!type) type = rr.opt_str("type");
@@ -293,7 +292,40 @@ HfModelConfig parse_hf_config(std::string_view json_text, const std::string& lab
       check_positive(rl, "original_max_position_embeddings", s.original_max_position_embeddings,
                      "set the pre-training context length");
     }
-    c.rope_scaling = s;
+    return s;
+  };
+  if (const json* rs = r.find("rope_scaling")) {
+    if (!rs->is_object())
+      throw InvalidArgument(fmt::format("{}: rope_scaling must be an object or null, got {}", label,
+                                        clip(rs->dump())));
+    c.rope_scaling = parse_rope(*rs, label + ": rope_scaling");
+  } else if (const json* rp = r.find("rope_parameters"); rp && !rp->is_null()) {
+    const std::string rl = label + ": rope_parameters";
+    if (!rp->is_object())
+      throw InvalidArgument(fmt::format("{}: must be an object or null, got {}", rl, clip(rp->dump())));
+    const json* one = rp;
+    if (!rp->contains("rope_type") && !rp->contains("type")) {
+      // One object per layer type: kvattn applies one rotary embedding to every layer.
+      const json* first = nullptr;
+      for (const auto& [type, v] : rp->items()) {
+        if (!v.is_object())
+          throw InvalidArgument(fmt::format("{}: entry '{}' must be an object", rl, clip(type)));
+        if (first && v != *first)
+          throw Unsupported(fmt::format("{}: different rotary parameters per layer type are not "
+                                        "supported; give every layer type the same ones", rl));
+        first = &v;
+      }
+      if (!first) throw InvalidArgument(fmt::format("{}: is empty; give rope_type and rope_theta", rl));
+      one = first;
+    }
+    const Reader rr{*one, rl};
+    if (rr.find("rope_theta")) {
+      c.rope_theta = rr.number("rope_theta", c.rope_theta);
+      if (!(c.rope_theta > 0))
+        throw InvalidArgument(fmt::format("{}: rope_theta = {} must be positive", rl, c.rope_theta));
+    }
+    RopeScaling s = parse_rope(*one, rl);
+    if (s.type != "default") c.rope_scaling = s;
   }
 
   // ---- sliding window, per layer ----

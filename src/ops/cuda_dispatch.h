@@ -58,9 +58,8 @@ int prefill_kernel_mode() noexcept;
 void set_prefill_kernel_v6(bool on);
 bool prefill_kernel_v6() noexcept;
 int64_t prefill_kernel_launches() noexcept;
-// The prefill kernel's Hopper form (hopper_prefill.cu: TMA + wgmma, sm_90a): 0 automatic (default,
-// or KVATTN_PREFILL_HOPPER=off|force; not selected by default yet), 1 off, 2 force (every call it
-// covers on an sm_90 device).
+// The prefill kernel's Hopper form (hopper_prefill.cu: TMA + wgmma, sm_90a): 0 automatic (default:
+// every call it covers on an sm_90 device; KVATTN_PREFILL_HOPPER=off|force), 1 off, 2 force.
 // last_prefill_kernel_path() says which kernel served the last prefill-routed call (1 wgmma, 0
 // mma.sync; -1 none yet or no CUDA) and last_prefill_kernel_reason() why (a static string).
 void set_prefill_hopper_mode(int mode);

@@ -146,6 +146,32 @@ TEST(HfConfig, DefaultsWhenFieldsAreAbsent) {
   EXPECT_EQ(g.sliding_window, 512);
 }
 
+// transformers 5 writes rope_theta and the scaling into one rope_parameters object (per layer
+// type for models with several).
+TEST(HfConfig, RopeParametersOfTransformers5) {
+  const std::string base = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_attention_heads":4,"num_hidden_layers":2,"intermediate_size":128,"vocab_size":100)";
+  const HfModelConfig a = parse_hf_config(base + R"(,"rope_parameters":{"rope_type":"llama3","rope_theta":500000.0,
+      "factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":1024}})");
+  EXPECT_DOUBLE_EQ(a.rope_theta, 500000.0);
+  ASSERT_TRUE(a.rope_scaling.has_value());
+  EXPECT_EQ(a.rope_scaling->type, "llama3");
+  EXPECT_DOUBLE_EQ(a.rope_scaling->factor, 8.0);
+  EXPECT_EQ(a.rope_scaling->original_max_position_embeddings, 1024);
+  const HfModelConfig d = parse_hf_config(base + R"(,"rope_parameters":{"rope_type":"default","rope_theta":1000000.0}})");
+  EXPECT_DOUBLE_EQ(d.rope_theta, 1e6);
+  EXPECT_FALSE(d.rope_scaling.has_value());
+  const HfModelConfig t = parse_hf_config(base + R"(,"rope_parameters":{"full_attention":{"rope_type":"default","rope_theta":20000.0},
+      "sliding_attention":{"rope_type":"default","rope_theta":20000.0}}})");
+  EXPECT_DOUBLE_EQ(t.rope_theta, 20000.0);
+  try {
+    parse_hf_config(base + R"(,"rope_parameters":{"full_attention":{"rope_type":"default","rope_theta":1.0e6},
+        "sliding_attention":{"rope_type":"default","rope_theta":1.0e4}}})");
+    FAIL() << "different rotary parameters per layer type were accepted";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("per layer type"), std::string::npos) << e.what();
+  }
+}
+
 TEST(HfConfig, Rejections) {
   const std::string base = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"num_attention_heads":4,"num_hidden_layers":2,"vocab_size":100)";
   struct Case {
