@@ -7,6 +7,7 @@ PACKAGES=(
   libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3-dev pybind11-dev python3-numpy python3-pytest
+  python3-matplotlib
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
