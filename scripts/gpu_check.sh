@@ -27,14 +27,14 @@
 #   GPU_CHECK_BENCH_ARGS  extra `kvattn bench-cuda` arguments
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUTDIR="${1:-${GPU_CHECK_OUT:-$ROOT/build/gpu-check}}"
+RESULT_DIR="${1:-${GPU_CHECK_OUT:-$ROOT/build/gpu-check}}"
 LOGS="$(mktemp -d)/logs"
-mkdir -p "$OUTDIR" "$LOGS"
+mkdir -p "$RESULT_DIR" "$LOGS"
 t0=$(date +%s)
 stamp() { echo "[gpu_check +$(( $(date +%s) - t0 ))s] $*" | tee -a "$LOGS/summary.txt"; }
 save() {  # after every step, so a run stopped early still leaves what ran
-  tar -czf "$OUTDIR/logs.tgz" -C "$(dirname "$LOGS")" logs
-  cp "$LOGS/summary.txt" "$OUTDIR/summary.txt"
+  tar -czf "$RESULT_DIR/logs.tgz" -C "$(dirname "$LOGS")" logs
+  cp "$LOGS/summary.txt" "$RESULT_DIR/summary.txt"
 }
 trap 'stamp finished; save' EXIT
 
@@ -184,6 +184,6 @@ if [ "${GPU_CHECK_QUICK:-0}" != 1 ]; then
   # bench/plot.py reads (as it reads `kvattn bench-cuda --json` output).
   # shellcheck disable=SC2086
   step bench_cuda "${GPU_CHECK_BENCH_LIMIT:-200}" "$K" bench-cuda ${GPU_CHECK_BENCH_ARGS:-}
-  cp "$LOGS/bench_cuda.log" "$OUTDIR/bench.txt"
+  cp "$LOGS/bench_cuda.log" "$RESULT_DIR/bench.txt"
   cat "$LOGS/bench_cuda.log"
 fi

@@ -6,12 +6,12 @@
 # CUPTI's own overhead adds to each gap it reports.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
-OUT="${1:-$ROOT/build/kernel_trace}"
+DEST="${1:-$ROOT/build/kernel_trace}"
 CUDA="${CUDA_HOME:-/usr/local/cuda}"
 CUPTI_LIB="$(ls "$CUDA"/lib/libcupti.so.* "$CUDA"/lib64/libcupti.so.* "$CUDA"/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -1 || true)"
 [ -n "$CUPTI_LIB" ] || { echo "no libcupti under $CUDA" >&2; exit 1; }
-mkdir -p "$OUT"
+mkdir -p "$DEST"
 g++ -O2 -std=c++17 -shared -fPIC -I"$CUDA/include" -I"$CUDA/extras/CUPTI/include" "$ROOT/scripts/dev/kernel_trace/kernel_trace.cpp" \
-  -L"$(dirname "$CUPTI_LIB")" -lcupti -Wl,-rpath,'$ORIGIN' -o "$OUT/libkernel_trace.so"
-cp -L "$CUPTI_LIB" "$OUT/"
-echo "built $OUT/libkernel_trace.so (+ $(basename "$CUPTI_LIB"))"
+  -L"$(dirname "$CUPTI_LIB")" -lcupti -Wl,-rpath,'$ORIGIN' -o "$DEST/libkernel_trace.so"
+cp -L "$CUPTI_LIB" "$DEST/"
+echo "built $DEST/libkernel_trace.so (+ $(basename "$CUPTI_LIB"))"
