@@ -11,7 +11,7 @@ one H200).  Writes three PNGs into DIR (default docs/img):
   decode_bandwidth.png  decode TB/s by batch x kv length: kvattn, FlashInfer, and the device-copy
                         ceiling measured in the same run
   prefill_tflops.png    prefill TFLOP/s: kvattn, FlashInfer's FA2 and FA3 paged paths, and the
-                        mma.sync tensor-core ceiling measured in the same run
+                        tensor-core ceilings (mma.sync; wgmma when measured) of the same run
   speed_ratio.png       kvattn's speed / FlashInfer's for every shape both measured (> 1: faster)
 
 Each PNG carries the figures it shows as JSON in its "kvattn-data" text chunk, so a test (and a
@@ -27,6 +27,7 @@ SCHEMA (kvattn bench-cuda --json), one object:
   The rows this script reads, by name:
     "ceiling: device copy ..."            same-run copy bandwidth (TB/s, bytes read + written)
     "ceiling: mma.sync bf16 ..."          same-run tensor-core rate (TFLOP/s)
+    "ceiling: wgmma bf16 ..."             same-run Hopper tensor-core rate (TFLOP/s), when present
     "decode <dtype> BxL [plan kept]"      decode, dtype "bf16" or "fp8 e4m3"; L may be U[lo,hi]
     "decode <dtype> BxL"                  the same, for shapes the bench runs untagged only
     "prefill causal|non-causal bf16 BxL [plan kept]"
@@ -121,6 +122,8 @@ def classify(rows):
             out["ceilings"]["copy_tbps"] = max(out["ceilings"].get("copy_tbps", 0.0), float(r["value"]))
         elif name.startswith("ceiling: mma.sync"):
             out["ceilings"]["mma_tflops"] = max(out["ceilings"].get("mma_tflops", 0.0), float(r["value"]))
+        elif name.startswith("ceiling: wgmma"):
+            out["ceilings"]["wgmma_tflops"] = max(out["ceilings"].get("wgmma_tflops", 0.0), float(r["value"]))
         elif (m := _DECODE.match(name)) and _tag(m.group("tags")):
             dt = "bf16" if m.group("dtype") == "bf16" else "fp8"
             keep(out["decode"], f"{dt} {m.group('b')}x{_shape_len(m.group('l'))}", r, _tag(m.group("tags")))
@@ -199,6 +202,25 @@ def plot(data, out_dir, device=""):
     # decode bandwidth: the shapes large enough to be bandwidth-bound (a microsecond-long call is
     # launch-bound, its TB/s says little), bf16 and fp8
     dec = [d for d in data["decode"] if d["kvattn_us"] >= 50]
+    skipped = []
+    if not dec:
+        skipped.append("decode_bandwidth.png (no decode row of 50 us or more)")
+    else:
+        written.append(_decode_plot(plt, dec, data, out_dir, suffix, width))
+    if not data["prefill"]:
+        skipped.append("prefill_tflops.png (no kept-plan prefill row)")
+    else:
+        written.append(_prefill_plot(plt, data, out_dir, suffix))
+    if not data["ratio"]:
+        skipped.append("speed_ratio.png (no shape with a FlashInfer figure)")
+    else:
+        written.append(_ratio_plot(plt, data, out_dir, suffix))
+    for s in skipped:
+        print(f"plot.py: not written: {s}", file=sys.stderr)
+    return written
+
+
+def _decode_plot(plt, dec, data, out_dir, suffix, width):
     f, ax = plt.subplots(figsize=(9, 4.6))
     xs = list(range(len(dec)))
     ax.bar([x - width / 2 for x in xs], [d["kvattn_tbps"] for d in dec], width, label="kvattn", color="#1f77b4")
@@ -217,30 +239,37 @@ def plot(data, out_dir, device=""):
     ax.legend(fontsize=8, loc="upper left", ncol=2)
     path = os.path.join(out_dir, "decode_bandwidth.png")
     _save(plt, f, path, {"decode": dec, "copy_tbps": copy})
-    written.append(path)
+    return path
 
+
+def _prefill_plot(plt, data, out_dir, suffix):
     pre = data["prefill"]
     f, ax = plt.subplots(figsize=(8, 4.6))
     xs = list(range(len(pre)))
     w = 0.27
-    ax.bar([x - w for x in xs], [p["kvattn_tflops"] for p in pre], w, label="kvattn (mma.sync)", color="#1f77b4")
+    ax.bar([x - w for x in xs], [p["kvattn_tflops"] for p in pre], w, label="kvattn", color="#1f77b4")
     ax.bar(xs, [p["fa2_tflops"] or 0 for p in pre], w, label="FlashInfer FA2 (mma.sync)", color="#ffbb78")
     ax.bar([x + w for x in xs], [p["fa3_tflops"] or 0 for p in pre], w, label="FlashInfer FA3 paged (wgmma)",
            color="#ff7f0e")
     mma = data["ceilings"].get("mma_tflops")
     if mma:
         ax.axhline(mma, color="black", linestyle="--", linewidth=1, label=f"mma.sync bf16, same run ({mma:.0f} TFLOP/s)")
+    wgmma = data["ceilings"].get("wgmma_tflops")
+    if wgmma:
+        ax.axhline(wgmma, color="grey", linestyle=":", linewidth=1, label=f"wgmma bf16, same run ({wgmma:.0f} TFLOP/s)")
     ax.set_xticks(xs, [p["shape"] for p in pre], fontsize=8)
     ax.set_ylabel("TFLOP/s")
     ax.set_title("Paged prefill throughput" + suffix)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
     ax.legend(fontsize=8, loc="upper left", ncol=2)
     path = os.path.join(out_dir, "prefill_tflops.png")
-    _save(plt, f, path, {"prefill": pre, "mma_tflops": mma})
-    written.append(path)
+    _save(plt, f, path, {"prefill": pre, "mma_tflops": mma, "wgmma_tflops": wgmma})
+    return path
 
+
+def _ratio_plot(plt, data, out_dir, suffix):
     ratio = data["ratio"]
-    f, ax = plt.subplots(figsize=(8, 0.5 + 0.32 * max(len(ratio), 1)))
+    f, ax = plt.subplots(figsize=(8, 1.2 + 0.32 * max(len(ratio), 3)))
     ys = list(range(len(ratio)))
     ax.barh(ys, [r["speed"] for r in ratio], color=["#2ca02c" if r["speed"] >= 1 else "#d62728" for r in ratio])
     ax.axvline(1.0, color="black", linewidth=1)
@@ -250,8 +279,7 @@ def plot(data, out_dir, device=""):
     ax.set_title("kvattn against FlashInfer, same GPU" + suffix)
     path = os.path.join(out_dir, "speed_ratio.png")
     _save(plt, f, path, {"ratio": ratio})
-    written.append(path)
-    return written
+    return path
 
 
 def _fmt(x, spec):

@@ -16,6 +16,7 @@ import plot  # noqa: E402
 ROWS = [
     {"name": "ceiling: device copy 2 GiB (read+write)", "us": 0, "value": 4.25, "unit": "TB/s", "target": ""},
     {"name": "ceiling: mma.sync bf16 m16n8k16, registers", "us": 0, "value": 640.0, "unit": "TFLOP/s", "target": ""},
+    {"name": "ceiling: wgmma bf16, registers", "us": 0, "value": 900.0, "unit": "TFLOP/s", "target": ""},
     {"name": "decode bf16 1x1024", "us": 9.5, "value": 0.44, "unit": "TB/s", "target": "<= 10 us"},
     {"name": "decode bf16 1x1024 (again)", "us": 9.3, "value": 0.45, "unit": "TB/s", "target": "<= 10 us"},
     {"name": "decode bf16 1x1024 [v8 small]", "us": 8.0, "value": 0.52, "unit": "TB/s", "target": ""},
@@ -95,7 +96,7 @@ def test_plots_written_and_figures_read_back(inputs):
     assert dec["decode"][1]["flashinfer_tbps"] is None  # no anchor for this shape: shown empty, not invented
 
     pre = embedded(out / "prefill_tflops.png")
-    assert pre["mma_tflops"] == 640.0
+    assert (pre["mma_tflops"], pre["wgmma_tflops"]) == (640.0, 900.0)
     # the fastest of the repeated kept-plan rows of a shape
     assert pre["prefill"] == [
         {"shape": "causal 8x2048", "kvattn_tflops": 312.0, "fa2_tflops": 300, "fa3_tflops": 465},
@@ -126,7 +127,7 @@ def test_text_table_input_gives_the_same_figures(inputs, tmp_path):
     meta_t, rows_t = plot.load_rows(str(text))
     assert meta_t == {"device": "Test GPU", "sms": 132} and meta_j["device"] == "Test GPU"
     assert len(rows_t) == len(ROWS) + 1
-    assert rows_t[4] == ROWS[4] == {"name": "decode bf16 1x1024 [v8 small]", "us": 8.0, "value": 0.52, "unit": "TB/s",
+    assert rows_t[5] == ROWS[5] == {"name": "decode bf16 1x1024 [v8 small]", "us": 8.0, "value": 0.52, "unit": "TB/s",
                                     "target": ""}
     assert rows_t[-1] == {"name": "ceiling: empty launch, 1 CTA", "us": 4.7, "value": 0.0, "unit": "",
                           "target": "(launch floor)"}
@@ -175,3 +176,13 @@ def test_command_line(inputs):
                         "--out", str(out), "--table"], capture_output=True, text=True, check=True)
     assert str(out / "decode_bandwidth.png") in p.stdout
     assert "| decode bf16 64x4096 |" in p.stdout
+
+
+def test_a_result_without_prefill_writes_the_other_plots_and_says_so(inputs, capsys):
+    result, anchors, out = inputs
+    result.write_text(json.dumps({"rows": [r for r in ROWS if not r["name"].startswith("prefill")]}))
+    assert plot.main([str(result), "--anchors", str(anchors), "--out", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["decode_bandwidth.png", "speed_ratio.png"]
+    assert "not written: prefill_tflops.png (no kept-plan prefill row)" in capsys.readouterr().err
+    assert [r["case"] for r in embedded(out / "speed_ratio.png")["ratio"]][:3] == [
+        "decode bf16 1x1024", "decode bf16 64x4096", "decode fp8 256x8192"]
