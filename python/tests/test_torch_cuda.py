@@ -46,8 +46,8 @@ def make_batch(seq_lens, query_lens, block_size, num_blocks, gen):
 
 
 def run_case(dtype_name, capability, HQ=32, HKV=8, D=128, BS=16, seed=0):
-    """(decode/prefill paths, max |backend - sdpa|, max |paged_attention - sdpa|, cache round trip exact,
-    backend output finite) for one mixed batch."""
+    """One mixed batch: (decode/prefill paths, the split, max |backend - sdpa|,
+    max |paged_attention - sdpa|, cache round trip exact, backend output finite)."""
     dev = torch.device("cuda", 0)
     dtype = getattr(torch, dtype_name)
     # vLLM's order: 3 decodes | a chunked prefill (45 new tokens after 255 cached) | fresh

@@ -3,7 +3,7 @@
 the instructions with the most samples, and the samples of each executed-instruction region
 (scripts/dev/ncu_source.sh writes sass_source.csv.gz).
   ncu_source_top.py FILE.csv[.gz] [--top N] [--context K]"""
-import csv, gzip, io, sys
+import csv, gzip, sys
 from collections import Counter
 
 def main():
