@@ -30,7 +30,8 @@ SCHEMA (kvattn bench-cuda --json), one object:
     "ceiling: wgmma bf16 ..."             same-run Hopper tensor-core rate (TFLOP/s), when present
     "decode <dtype> BxL [plan kept]"      decode, dtype "bf16" or "fp8 e4m3"; L may be U[lo,hi]
     "decode <dtype> BxL"                  the same, for shapes the bench runs untagged only
-    "prefill causal|non-causal bf16 BxL [plan kept]"
+    "prefill causal|non-causal bf16 BxL [plan kept]"   L may be "(q Lq, kv L)" (a chunked prefill);
+                                          a trailing "[wgmma]" / "[mma.sync]" names the kernel
     "KV write (reshape_and_cache) T tokens", "merge_attn_states Tx32x128"
   Rows with other tags ([plan per call], diagnostics) are ignored; a kept-plan row wins over an
   untagged one, and where a shape has several (repeats: "(again)") the fastest is used.
@@ -50,7 +51,10 @@ DEFAULT_OUT = os.path.join(HERE, os.pardir, "docs", "img")
 _TEXT_ROW = re.compile(
     r"^(?P<name>\S.*?)\s+(?P<us>-?\d+(?:\.\d+)?) us\s+(?P<value>-?\d+(?:\.\d+)?) ?(?P<unit>TB/s|TFLOP/s|GB/s)?\s*(?P<target>.*)$")
 _DECODE = re.compile(r"^decode (?P<dtype>bf16|fp8 e4m3) (?P<b>\d+)x(?P<l>\d+|U\[\d+,\s*\d+\])\s*(?P<tags>.*)$")
-_PREFILL = re.compile(r"^prefill (?P<mask>causal|non-causal) bf16 (?P<b>\d+)x(?P<l>\d+)\s*(?P<tags>.*)$")
+_PREFILL = re.compile(r"^prefill (?P<mask>causal|non-causal) bf16 (?P<b>\d+)x(?:(?P<l>\d+)|\(q (?P<lq>\d+), kv (?P<lkv>\d+)\))"
+                      r"\s*(?P<tags>.*)$")
+# the prefill kernel a row names, after its plan tag: "[wgmma]" (the Hopper kernel) or "[mma.sync]"
+_KERNEL_TAG = re.compile(r"\s*\[(wgmma|mma\.sync)\]\s*$")
 _WRITE = re.compile(r"^KV write \(reshape_and_cache\) (?P<t>\d+) tokens\s*(?P<tags>.*)$")
 _MERGE = re.compile(r"^merge_attn_states (?P<t>\d+)x\d+x\d+\s*(?P<tags>.*)$")
 
@@ -107,7 +111,7 @@ def _shape_len(l):
 
 def classify(rows):
     """Figures by key: ceilings, and per shape the fastest kept-plan row (decode/prefill) or row."""
-    out = {"ceilings": {}, "decode": {}, "prefill": {}, "write": {}, "merge": {}}
+    out = {"ceilings": {}, "decode": {}, "prefill": {}, "prefill_wgmma": {}, "write": {}, "merge": {}}
 
     def keep(table, key, row, tag="plain"):
         # a kept-plan row wins over an untagged one; among equals, the fastest (repeats)
@@ -127,8 +131,20 @@ def classify(rows):
         elif (m := _DECODE.match(name)) and _tag(m.group("tags")):
             dt = "bf16" if m.group("dtype") == "bf16" else "fp8"
             keep(out["decode"], f"{dt} {m.group('b')}x{_shape_len(m.group('l'))}", r, _tag(m.group("tags")))
-        elif (m := _PREFILL.match(name)) and _tag(m.group("tags")) == "kept":
-            keep(out["prefill"], f"{m.group('mask')} {m.group('b')}x{m.group('l')}", r, "kept")
+        elif m := _PREFILL.match(name):
+            tags, kernel = m.group("tags"), None
+            if k := _KERNEL_TAG.search(tags):
+                tags, kernel = tags[:k.start()], k.group(1)
+            if _tag(tags) != "kept":
+                continue
+            shape = m.group("l") or f"(q {m.group('lq')}, kv {m.group('lkv')})"
+            key = f"{m.group('mask')} {m.group('b')}x{shape}"
+            # the default path's row; a row naming the mma.sync kernel stands in for it when the
+            # default row is absent (the rank: an untagged row wins)
+            if kernel == "wgmma":
+                keep(out["prefill_wgmma"], key, r, "kept")
+            else:
+                keep(out["prefill"], key, r, "kept" if kernel is None else "plain")
         elif (m := _WRITE.match(name)) and _tag(m.group("tags")) == "plain":
             keep(out["write"], m.group("t"), r)
         elif (m := _MERGE.match(name)) and _tag(m.group("tags")) == "plain":
@@ -152,6 +168,12 @@ def _sort_decode(key):
     return (dt != "bf16", int(b) * lnum, l.startswith("U"))
 
 
+def _sort_prefill(key):
+    mask, shape = key.split(" ", 1)
+    nums = [int(x) for x in re.findall(r"\d+", shape)]
+    return (mask != "causal", "(" in shape, nums[0], key)  # by batch: 1x8192, 4x4096, 8x2048, ...
+
+
 def figures(result, anchors):
     """What the plots and the table show, as plain data (also embedded in each PNG)."""
     fig = classify(result)
@@ -161,18 +183,24 @@ def figures(result, anchors):
         a = anchors["decode"].get(key, {})
         dec.append({"shape": key, "kvattn_us": k["us"], "kvattn_tbps": k["value"],
                     "flashinfer_us": a.get("us"), "flashinfer_tbps": a.get("tbps")})
-    for key in sorted(fig["prefill"], key=lambda s: (s.startswith("non"), s)):
-        k = fig["prefill"][key]
+    for key in sorted(set(fig["prefill"]) | set(fig["prefill_wgmma"]), key=_sort_prefill):
+        k = fig["prefill"].get(key)
+        wg = fig["prefill_wgmma"].get(key)
         a = anchors["prefill"].get(key, {})
-        pre.append({"shape": key, "kvattn_tflops": k["value"], "fa2_tflops": a.get("fa2_tflops"),
-                    "fa3_tflops": a.get("fa3_tflops")})
+        pre.append({"shape": key, "kvattn_tflops": k["value"] if k else None,
+                    "kvattn_wgmma_tflops": wg["value"] if wg else None,
+                    "fa2_tflops": a.get("fa2_tflops"), "fa3_tflops": a.get("fa3_tflops")})
     ratio = []
     for d in dec:
         if d["flashinfer_us"]:
             ratio.append({"case": f"decode {d['shape']}", "speed": d["flashinfer_us"] / d["kvattn_us"]})
     for p in pre:
-        if p["fa3_tflops"]:
+        if p["fa3_tflops"] and p["kvattn_tflops"]:
             ratio.append({"case": f"prefill {p['shape']} (FA3)", "speed": p["kvattn_tflops"] / p["fa3_tflops"]})
+    for p in pre:
+        if p["fa3_tflops"] and p["kvattn_wgmma_tflops"]:
+            ratio.append({"case": f"prefill {p['shape']}, wgmma kernel (FA3)",
+                          "speed": p["kvattn_wgmma_tflops"] / p["fa3_tflops"]})
     for op in ("write", "merge"):
         for key in sorted(fig[op], key=int):
             a = anchors.get(op, {}).get(key, {})
@@ -244,20 +272,26 @@ def _decode_plot(plt, dec, data, out_dir, suffix, width):
 
 def _prefill_plot(plt, data, out_dir, suffix):
     pre = data["prefill"]
-    f, ax = plt.subplots(figsize=(8, 4.6))
+    # bars per shape: kvattn's default path, its Hopper (wgmma) kernel when the run timed it,
+    # FlashInfer's FA2 and FA3 paged paths
+    series = [("kvattn", "kvattn_tflops", "#1f77b4")]
+    if any(p["kvattn_wgmma_tflops"] for p in pre):
+        series.append(("kvattn, Hopper kernel (wgmma)", "kvattn_wgmma_tflops", "#aec7e8"))
+    series += [("FlashInfer FA2 (mma.sync)", "fa2_tflops", "#ffbb78"),
+               ("FlashInfer FA3 paged (wgmma)", "fa3_tflops", "#ff7f0e")]
+    f, ax = plt.subplots(figsize=(max(8, 1.6 * len(pre)), 4.6))
     xs = list(range(len(pre)))
-    w = 0.27
-    ax.bar([x - w for x in xs], [p["kvattn_tflops"] for p in pre], w, label="kvattn", color="#1f77b4")
-    ax.bar(xs, [p["fa2_tflops"] or 0 for p in pre], w, label="FlashInfer FA2 (mma.sync)", color="#ffbb78")
-    ax.bar([x + w for x in xs], [p["fa3_tflops"] or 0 for p in pre], w, label="FlashInfer FA3 paged (wgmma)",
-           color="#ff7f0e")
+    w = 0.8 / len(series)
+    for i, (label, field, color) in enumerate(series):
+        off = (i - (len(series) - 1) / 2) * w
+        ax.bar([x + off for x in xs], [p[field] or 0 for p in pre], w, label=label, color=color)
     mma = data["ceilings"].get("mma_tflops")
     if mma:
         ax.axhline(mma, color="black", linestyle="--", linewidth=1, label=f"mma.sync bf16, same run ({mma:.0f} TFLOP/s)")
     wgmma = data["ceilings"].get("wgmma_tflops")
     if wgmma:
         ax.axhline(wgmma, color="grey", linestyle=":", linewidth=1, label=f"wgmma bf16, same run ({wgmma:.0f} TFLOP/s)")
-    ax.set_xticks(xs, [p["shape"] for p in pre], fontsize=8)
+    ax.set_xticks(xs, [p["shape"].replace(" ", "\n", 1) for p in pre], fontsize=8)
     ax.set_ylabel("TFLOP/s")
     ax.set_title("Paged prefill throughput" + suffix)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.3)
@@ -295,8 +329,14 @@ def table(data):
         sp = _fmt(d["flashinfer_us"] / d["kvattn_us"], ".2f") if d["flashinfer_us"] else "—"
         lines.append(f"| decode {d['shape']} | {k} | {fi} | {sp} |")
     for p in data["prefill"]:
-        sp = _fmt(p["kvattn_tflops"] / p["fa3_tflops"], ".2f") + " of FA3" if p["fa3_tflops"] else "—"
-        lines.append(f"| prefill {p['shape']} | {p['kvattn_tflops']:.0f} TFLOP/s | FA3 paged "
+        # the default path's ratio, the Hopper kernel's next to it
+        sp = "—"
+        if p["fa3_tflops"]:
+            sp = " / ".join(f"{name}{x / p['fa3_tflops']:.2f}" for name, x in
+                            (("", p["kvattn_tflops"]), ("wgmma kernel ", p["kvattn_wgmma_tflops"])) if x) + " of FA3"
+        k = " / ".join(f"{name}{x:.0f}" for name, x in (("", p["kvattn_tflops"]), ("wgmma kernel ", p["kvattn_wgmma_tflops"]))
+                       if x) + " TFLOP/s"
+        lines.append(f"| prefill {p['shape']} | {k} | FA3 paged "
                      f"{_fmt(p['fa3_tflops'], '.0f')}, FA2 {_fmt(p['fa2_tflops'], '.0f')} | {sp} |")
     return "\n".join(lines)
 

@@ -30,6 +30,15 @@ ROWS = [
     {"name": "prefill causal bf16 8x2048 (again) [plan kept]", "us": 990.0, "value": 312.0, "unit": "TFLOP/s",
      "target": ""},
     {"name": "prefill non-causal bf16 8x2048 [plan kept]", "us": 1800.0, "value": 334.0, "unit": "TFLOP/s", "target": ""},
+    # the Hopper kernel's rows: the wgmma kernel and the mma.sync kernel on the same shapes
+    {"name": "prefill causal bf16 8x2048 [plan kept] [wgmma]", "us": 700.0, "value": 450.0, "unit": "TFLOP/s",
+     "target": "(FA3 paged 465)"},
+    {"name": "prefill causal bf16 8x2048 [plan kept] [mma.sync]", "us": 1000.0, "value": 305.0, "unit": "TFLOP/s",
+     "target": "(FA3 paged 465)"},
+    {"name": "prefill causal bf16 8x(q 512, kv 4096) [plan kept] [wgmma]", "us": 500.0, "value": 520.0,
+     "unit": "TFLOP/s", "target": "(FA3 paged 538)"},
+    {"name": "prefill causal bf16 8x(q 512, kv 4096) [plan kept] [mma.sync]", "us": 800.0, "value": 321.0,
+     "unit": "TFLOP/s", "target": "(FA3 paged 538)"},
     {"name": "KV write (reshape_and_cache) 16384 tokens", "us": 40.0, "value": 3.4, "unit": "TB/s", "target": ""},
     {"name": "merge_attn_states 8192x32x128", "us": 51.6, "value": 3.9, "unit": "TB/s", "target": ""},
 ]
@@ -38,7 +47,8 @@ ANCHORS = {
     "hbm_nominal_tbps": 4.8,
     "decode": {"bf16 1x1024": {"us": 13.3, "tbps": 0.31}, "bf16 64x4096": {"us": 255.0, "tbps": 4.2},
                "fp8 256x8192": {"us": 1650.0, "tbps": 2.6}},
-    "prefill": {"causal 8x2048": {"fa2_tflops": 300, "fa3_tflops": 465}},
+    "prefill": {"causal 8x2048": {"fa2_tflops": 300, "fa3_tflops": 465},
+                "causal 8x(q 512, kv 4096)": {"fa2_tflops": 320, "fa3_tflops": 538}},
     "write": {"16384": {"us": 40.0}},
     "merge": {"8192": {"us": 51.6}},
 }
@@ -97,10 +107,15 @@ def test_plots_written_and_figures_read_back(inputs):
 
     pre = embedded(out / "prefill_tflops.png")
     assert (pre["mma_tflops"], pre["wgmma_tflops"]) == (640.0, 900.0)
-    # the fastest of the repeated kept-plan rows of a shape
+    # the fastest of the repeated kept-plan rows of a shape (the untagged default path's, not the
+    # [mma.sync] row); the wgmma kernel's rows beside it; a chunked shape from its [mma.sync] row
     assert pre["prefill"] == [
-        {"shape": "causal 8x2048", "kvattn_tflops": 312.0, "fa2_tflops": 300, "fa3_tflops": 465},
-        {"shape": "non-causal 8x2048", "kvattn_tflops": 334.0, "fa2_tflops": None, "fa3_tflops": None},
+        {"shape": "causal 8x2048", "kvattn_tflops": 312.0, "kvattn_wgmma_tflops": 450.0, "fa2_tflops": 300,
+         "fa3_tflops": 465},
+        {"shape": "causal 8x(q 512, kv 4096)", "kvattn_tflops": 321.0, "kvattn_wgmma_tflops": 520.0,
+         "fa2_tflops": 320, "fa3_tflops": 538},
+        {"shape": "non-causal 8x2048", "kvattn_tflops": 334.0, "kvattn_wgmma_tflops": None, "fa2_tflops": None,
+         "fa3_tflops": None},
     ]
 
     ratio = {r["case"]: r["speed"] for r in embedded(out / "speed_ratio.png")["ratio"]}
@@ -109,6 +124,9 @@ def test_plots_written_and_figures_read_back(inputs):
         "decode bf16 64x4096": 255.0 / 250.0,
         "decode fp8 256x8192": 1650.0 / 1100.0,
         "prefill causal 8x2048 (FA3)": 312.0 / 465,
+        "prefill causal 8x(q 512, kv 4096) (FA3)": 321.0 / 538,
+        "prefill causal 8x2048, wgmma kernel (FA3)": 450.0 / 465,
+        "prefill causal 8x(q 512, kv 4096), wgmma kernel (FA3)": 520.0 / 538,
         "KV write 16384 tokens": 1.0,
         "merge 8192x32x128": 1.0,
     })
@@ -142,7 +160,8 @@ def test_markdown_table(inputs):
     assert t[0].startswith("| shape | kvattn | FlashInfer |")
     assert "| decode bf16 64x4096 | 250.0 µs, 4.29 TB/s | 255.0 µs, 4.20 TB/s | 1.02 |" in t
     assert "| decode bf16 1x1024 | 9.3 µs | 13.3 µs, 0.31 TB/s | 1.43 |" in t
-    assert "| prefill causal 8x2048 | 312 TFLOP/s | FA3 paged 465, FA2 300 | 0.67 of FA3 |" in t
+    assert "| prefill causal 8x2048 | 312 / wgmma kernel 450 TFLOP/s | FA3 paged 465, FA2 300 | 0.67 / wgmma kernel 0.97 of FA3 |" in t
+    assert "| prefill non-causal 8x2048 | 334 TFLOP/s | FA3 paged —, FA2 — | — |" in t
 
 
 def test_bad_inputs_are_refused_with_the_reason(tmp_path, capsys):
