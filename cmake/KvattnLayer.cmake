@@ -21,6 +21,9 @@ function(kvattn_add_layer layer)
     $<INSTALL_INTERFACE:include>)
   target_include_directories(kvattn_${layer} PRIVATE ${PROJECT_SOURCE_DIR}/src ${DLPACK_INCLUDE_DIR})
   target_link_libraries(kvattn_${layer} PUBLIC fmt::fmt spdlog::spdlog Threads::Threads)
+  # The public headers are C++20: every user of the target (in this build or through the
+  # installed package) compiles with at least C++20, whatever standard its project sets.
+  target_compile_features(kvattn_${layer} PUBLIC cxx_std_20)
   foreach(dep ${ARGN})
     if(TARGET kvattn_${dep})
       target_link_libraries(kvattn_${layer} PUBLIC kvattn_${dep})

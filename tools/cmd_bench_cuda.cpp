@@ -1,6 +1,8 @@
 // `kvattn bench-cuda`: the CUDA kernels on the shapes of docs/PERFORMANCE.md, timed with CUDA
-// events (median), next to the copy bandwidth and the mma.sync bf16 rate measured in the same
-// run.  Setup (as the FlashInfer anchors): bf16, 32 query heads / 8 KV heads, head dim 128,
+// events (median), next to the copy bandwidth and the mma.sync and wgmma bf16 rates measured in
+// the same run.  The prefill section also times the Hopper prefill shapes (plans kept) on the
+// wgmma kernel (src/ops/cuda/hopper_prefill.cu, forced) and on the mma.sync kernel, each row
+// tagged with the kernel that ran and FlashInfer's FA3 paged figure for the shape.  Setup (as the FlashInfer anchors): bf16, 32 query heads / 8 KV heads, head dim 128,
 // page 16, cache [num_pages, 2, page, Hkv, D] (K and V of a page adjacent, NHD), page ids a
 // random permutation of a ~9 GB pool; calls rotate over disjoint page sets when one call's
 // KV is under 256 MB, so the data is not L2-resident.
@@ -28,6 +30,7 @@
 #include "kvattn/core/tensor.h"
 #include "kvattn/ops/ops.h"
 #if defined(KVATTN_WITH_CUDA)
+#include "ops/cuda/hopper_prefill.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/page_decode.h"
 #include "ops/cuda/small_decode.h"
@@ -217,8 +220,10 @@ Row bench_decode(const std::string& name, const Pool& pool, const std::vector<in
 }
 
 // kept_plan: as bench_decode's (planned once before the timing, the timed calls reuse it).
+// Lq > 0: each request's query is its last Lq tokens (chunked prefill after L - Lq cached keys).
 Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t L, bool causal,
-                  const std::string& target, bool quick, bool kept_plan = false) {
+                  const std::string& target, bool quick, bool kept_plan = false, int64_t Lq = -1) {
+  if (Lq <= 0) Lq = L;
   std::mt19937 rng(11);
   const int64_t n = (L + kPage - 1) / kPage;
   std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
@@ -226,14 +231,14 @@ Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t 
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> qo(static_cast<size_t>(B + 1)), ip(static_cast<size_t>(B + 1)), last(static_cast<size_t>(B)), ind;
   for (int64_t r = 0; r < B; ++r) {
-    qo[r + 1] = static_cast<int32_t>((r + 1) * L);
+    qo[r + 1] = static_cast<int32_t>((r + 1) * Lq);
     ip[r + 1] = static_cast<int32_t>((r + 1) * n);
     last[r] = static_cast<int32_t>(L - (n - 1) * kPage);
     for (int64_t i = 0; i < n; ++i) ind.push_back(perm[static_cast<size_t>(r * n + i)]);
   }
-  Tensor q = Tensor::empty({B * L, kHq, kD}, DType::bf16, Device::cuda(0));
+  Tensor q = Tensor::empty({B * Lq, kHq, kD}, DType::bf16, Device::cuda(0));
   fill_device_random(q, 5);
-  Tensor out = Tensor::empty({B * L, kHq, kD}, DType::bf16, Device::cuda(0));
+  Tensor out = Tensor::empty({B * Lq, kHq, kD}, DType::bf16, Device::cuda(0));
   ops::PagedAttentionArgs a;
   a.query = q;
   a.k_cache = pool.k;
@@ -251,7 +256,8 @@ Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t 
   }
   const double us = k::time_median_us([](void* c, int) { ops::paged_attention(*static_cast<ops::PagedAttentionArgs*>(c)); },
                                       &a, 3, quick ? 5 : 20);
-  const double pairs = causal ? double(L) * (L + 1) / 2 : double(L) * L;
+  const double ctx = double(L - Lq);
+  const double pairs = causal ? double(Lq) * ctx + double(Lq) * (Lq + 1) / 2 : double(Lq) * L;
   Row r;
   r.name = name;
   r.us = us;
@@ -610,6 +616,33 @@ int run(const Opts& o) {
                                 o.quick, kept));
         print_row(bench_prefill("prefill causal bf16 1x8192" + tag, pool, 1, 8192, true, kept ? "(FI FA2 304)" : "",
                                 o.quick, kept));
+      }
+      // the Hopper prefill shapes (plans kept): the wgmma kernel (sm_90a), then the mma.sync
+      // kernel on the same call, with FlashInfer's FA3 paged figure of the same H200 shape
+      {
+        const double wg = k::measure_wgmma_tflops();
+        print_row(Row{"ceiling: wgmma bf16 m64n256k16, shared memory", 0, wg, "TFLOP/s", wg > 0 ? "(cuBLAS 8192^3 ~790)" : "(no sm_90a code)"});
+        struct Shape {
+          int64_t B, L, Lq;
+          bool causal;
+          const char* fa3;
+        };
+        const int hm0 = k::hopper_prefill_mode();
+        for (const Shape sh : {Shape{8, 2048, -1, true, "465"}, Shape{1, 8192, -1, true, "517"}, Shape{4, 4096, -1, true, "487"},
+                               Shape{16, 1024, -1, true, "367"}, Shape{32, 512, -1, true, "248"},
+                               Shape{8, 4096, 512, true, "538"}, Shape{8, 2048, -1, false, "509"}}) {
+          for (const int hm : {2, 1}) {  // force, off
+            k::set_hopper_prefill_mode(hm);
+            const std::string shape = sh.Lq > 0 ? fmt::format("{}x(q {}, kv {})", sh.B, sh.Lq, sh.L) : fmt::format("{}x{}", sh.B, sh.L);
+            Row r = bench_prefill(fmt::format("prefill {} bf16 {} [plan kept]", sh.causal ? "causal" : "non-causal", shape),
+                                  pool, sh.B, sh.L, sh.causal, "", o.quick, true, sh.Lq);
+            const k::PrefillChoice ch = k::last_prefill_choice();
+            r.name += ch.path == k::PrefillPath::wgmma ? " [wgmma]" : " [mma.sync]";
+            r.target = fmt::format("(FA3 paged {}){}", sh.fa3, hm == 2 && ch.path != k::PrefillPath::wgmma ? std::string(" ") + ch.reason : "");
+            print_row(r);
+          }
+        }
+        k::set_hopper_prefill_mode(hm0);
       }
       // the same shapes on attn_kernel, then the prefill kernel again (run-to-run spread)
       const k::PrefillMode m0 = k::prefill_mode();

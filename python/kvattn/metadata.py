@@ -17,7 +17,14 @@ from ._convert import framework_of, to_framework
 
 @dataclass
 class CommonAttentionMetadata:
-    """Per-step batch description every attention backend reads (vLLM field names and order)."""
+    """Per-step batch description every attention backend reads (vLLM field names and order).
+
+    Build it yourself from the caller's arrays (NumPy / PyTorch / CuPy; requests ordered decode
+    -> extend -> prefill, see reorder_batch_to_split_decodes_and_prefills) or get it from
+    ``BatchPreparer.prepare(input_batch)``.  Then ``split_decodes_and_prefills(cm)`` and
+    ``FlashInferMetadataBuilder.build(common_prefix_len, cm)`` read it; ``validate()`` runs
+    kvattn's checks.  kvattn reads the fields as zero-copy views; nothing is converted.
+    """
 
     query_start_loc: Any
     """[num_reqs + 1] int32, device: cumulative query lengths, [0] = 0."""
@@ -111,4 +118,46 @@ def _batch_preparer_prepare(self, input_batch, num_reqs_padded: int = -1, num_to
 
 _kvattn.BatchPreparer.prepare = _batch_preparer_prepare
 
-__all__ = ["CommonAttentionMetadata", "framework_of"]
+
+@dataclass
+class PagedKVMetadata:
+    """The paged-KV description of one step, as vLLM's FlashInfer backend computes it
+    (``PagedKVMetadataBuilder.build``).  Arrays are zero-copy views of the builder's persistent
+    buffers in the framework of ``common_attn_metadata.query_start_loc_cpu``, valid until the
+    builder's next ``build``."""
+
+    paged_kv_indptr: Any
+    """[num_reqs + 1] int32 (device copy): page offsets, [0] = 0."""
+    paged_kv_indices: Any
+    """[num_actual_pages] int32 (device copy): the pages of request r are indices[indptr[r]:indptr[r+1]]."""
+    paged_kv_last_page_len: Any
+    """[num_reqs] int32 (device copy): tokens in each request's last page (1..page_size; 0: no pages)."""
+    paged_kv_indptr_cpu: Any
+    paged_kv_indices_cpu: Any
+    paged_kv_last_page_len_cpu: Any
+    seq_lens_cpu: Any
+    """[num_reqs] int32: the lengths the pages were counted from (DCP: this rank's local share)."""
+    num_reqs: int
+    num_actual_pages: int
+    use_cascade: bool
+    """common_prefix_len > 0: the first num_common_kv_blocks pages are shared (cascade)."""
+    num_common_kv_blocks: int
+    shared_kv_page_indices: Any
+    shared_kv_last_page_len: int
+
+
+def _paged_kv_build(self, common_attn_metadata, num_decodes: int = 0, common_prefix_len: int = 0) -> PagedKVMetadata:
+    """This step's paged_kv_indptr / paged_kv_indices / paged_kv_last_page_len.
+
+    ``common_attn_metadata``: a CommonAttentionMetadata whose first ``num_decodes`` rows are
+    decodes (``split_decodes_and_prefills``; it matters under DCP only).  ``common_prefix_len``
+    > 0 (a multiple of page_size) selects cascade: those pages become the shared level.
+    ValueError naming the row for a bad length, block id or table width."""
+    fields = self._build_fields(common_attn_metadata, num_decodes, common_prefix_len)
+    framework = framework_of(common_attn_metadata.query_start_loc_cpu)
+    return PagedKVMetadata(**{k: to_framework(v, framework) for k, v in fields.items()})
+
+
+_kvattn.PagedKVMetadataBuilder.build = _paged_kv_build
+
+__all__ = ["CommonAttentionMetadata", "PagedKVMetadata"]

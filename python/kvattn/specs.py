@@ -13,7 +13,11 @@ def _spec_class(name: str, kind: str, doc: str):
                                head_size=head_size, dtype=dtype, **kwargs)
 
     __init__.__doc__ = f"{name}(block_size, num_kv_heads, head_size, dtype, **options)"
-    return type(name, (AttentionSpec,), {"__init__": __init__, "__doc__": doc})
+    full_doc = (f"{doc}\n\n{name}(block_size, num_kv_heads, head_size, dtype, **options): an immutable "
+                "AttentionSpec of this kind.\nOptions are vLLM's field names (head_size_v, sliding_window, "
+                "attention_chunk_size, page_size_padded, kv_quant_mode, ...); page_size_bytes is one block's "
+                "bytes per layer.")
+    return type(name, (AttentionSpec,), {"__init__": __init__, "__doc__": full_doc})
 
 
 FullAttentionSpec = _spec_class("FullAttentionSpec", "full_attention", "vLLM's FullAttentionSpec.")
@@ -28,3 +32,6 @@ SinkFullAttentionSpec = _spec_class("SinkFullAttentionSpec", "sink_full_attentio
 CrossAttentionSpec = _spec_class("CrossAttentionSpec", "cross_attention", "vLLM's CrossAttentionSpec.")
 EncoderOnlyAttentionSpec = _spec_class("EncoderOnlyAttentionSpec", "encoder_only_attention",
                                        "vLLM's EncoderOnlyAttentionSpec.")
+
+__all__ = ["FullAttentionSpec", "MLAAttentionSpec", "SlidingWindowSpec", "SlidingWindowMLASpec",
+           "ChunkedLocalAttentionSpec", "SinkFullAttentionSpec", "CrossAttentionSpec", "EncoderOnlyAttentionSpec"]

@@ -48,7 +48,11 @@ const char* decode_kind(const FlashInferMetadata& m) {
 void bind_attention(py::module_& m) {
   py::class_<PyBackendConfig>(m, "BackendConfig",
                               "The slice of vLLM's VllmConfig the attention backend reads (flattened), and the "
-                              "registry of attention layers (vLLM's static forward context).")
+                              "registry of attention layers (vLLM's static forward context).\n\n"
+                              "BackendConfig(num_attention_heads=, num_kv_heads=, head_size=, max_model_len=,\n"
+                              "max_num_seqs=, max_num_batched_tokens=, model_dtype=, kv_cache_layout=, device=,\n"
+                              "capability=, ...) (keywords only; see __init__).\n"
+                              "register_layer(layer) adds an AttentionLayer before make_builder reads the layers.")
       .def(py::init([](py::object device, std::optional<std::pair<int, int>> capability, py::object model_dtype,
                        int64_t num_attention_heads, int64_t num_kv_heads, int64_t head_size, int64_t max_model_len,
                        int64_t max_num_seqs, int64_t max_num_batched_tokens, std::string cache_dtype,
@@ -106,7 +110,11 @@ on CPU.  kv_cache_layout: the resolved layout name (NHD = LBNHC, HND = LBHNC).)d
   py::class_<AttentionMetadata>(m, "AttentionMetadata", "Base of the per-step metadata a builder returns.")
       .def_property_readonly("backend_name", &AttentionMetadata::backend_name);
   py::class_<FlashInferMetadata, AttentionMetadata>(m, "FlashInferMetadata",
-                                                    "What FlashInferMetadataBuilder.build planned for this step.")
+                                                    R"doc(What FlashInferMetadataBuilder.build planned for this step.
+
+Counts (num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens, num_actual_tokens),
+the chosen paths (decode_path, prefill_path, use_cascade), causal, kv_cache_layout and the
+slot_mapping.  Pass it unchanged to FlashInferImpl.forward for every layer of the step.)doc")
       .def_readonly("num_actual_tokens", &FlashInferMetadata::num_actual_tokens)
       .def_readonly("num_decodes", &FlashInferMetadata::num_decodes)
       .def_readonly("num_decode_tokens", &FlashInferMetadata::num_decode_tokens)
@@ -121,7 +129,11 @@ on CPU.  kv_cache_layout: the resolved layout name (NHD = LBNHC, HND = LBHNC).)d
       .def_property_readonly("decode_path", &decode_kind,
                              "'native', 'xqa', 'trtllm-gen' or None (no decode tokens / cascade).");
 
-  py::class_<AttentionMetadataBuilder>(m, "AttentionMetadataBuilder", "vLLM's AttentionMetadataBuilder.")
+  py::class_<AttentionMetadataBuilder>(m, "AttentionMetadataBuilder", R"doc(vLLM's AttentionMetadataBuilder: plans each step for a KV cache group's layers.
+
+build(common_prefix_len, common_attn_metadata, fast_build=False) -> the step's metadata, passed
+to every layer's forward.  reorder_batch_threshold: the query length up to which a request
+counts as a decode (reorder the batch with reorder_batch_to_split_decodes_and_prefills first).)doc")
       .def_property_readonly("reorder_batch_threshold", &AttentionMetadataBuilder::reorder_batch_threshold)
       .def_property_readonly("layer_names", &AttentionMetadataBuilder::layer_names)
       .def(
@@ -137,7 +149,14 @@ on CPU.  kv_cache_layout: the resolved layout name (NHD = LBNHC, HND = LBHNC).)d
           "Plans this step from a CommonAttentionMetadata; the result belongs to the builder and is "
           "valid until its next build().");
   py::class_<FlashInferMetadataBuilder, AttentionMetadataBuilder>(m, "FlashInferMetadataBuilder",
-                                                                   "vLLM's FlashInferMetadataBuilder (native kernels).")
+                                                                   R"doc(vLLM's FlashInferMetadataBuilder on kvattn's kernels (see AttentionMetadataBuilder).
+
+build() splits the batch into decodes and prefills, computes the paged-KV description
+(paged_kv_indptr / indices / last_page_len, as PagedKVMetadataBuilder does), decides cascade and
+the decode kernel (decode_kernel: None for the native path, 'xqa' or 'trtllm-gen'), and plans the
+kernels once for all the group's layers.  Its buffers are sized at construction from the config
+(max_num_seqs, max_model_len, max_num_batched_tokens); build() allocates nothing.  The metadata
+it returns is valid until its next build().)doc")
       .def_property_readonly("kv_cache_layout", &FlashInferMetadataBuilder::kv_cache_layout)
       .def_property_readonly("decode_kernel", [](const FlashInferMetadataBuilder& b) -> py::object {
         auto k = b.decode_kernel();
@@ -149,7 +168,13 @@ on CPU.  kv_cache_layout: the resolved layout name (NHD = LBNHC, HND = LBHNC).)d
       .def_property_readonly("q_data_type_decode",
                              [](const FlashInferMetadataBuilder& b) { return dtype_name(b.q_data_type_decode()); });
 
-  py::class_<AttentionImpl, std::shared_ptr<AttentionImpl>>(m, "AttentionImpl", "vLLM's AttentionImpl.")
+  py::class_<AttentionImpl, std::shared_ptr<AttentionImpl>>(m, "AttentionImpl", R"doc(vLLM's AttentionImpl: one layer's attention computation.
+
+Made by FlashInferBackend.make_impl(config, num_heads=, head_size=, scale=, num_kv_heads=, ...).
+Per step: do_kv_cache_update(layer, key, value, kv_cache, slot_mapping) writes this step's K/V
+into the paged cache, then forward(layer, query, key, value, kv_cache, attn_metadata, output)
+computes attention into output, using the metadata the builder planned for the step.
+process_weights_after_loading(act_dtype) fixes the query dtype once the model dtype is known.)doc")
       .def_property_readonly("num_heads", &AttentionImpl::num_heads)
       .def_property_readonly("num_kv_heads", &AttentionImpl::num_kv_heads)
       .def_property_readonly("head_size", &AttentionImpl::head_size)
@@ -191,10 +216,20 @@ head_size].  The KV-cache write is separate (do_kv_cache_update), as in vLLM's F
           py::arg("layer"), py::arg("key"), py::arg("value"), py::arg("kv_cache"), py::arg("slot_mapping"),
           "vLLM's do_kv_cache_update: reshape_and_cache_flash of key/value into the layer's cache.");
   py::class_<FlashInferImpl, AttentionImpl, std::shared_ptr<FlashInferImpl>>(m, "FlashInferImpl",
-                                                                             "vLLM's FlashInferImpl on kvattn kernels.");
+                                                                             R"doc(vLLM's FlashInferImpl on kvattn's kernels (see AttentionImpl).
+
+It runs the paths FlashInferMetadataBuilder.build chose per step: native paged prefill and
+decode, the trtllm-style block-table paths (XQA / trtllm-gen decode on capability (9, 0) /
+(10, x) configurations), cascade over a shared prefix, and DCP (one rank's shard, combined by
+LSE).  Paths kvattn has no kernel for (NVFP4 KV, fused output quantisation) raise
+NotImplementedError with the reason.)doc");
 
   py::class_<AttentionLayer>(m, "AttentionLayer",
-                             "vLLM's Attention layer state the impl reads: name, impl and q/k/v scales.")
+                             R"doc(vLLM's Attention layer state the impl reads: name, impl and q/k/v scales.
+
+AttentionLayer(name, impl, device="cpu"); register it with BackendConfig.register_layer(layer)
+before FlashInferBackend.make_builder reads the layers' parameters.  set_scales(q_scale,
+k_scale, v_scale) sets the fp8 scales (floats) the KV write and forward use.)doc")
       .def(py::init([](std::string name, std::shared_ptr<AttentionImpl> impl, py::object device) {
              return AttentionLayer::make(std::move(name), std::move(impl), Device::parse(std::string(py::str(device))));
            }),
@@ -207,7 +242,15 @@ head_size].  The KV-cache write is separate (do_kv_cache_update), as in vLLM's F
       .def("set_scales", &AttentionLayer::set_scales, py::arg("q_scale"), py::arg("k_scale"), py::arg("v_scale"));
 
   py::class_<FlashInferBackend, std::shared_ptr<FlashInferBackend>>(
-      m, "FlashInferBackend", "vLLM's FlashInferBackend traits and factories, running on kvattn's kernels.")
+      m, "FlashInferBackend", R"doc(vLLM's FlashInferBackend traits and factories, running on kvattn's kernels.
+
+Traits: get_name() ("FLASHINFER"), supported_kv_cache_dtypes(), get_supported_head_sizes(),
+get_supported_kernel_block_sizes(config), supported_kv_cache_layouts(config),
+forward_includes_kv_cache_update() (False: the KV write is a separate call), and
+validate_configuration(config, head_size=, dtype=, ...) -> the list of reasons a configuration
+cannot run (empty: supported).  Factories: make_impl(config, num_heads=, head_size=, scale=,
+num_kv_heads=, ...) -> FlashInferImpl; make_builder(kv_cache_spec, layer_names, config) ->
+FlashInferMetadataBuilder (register the AttentionLayers with the config first).)doc")
       .def(py::init([] { return std::make_shared<FlashInferBackend>(); }))
       .def("get_name", &FlashInferBackend::get_name)
       .def("supported_kv_cache_dtypes", &FlashInferBackend::supported_kv_cache_dtypes)

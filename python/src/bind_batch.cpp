@@ -154,11 +154,12 @@ query_start_loc_cpu (and is_prefilling when treat_short_extends_as_decodes is Fa
   m.def(
       "split_prefill_chunks",
       [](py::object seq_lens_cpu, int64_t workspace_size, int64_t request_offset) {
-        return split_prefill_chunks(as_tensor(seq_lens_cpu), workspace_size, request_offset);
+        return split_prefill_chunks(as_int32_tensor(seq_lens_cpu, "seq_lens_cpu"), workspace_size, request_offset);
       },
       py::arg("seq_lens_cpu"), py::arg("workspace_size"), py::arg("request_offset") = 0,
       "vLLM's split_prefill_chunks: greedy [(start, end)) request chunks whose seq_lens sum to at most "
-      "workspace_size, shifted by request_offset.  seq_lens_cpu: int32 CPU tensor.");
+      "workspace_size, shifted by request_offset.  seq_lens_cpu: a CPU integer tensor (int32 read in "
+      "place; int64, e.g. torch.tensor([...]), converted).");
   m.def("is_uniform_query_len", &is_uniform_query_len, py::arg("num_reqs"), py::arg("num_tokens"),
         py::arg("max_query_len"), "num_reqs > 0 and every request has max_query_len tokens.");
   m.def("get_uniform_decode_token_count", &get_uniform_decode_token_count, py::arg("num_reqs"),
@@ -221,7 +222,8 @@ one-element tensor -> same shape as seq_lens.)doc");
       "_mamba_get_block_table_tensor",
       [](py::object block_table, py::object seq_lens, int64_t block_size, int64_t num_speculative_blocks,
          const std::string& mamba_cache_mode) {
-        return mamba_get_block_table_tensor(as_tensor(block_table), as_tensor(seq_lens),
+        // seq_lens: any integer dtype, as the seed's CPU path computes on it directly.
+        return mamba_get_block_table_tensor(as_tensor(block_table), as_int32_tensor(seq_lens, "seq_lens"),
                                             MambaBlockTableSpec{block_size, num_speculative_blocks},
                                             mamba_cache_mode);
       },
@@ -293,15 +295,23 @@ one-element tensor -> same shape as seq_lens.)doc");
       [](py::object out, py::object mm_prefix_range, py::object query_start_loc_cpu, py::object seq_lens_cpu) {
         MMPrefixRanges r = mm_ranges_from_py(mm_prefix_range);
         return fill_mm_prefix_query_ranges(as_tensor(out), mm_prefix_range.is_none() ? nullptr : &r,
-                                           as_tensor(query_start_loc_cpu), as_tensor(seq_lens_cpu));
+                                           as_int32_tensor(query_start_loc_cpu, "query_start_loc_cpu"),
+                                           as_int32_tensor(seq_lens_cpu, "seq_lens_cpu"));
       },
       py::arg("out"), py::arg("mm_prefix_range"), py::arg("query_start_loc_cpu"), py::arg("seq_lens_cpu"),
       "vLLM's fill_mm_prefix_query_ranges: writes the range holding each scheduled query token into "
-      "out [max_num_batched_tokens, 2] int32 ((-1, -1) = none); returns rows written (0: out untouched).");
+      "out [max_num_batched_tokens, 2] int32 ((-1, -1) = none); returns rows written (0: out untouched).  "
+      "query_start_loc_cpu / seq_lens_cpu: CPU integer tensors (int32 read in place; int64 converted).");
 
   // ---- InputBatch and the reorder -------------------------------------------------------------
   py::class_<InputBatch>(m, "InputBatch",
-                         "vLLM's InputBatch reduced to what attention metadata needs: persistent per-request rows.")
+                         R"doc(vLLM's InputBatch reduced to what attention metadata needs: persistent per-request rows.
+
+InputBatch(max_num_reqs, max_num_blocks_per_req).  add_request(req_id, num_prompt_tokens,
+num_computed_tokens, num_scheduled_tokens=0, block_ids=[]) appends a row (ids must be unique,
+counts >= 0); remove_request(row) moves the last row into its place; swap_states(i1, i2);
+append_block_ids(row, ids).  Per step: set num_scheduled_tokens (or pass the scheduler's dict to
+reorder_batch_to_split_decodes_and_prefills), reorder, then BatchPreparer.prepare(batch).)doc")
       .def(py::init<int64_t, int64_t>(), py::arg("max_num_reqs"), py::arg("max_num_blocks_per_req"))
       .def(
           "add_request",
@@ -330,6 +340,9 @@ one-element tensor -> same shape as seq_lens.)doc");
           [](InputBatch& b, const std::vector<int32_t>& v) {
             auto s = b.num_scheduled_tokens();
             KVATTN_CHECK(v.size() == s.size(), "num_scheduled_tokens: {} values for {} requests", v.size(), s.size());
+            for (size_t i = 0; i < v.size(); ++i)
+              KVATTN_CHECK(v[i] >= 0, "num_scheduled_tokens[{}] = {} (request {}) must be >= 0", i, v[i],
+                           b.req_id(static_cast<int64_t>(i)));
             std::copy(v.begin(), v.end(), s.begin());
           })
       .def_property_readonly("num_computed_tokens_cpu", [](const InputBatch& b) {
@@ -345,6 +358,9 @@ one-element tensor -> same shape as seq_lens.)doc");
       "classify_request",
       [](int32_t num_scheduled, int32_t num_computed, int32_t num_prompt, int32_t decode_threshold) {
         static const char* names[] = {"decode", "short_extend", "long_extend", "prefill"};
+        KVATTN_CHECK(num_scheduled >= 0 && num_computed >= 0 && num_prompt >= 0,
+                     "classify_request: counts must be >= 0, got num_scheduled = {}, num_computed = {}, "
+                     "num_prompt = {}", num_scheduled, num_computed, num_prompt);
         return names[static_cast<int>(classify_request(num_scheduled, num_computed, num_prompt, decode_threshold))];
       },
       py::arg("num_scheduled"), py::arg("num_computed"), py::arg("num_prompt"), py::arg("decode_threshold") = 1,
@@ -359,7 +375,18 @@ one-element tensor -> same shape as seq_lens.)doc");
                                  : scheduler_output;
           auto ids = input_batch.req_ids();
           auto rows = input_batch.num_scheduled_tokens();
-          for (size_t i = 0; i < ids.size(); ++i) rows[i] = sched[py::str(ids[i])].cast<int32_t>();
+          std::vector<int32_t> values(ids.size());
+          for (size_t i = 0; i < ids.size(); ++i) {
+            const py::str id(ids[i]);
+            KVATTN_CHECK(sched.contains(id),
+                         "reorder_batch_to_split_decodes_and_prefills: scheduler_output has no num_scheduled_tokens "
+                         "entry for request '{}' (row {}); every row of the batch needs one", ids[i], i);
+            values[i] = sched[id].cast<int32_t>();
+            KVATTN_CHECK(values[i] >= 0,
+                         "reorder_batch_to_split_decodes_and_prefills: num_scheduled_tokens['{}'] = {} must be >= 0",
+                         ids[i], values[i]);
+          }
+          std::copy(values.begin(), values.end(), rows.begin());
         }
         return reorder_batch_to_split_decodes_and_prefills(input_batch, decode_threshold);
       },
@@ -371,7 +398,13 @@ object with such a num_scheduled_tokens dict.  Returns whether any row moved.)do
 
   // ---- BatchPreparer --------------------------------------------------------------------------
   py::class_<BatchPreparer>(m, "BatchPreparer",
-                            "Builds each step's CommonAttentionMetadata from an InputBatch into persistent buffers.")
+                            R"doc(Builds each step's CommonAttentionMetadata from an InputBatch into persistent buffers.
+
+BatchPreparer(max_num_reqs=, max_num_batched_tokens=, max_model_len=, block_size=, ...,
+device="cpu"); prepare(input_batch, num_reqs_padded=-1, num_tokens_padded=-1,
+framework="numpy") -> CommonAttentionMetadata (query_start_loc, seq_lens, positions,
+slot_mapping, block_table_tensor, ...), views of the preparer's buffers valid until its next
+prepare.  Nothing is allocated per step.)doc")
       .def(py::init([](int64_t max_num_reqs, int64_t max_num_batched_tokens, int64_t max_model_len,
                        int64_t block_size, int64_t blocks_per_kv_block, int64_t dcp_world_size, int64_t dcp_rank,
                        int64_t cp_kv_cache_interleave_size, int64_t num_blocks, bool causal,

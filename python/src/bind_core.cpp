@@ -2,6 +2,8 @@
 #include <dlpack/dlpack.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
+
 #include "bindings.h"
 #include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/core/dlpack_bridge.h"
@@ -120,6 +122,30 @@ Tensor as_tensor(const py::object& obj) {
                         std::string(py::str(py::type::of(obj))));
 }
 
+Tensor as_int32_tensor(const py::object& obj, const char* name) {
+  Tensor t = as_tensor(obj);
+  const DType dt = t.dtype();
+  if (dt == DType::i32 || (dt != DType::i64 && dt != DType::i8 && dt != DType::u8)) return t;
+  KVATTN_CHECK(t.device().is_cpu(),
+               "{}: a {} tensor on {} is converted to int32 on the CPU only; pass an int32 tensor or a CPU one",
+               name, dtype_name(dt), t.device().str());
+  Tensor out = Tensor::empty(t.shape(), DType::i32);
+  int32_t* o = out.data_ptr<int32_t>();
+  const Tensor c = t.contiguous();
+  const int64_t n = c.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (dt == DType::i64) v = c.data_ptr<int64_t>()[i];
+    else if (dt == DType::i8) v = c.data_ptr<int8_t>()[i];
+    else v = c.data_ptr<uint8_t>()[i];
+    KVATTN_CHECK(v >= INT32_MIN && v <= INT32_MAX,
+                 "{}: element {} = {} does not fit in int32 (kvattn's index and length type); lengths and "
+                 "ids must be below 2^31", name, i, v);
+    o[i] = static_cast<int32_t>(v);
+  }
+  return out;
+}
+
 void bind_core(py::module_& m) {
   m.def("dtype_names", [] {
     std::vector<std::string> names;
@@ -127,9 +153,15 @@ void bind_core(py::module_& m) {
     return names;
   }, "Canonical names of the element types kvattn knows.");
   m.def("cuda_available", &cuda::available, "True when this build has CUDA and a GPU is present.");
-  m.def("built_with_cuda", &cuda::built_with_cuda);
+  m.def("built_with_cuda", &cuda::built_with_cuda, "True when this build has the CUDA kernels (a GPU may still be absent).");
 
-  py::class_<Tensor>(m, "Tensor", "A strided view over CPU or CUDA memory (kvattn::Tensor).")
+  py::class_<Tensor>(m, "Tensor", R"doc(A strided view over CPU or CUDA memory (kvattn::Tensor).
+
+shape, strides (elements), dtype (a name: 'float16', 'bfloat16', 'fp8_e4m3', 'int32', ...),
+device ('cpu' / 'cuda:N'); views (view, permute, select, slice, view_as_dtype) share storage.
+Exchange without copies: numpy.asarray(t) (CPU, NumPy dtypes), torch.from_dlpack(t),
+kvattn.from_dlpack(x) for any x with __dlpack__.  kvattn functions return Tensors for dtypes
+NumPy lacks (bfloat16, fp8); tolist() reads any dtype as floats.)doc")
       .def_property_readonly("shape", [](const Tensor& t) { return shape_tuple(t.shape()); })
       .def_property_readonly("strides", [](const Tensor& t) { return shape_tuple(t.strides()); },
                              "Strides in elements (as torch), not bytes.")
@@ -169,10 +201,12 @@ void bind_core(py::module_& m) {
         "Zero-copy view of any object with __dlpack__ (or a DLPack capsule) as a kvattn.Tensor.");
   m.def("empty", [](const std::vector<int64_t>& shape, const std::string& dtype, const std::string& device) {
     return Tensor::empty(dims_from(shape), parse_dtype(dtype), Device::parse(device));
-  }, py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
+  }, py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu",
+  "An uninitialised kvattn Tensor of `shape` (dtype: a name from dtype_names(); device: 'cpu' or 'cuda:N').");
   m.def("zeros", [](const std::vector<int64_t>& shape, const std::string& dtype, const std::string& device) {
     return Tensor::zeros(dims_from(shape), parse_dtype(dtype), Device::parse(device));
-  }, py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
+  }, py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu",
+  "A zero-filled kvattn Tensor of `shape` (dtype: a name from dtype_names(); device: 'cpu' or 'cuda:N').");
 }
 
 }  // namespace kvattn::python

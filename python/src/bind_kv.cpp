@@ -122,6 +122,44 @@ std::vector<const BlockSizeBackend*> backends_from_py(const py::handle& seq) {
   return out;
 }
 
+// The `backends` of select_common_block_size as vLLM passes them, each one of: a BlockSizeBackend;
+// an AttentionGroup (its backend; kvattn's earlier (kv_manager_block_size, attn_groups) form);
+// or any object with get_name() and get_supported_kernel_block_sizes([kv_cache_spec]) (vLLM's
+// backend classes), read into a BlockSizeBackend for this call with backend i's spec.
+struct PyBackends {
+  std::vector<std::shared_ptr<BlockSizeBackend>> owned;
+  std::vector<const BlockSizeBackend*> ptrs;
+};
+
+PyBackends py_backends(const py::handle& seq, const py::list& specs) {
+  PyBackends out;
+  size_t i = 0;
+  for (auto b : seq) {
+    if (py::isinstance<AttentionGroup>(b) || py::isinstance<BlockSizeBackend>(b)) {
+      out.ptrs.push_back(backends_from_py(py::make_tuple(b)).front());
+    } else if (py::hasattr(b, "get_supported_kernel_block_sizes") && py::hasattr(b, "get_name")) {
+      py::object spec = i < specs.size() ? py::object(specs[i]) : py::object(py::none());
+      py::object sizes;
+      try {
+        sizes = b.attr("get_supported_kernel_block_sizes")(spec);
+      } catch (const py::error_already_set& e) {
+        if (!e.matches(PyExc_TypeError)) throw;
+        sizes = b.attr("get_supported_kernel_block_sizes")();  // a method taking no spec
+      }
+      out.owned.push_back(std::make_shared<BlockSizeBackend>(
+          BlockSizeBackend::with_sizes(py::str(b.attr("get_name")()).cast<std::string>(), kernel_sizes_from_py(sizes))));
+      out.ptrs.push_back(out.owned.back().get());
+    } else {
+      throw InvalidArgument("select_common_block_size: backend " + std::to_string(i) + " is " +
+                            std::string(py::repr(b)) +
+                            "; pass BlockSizeBackend objects, AttentionGroups, or backend objects with "
+                            "get_name() and get_supported_kernel_block_sizes()");
+    }
+    ++i;
+  }
+  return out;
+}
+
 std::vector<AttentionGroup*> group_ptrs_from_py(const py::handle& seq) {
   std::vector<AttentionGroup*> out;
   for (auto g : seq) out.push_back(g.cast<AttentionGroup*>());
@@ -200,12 +238,38 @@ void bind_layouts(py::module_& m) {
 
   m.def("layout_from_name", [](const std::string& n) { return layout_from_name(n); }, py::arg("name"),
         "vLLM's _layout_from_name: a layout name or the legacy alias NHD / HND.");
+  m.def("_layout_from_name", [](const std::string& n) { return layout_from_name(n); }, py::arg("layout_name"),
+        "vLLM's _layout_from_name(layout_name) under its own name (layout_from_name).");
   m.def("get_flashinfer_layout_string", &get_flashinfer_layout_string, py::arg("layout"),
         "FlashInfer's 'NHD' / 'HND' for a layout's block interior; NotImplementedError for LHBNC.");
   m.def("merge_supported_layouts", &merge_supported_layouts, py::arg("supported_layouts"),
         "vLLM's _merge_supported_layouts: the layouts in every list, ordered by how many lists put them first.");
-  m.def("get_supported_kv_cache_layouts", &get_supported_kv_cache_layouts, py::arg("backend_declarations"),
-        "The layouts every backend supports, most preferred first; None entries do not vote.");
+  m.def("_merge_supported_layouts", &merge_supported_layouts, py::arg("supported_layouts_lists"),
+        "vLLM's _merge_supported_layouts(supported_layouts_lists) under its own name (merge_supported_layouts).");
+  m.def(
+      "get_supported_kv_cache_layouts",
+      [](py::iterable backends) {
+        std::vector<std::optional<LayoutList>> declarations;
+        for (auto b : backends) {
+          py::object d = py::reinterpret_borrow<py::object>(b);
+          // A backend (vLLM passes the classes) answers supported_kv_cache_layouts(); a list or None
+          // is a declaration already.
+          if (!d.is_none() && !py::isinstance<py::sequence>(d) && py::hasattr(d, "supported_kv_cache_layouts"))
+            d = d.attr("supported_kv_cache_layouts")();
+          if (d.is_none()) {
+            declarations.emplace_back(std::nullopt);
+          } else {
+            LayoutList l;
+            for (auto x : d) l.push_back(layout_from_py(py::reinterpret_borrow<py::object>(x)));
+            declarations.emplace_back(std::move(l));
+          }
+        }
+        return get_supported_kv_cache_layouts(declarations);
+      },
+      py::arg("backends"),
+      "vLLM's get_supported_kv_cache_layouts(backends): the layouts every backend supports, most preferred "
+      "first.  Each entry is a backend answering supported_kv_cache_layouts() or that answer itself (a list of "
+      "layouts, or None: any layout, no vote).");
 
   py::class_<CacheConfig>(m, "CacheConfig", "The slice of vLLM's CacheConfig that holds the resolved layout.")
       .def(py::init([](std::optional<std::string> kv_cache_layout) { return CacheConfig{kv_cache_layout}; }),
@@ -261,9 +325,11 @@ void bind_specs(py::module_& m) {
   py::enum_<KVQuantMode> qm(m, "KVQuantMode", "vLLM's KVQuantMode.");
   for (int k = 0; k <= static_cast<int>(KVQuantMode::NVFP4_DS_MLA); ++k)
     qm.value(kv_quant_mode_name(static_cast<KVQuantMode>(k)), static_cast<KVQuantMode>(k));
-  m.def("get_kv_quant_mode", &get_kv_quant_mode, py::arg("cache_dtype_str"));
-  m.def("is_per_token_head", &is_per_token_head, py::arg("kv_quant_mode"));
-  m.def("is_nvfp4", &is_nvfp4, py::arg("kv_quant_mode"));
+  m.def("get_kv_quant_mode", &get_kv_quant_mode, py::arg("cache_dtype_str"),
+        "vLLM's get_kv_quant_mode: the KVQuantMode of a cache dtype string ('auto' -> NONE, 'fp8' -> FP8_PER_TENSOR, ...).");
+  m.def("is_per_token_head", &is_per_token_head, py::arg("kv_quant_mode"),
+        "True for the quantisation modes with one scale per token and head.");
+  m.def("is_nvfp4", &is_nvfp4, py::arg("kv_quant_mode"), "True for the NVFP4 KV-cache modes.");
   m.def("iter_layer_specs",
         [](const SpecHolder& spec) {
           std::vector<SpecHolder> out;
@@ -271,7 +337,8 @@ void bind_specs(py::module_& m) {
           return out;
         },
         py::arg("kv_cache_spec"), "Per-layer specs of a UniformTypeKVCacheSpecs, else [spec].");
-  m.def("is_quantized_kv_cache", &is_quantized_kv_cache, py::arg("kv_cache_dtype"));
+  m.def("is_quantized_kv_cache", &is_quantized_kv_cache, py::arg("kv_cache_dtype"),
+        "vLLM's is_quantized_kv_cache: True unless kv_cache_dtype is 'auto' or a 16/32-bit float name.");
 
   py::class_<KVCacheSpec, SpecHolder>(m, "KVCacheSpec", "Base of vLLM's KV cache spec family (immutable).")
       .def_property_readonly("block_size", &KVCacheSpec::block_size)
@@ -443,8 +510,13 @@ void bind_config(py::module_& m) {
       });
 
   py::class_<KVCacheConfig>(m, "KVCacheConfig",
-                            "vLLM's KVCacheConfig.  List fields are returned as copies: assign the whole list "
-                            "to change one.")
+                            "vLLM's KVCacheConfig: the memory plan of the KV cache.\n\n"
+                            "num_blocks (per group), kv_cache_tensors (the backing allocations and the layers\n"
+                            "sharing each) and kv_cache_groups (layers with one spec).  Made by\n"
+                            "get_kv_cache_config(specs, layout, available_memory, max_model_len=...) or\n"
+                            "materialize_kv_cache_config(groups, layout, num_blocks); allocate_kv_cache(config,\n"
+                            "device, layout) allocates it.  List fields are returned as copies: assign the whole\n"
+                            "list to change one.")
       .def(py::init([](int64_t num_blocks, std::vector<KVCacheTensor> kv_cache_tensors,
                        std::vector<KVCacheGroupSpec> kv_cache_groups, std::optional<std::string> kv_cache_layout) {
              KVCacheConfig c;
@@ -473,17 +545,20 @@ void bind_config(py::module_& m) {
         [](py::object layout, const std::vector<KVCacheGroupSpec>& groups) {
           validate_kv_cache_config(layout_from_py(layout), groups);
         },
-        py::arg("kv_cache_layout"), py::arg("kv_cache_groups"));
+        py::arg("kv_cache_layout"), py::arg("kv_cache_groups"),
+        "Checks that the groups can share one allocation in this layout (ValueError naming the conflict).");
   m.def("get_kv_cache_bytes_per_block",
         [](const std::vector<KVCacheGroupSpec>& groups, py::object layout) {
           return get_kv_cache_bytes_per_block(groups, layout_from_py(layout));
         },
-        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"));
+        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"),
+        "Bytes one KV block costs across every group's layers in this layout (the planner's unit).");
   m.def("materialize_kv_cache_config",
         [](const std::vector<KVCacheGroupSpec>& groups, py::object layout, int64_t num_blocks) {
           return materialize_kv_cache_config(groups, layout_from_py(layout), num_blocks);
         },
-        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::arg("num_blocks"));
+        py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::arg("num_blocks"),
+        "A KVCacheConfig of exactly num_blocks blocks for these groups (no memory budget involved).");
   m.def(
       "get_kv_cache_config",
       [](py::dict kv_cache_spec, py::object layout, int64_t available_memory, int64_t max_model_len,
@@ -511,7 +586,9 @@ void bind_config(py::module_& m) {
       },
       py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::arg("available_memory"), py::kw_only(),
       py::arg("max_model_len"), py::arg("max_num_batched_tokens") = 0, py::arg("max_num_encoder_input_tokens") = 0,
-      py::arg("decode_context_parallel_size") = 1, py::arg("num_gpu_blocks_override") = py::none());
+      py::arg("decode_context_parallel_size") = 1, py::arg("num_gpu_blocks_override") = py::none(),
+      "get_kv_cache_config for KV cache groups already formed (get_kv_cache_groups); MemoryError when one "
+      "max_model_len request does not fit available_memory.");
   m.def(
       "kv_cache_memory_needed",
       [](const std::vector<KVCacheGroupSpec>& groups, py::object layout, int64_t max_model_len,
@@ -519,7 +596,9 @@ void bind_config(py::module_& m) {
         return kv_cache_memory_needed(groups, layout_from_py(layout), limits_from(max_model_len, max_num_batched_tokens, 0, 1));
       },
       py::arg("kv_cache_groups"), py::arg("kv_cache_layout"), py::kw_only(), py::arg("max_model_len"),
-      py::arg("max_num_batched_tokens") = 0);
+      py::arg("max_num_batched_tokens") = 0,
+      "Bytes of KV cache one request of max_model_len tokens needs across the groups (vLLM's "
+      "check_enough_kv_cache_memory figure).");
   m.def(
       "estimate_max_model_len",
       [](const std::vector<KVCacheGroupSpec>& groups, py::object layout, int64_t available_memory,
@@ -600,22 +679,67 @@ void bind_kernel_blocks(py::module_& m) {
 
   m.def("block_size_is_supported",
         [](py::list backends, int64_t block_size) { return block_size_is_supported(backends_from_py(backends), block_size); },
-        py::arg("backends"), py::arg("block_size"), "vLLM's _block_size_is_supported.");
-  m.def("select_common_block_size",
-        [](int64_t kv_manager_block_size, py::list attn_groups) {
-          return select_common_block_size(kv_manager_block_size, backends_from_py(attn_groups));
+        py::arg("backends"), py::arg("block_size"),
+        "Whether every backend accepts block_size (an exact size equal to it, or a MultipleOf dividing it).");
+  m.def("_block_size_is_supported",
+        [](py::object backends, int64_t block_size, py::object specs) {
+          py::list spec_list(specs);
+          PyBackends be = py_backends(backends, spec_list);
+          KVATTN_CHECK(spec_list.size() == be.ptrs.size(),
+                       "_block_size_is_supported: {} specs for {} backends; pass one spec (or None) per backend",
+                       spec_list.size(), be.ptrs.size());
+          std::vector<SpecHolder> keep;
+          std::vector<const KVCacheSpec*> ptrs;
+          for (auto s : spec_list) {
+            keep.push_back(s.is_none() ? SpecHolder() : s.cast<SpecHolder>());
+            ptrs.push_back(keep.back().get());
+          }
+          return block_size_is_supported(be.ptrs, block_size, ptrs);
         },
-        py::arg("kv_manager_block_size"), py::arg("attn_groups"),
-        "vLLM's select_common_block_size over AttentionGroups (or BlockSizeBackends).");
+        py::arg("backends"), py::arg("block_size"), py::arg("specs"),
+        "vLLM's _block_size_is_supported(backends, block_size, specs): backends as select_common_block_size "
+        "takes them, one spec (or None) per backend.");
+  m.def("select_common_block_size",
+        [](int64_t kv_manager_block_size, py::object backends, py::object kv_cache_specs) {
+          py::list spec_list = kv_cache_specs.is_none() ? py::list() : py::list(kv_cache_specs);
+          PyBackends be = py_backends(backends, spec_list);
+          std::vector<SpecHolder> keep;
+          std::vector<const KVCacheSpec*> specs;
+          if (!kv_cache_specs.is_none()) {
+            KVATTN_CHECK(spec_list.size() == be.ptrs.size(),
+                         "select_common_block_size: {} kv_cache_specs for {} backends; pass one spec (or None) "
+                         "per backend", spec_list.size(), be.ptrs.size());
+            for (auto s : spec_list) {
+              keep.push_back(s.is_none() ? SpecHolder() : s.cast<SpecHolder>());
+              specs.push_back(keep.back().get());
+            }
+          }
+          return select_common_block_size(kv_manager_block_size, be.ptrs, specs);
+        },
+        py::arg("kv_manager_block_size"), py::arg("backends"), py::arg("kv_cache_specs") = py::none(),
+        R"doc(vLLM's select_common_block_size(kv_manager_block_size, backends, kv_cache_specs=None).
+
+kv_manager_block_size itself when every backend accepts it, else the largest exact size a backend
+declares that divides it and every backend accepts; ValueError "No common block size ..." otherwise.
+backends: BlockSizeBackend objects, AttentionGroups (their backends), or any backend objects with
+get_name() and get_supported_kernel_block_sizes([kv_cache_spec]) as vLLM's classes have.
+kv_cache_specs: one spec (or None) per backend, passed to each backend's size query.)doc");
   m.def("customize_attention_spec",
         [](const BlockSizeBackend& backend, const std::shared_ptr<AttentionSpec>& spec) {
           return std::const_pointer_cast<AttentionSpec>(customize_attention_spec(backend, spec));
         },
-        py::arg("backend"), py::arg("kv_cache_spec"));
+        py::arg("backend"), py::arg("spec"),
+        "vLLM's customize_attention_spec: the backend's spec customisation, then a block-stride alignment of "
+        "the largest exact kernel block size when the backend declares exact sizes only.");
 
   py::class_<AttentionGroup>(m, "AttentionGroup",
                              "The KV-cache part of vLLM's AttentionGroup: layers of one KV cache group served "
-                             "by one backend, and the manager-block -> kernel-block mapping.")
+                             "by one backend, and the manager-block -> kernel-block mapping.\n\n"
+                             "AttentionGroup(backend, layer_names, kv_cache_spec, kv_cache_group_id=0,\n"
+                             "kernel_block_size=None); configure_kernel_blocks(...) sizes its kernel block table;\n"
+                             "map_to_kernel_block_table(block_table) splits each manager block into\n"
+                             "blocks_per_kv_block() kernel blocks; map_kv_cache_to_kernel_blocks(view) re-views a\n"
+                             "layer's cache in kernel blocks.")
       .def(py::init([](std::shared_ptr<BlockSizeBackend> backend, std::vector<std::string> layer_names,
                        SpecHolder kv_cache_spec, int64_t kv_cache_group_id, std::optional<int64_t> kernel_block_size) {
              AttentionGroup g;
@@ -657,7 +781,9 @@ void bind_kernel_blocks(py::module_& m) {
         [](py::dict kv_caches, py::list attn_groups) {
           return views_to_py(map_kv_caches_to_kernel_blocks(views_from_py(kv_caches), group_ptrs_from_py(attn_groups)));
         },
-        py::arg("kv_caches"), py::arg("attn_groups"));
+        py::arg("kv_caches"), py::arg("attn_groups"),
+        "vLLM's map_kv_caches_to_kernel_blocks: {layer: view} with every group's views re-viewed in its kernel "
+        "block size (AttentionGroup.map_kv_cache_to_kernel_blocks per layer).");
   m.def("prepare_kernel_block_sizes",
         [](const KVCacheConfig& kv_cache_config, py::list attn_groups) {
           std::vector<std::vector<AttentionGroup>> groups;
@@ -671,7 +797,11 @@ void bind_kernel_blocks(py::module_& m) {
         py::arg("kv_cache_config"), py::arg("attn_groups"),
         "vLLM's prepare_kernel_block_sizes; attn_groups[gid] = the AttentionGroups of KV cache group gid.");
 
-  py::class_<KVBlockZeroer>(m, "KVBlockZeroer", "vLLM's KVBlockZeroer: zeroes newly allocated KV blocks.")
+  py::class_<KVBlockZeroer>(m, "KVBlockZeroer",
+                            "vLLM's KVBlockZeroer: zeroes newly allocated KV blocks.\n\n"
+                            "KVBlockZeroer(device, attn_groups, kernel_block_sizes, ...) over the groups' cache\n"
+                            "views; zero_block_ids(block_ids) zeroes those manager blocks in every layer (so stale\n"
+                            "K/V never leaks into a new request); warmup(num_kv_blocks) runs it once ahead.")
       .def(py::init([](py::object device, py::list attn_groups, std::vector<int64_t> kernel_block_sizes,
                        py::dict layer_kv_caches, int64_t num_blocks, py::object runner_only_attn_layers) {
              std::vector<AttentionGroup> groups;
@@ -736,7 +866,8 @@ void bind_worker(py::module_& m) {
       },
       py::arg("shared_kv_cache_layers"), py::arg("kv_cache_groups"), py::arg("runner_only_attn_layers") = py::none(),
       "vLLM's add_kv_sharing_layers_to_kv_cache_groups: {layer: target}; groups (list) and the set are updated in place.");
-  m.def("extract_layer_index", &extract_layer_index, py::arg("layer_name"), py::arg("num_attn_module") = 1);
+  m.def("extract_layer_index", &extract_layer_index, py::arg("layer_name"), py::arg("num_attn_module") = 1,
+        "vLLM's extract_layer_index: the layer number in a name such as 'model.layers.3.self_attn.attn' (3).");
   m.def(
       "_bind_kv_cache_order",
       [](std::vector<std::string> names, int64_t num_attn_module) {
@@ -765,18 +896,31 @@ void bind_worker(py::module_& m) {
            py::kw_only(), py::arg("total_memory"), py::arg("free_memory"), py::arg("device") = "cuda:0")
       .def_readwrite("total_memory", &MemorySnapshot::total_memory)
       .def_readwrite("free_memory", &MemorySnapshot::free_memory);
-  m.def("request_memory", &request_memory, py::arg("init_snapshot"), py::arg("gpu_memory_utilization"),
-        py::arg("external_weight_memory") = 0,
-        "vLLM's request_memory: bytes to request, ValueError when free memory does not cover it.");
+  m.def(
+      "request_memory",
+      [](const MemorySnapshot& init_snapshot, py::object cache_config, int64_t external_weight_memory) {
+        // vLLM passes its CacheConfig and reads gpu_memory_utilization from it; a number is that fraction.
+        const double utilization = py::hasattr(cache_config, "gpu_memory_utilization")
+                                       ? cache_config.attr("gpu_memory_utilization").cast<double>()
+                                       : cache_config.cast<double>();
+        return request_memory(init_snapshot, utilization, external_weight_memory);
+      },
+      py::arg("init_snapshot"), py::arg("cache_config"), py::arg("external_weight_memory") = 0,
+      "vLLM's request_memory(init_snapshot, cache_config, external_weight_memory=0): bytes to request, "
+      "ValueError when free memory does not cover it.  cache_config: an object with gpu_memory_utilization "
+      "(vLLM's CacheConfig) or that fraction itself.");
   m.def("restride_blocks_first_kv_cache_to_kv_first_storage",
         [](py::object kv_cache) { return restride_blocks_first_kv_cache_to_kv_first_storage(as_tensor(kv_cache)); },
-        py::arg("kv_cache"));
+        py::arg("kv_cache"),
+        "A blocks-first layer view re-strided so K and V each occupy one contiguous half of its storage "
+        "(the K/V-first layout some backends read); same memory, no copy.");
 }
 
 void bind_model(py::module_& m) {
-  m.def("model_preset_names", &model_preset_names);
-  m.def("parse_memory_size", &parse_memory_size, py::arg("text"));
-  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices);
+  m.def("model_preset_names", &model_preset_names, "Names of the model presets plan_kv_cache and `kvattn plan` know.");
+  m.def("parse_memory_size", &parse_memory_size, py::arg("text"),
+        "Bytes in a size such as '8GiB', '512MiB', '80GB' or '1048576' (ValueError naming the accepted units).");
+  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices, "The accepted kv_cache_dtype names ('auto', 'fp8', ...).");
 
   py::class_<KVPlan>(m, "KVPlan", "A full KV cache memory plan (what `kvattn plan` prints).")
       .def_readonly("block_size", &KVPlan::block_size)

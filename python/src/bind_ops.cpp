@@ -28,10 +28,48 @@ ops::LseBase lse_base_from(const std::string& s) {
   throw InvalidArgument("lse_base must be '2' (FlashInfer, base-2 LSE) or 'e' (natural log), got '" + s + "'");
 }
 
+// paged_attention called from Python: under a causal mask the query is the last q_len tokens of
+// its sequence, so a sequence shorter than its query is the caller's error.  (The C++ op allows
+// such rows for its internal callers: cascade's unique level and DCP ranks pass rows whose own
+// KV ends before the query starts.)  Checked on host int32 index arrays of consistent sizes;
+// every other malformation is left to the op's own validation.
+void check_query_within_sequence(const ops::PagedAttentionArgs& a) {
+  if (!a.causal) return;
+  const auto host_i32 = [](const Tensor& t, int64_t min_len) {
+    return t.defined() && t.device().is_cpu() && t.dim() == 1 && t.dtype() == DType::i32 && t.size(0) >= min_len;
+  };
+  const auto at = [](const Tensor& t, int64_t i) {
+    return static_cast<int64_t>(t.data_ptr<int32_t>()[i * t.stride(0)]);
+  };
+  if (!host_i32(a.qo_indptr, 1)) return;
+  const int64_t batch = a.qo_indptr.size(0) - 1;
+  const bool table = a.seq_lens.defined();
+  if (table ? !host_i32(a.seq_lens, batch)
+            : (!host_i32(a.paged_kv_indptr, batch + 1) || !host_i32(a.paged_kv_last_page_len, batch) ||
+               a.k_cache.dim() != 4))
+    return;
+  for (int64_t r = 0; r < batch; ++r) {
+    const int64_t q_len = at(a.qo_indptr, r + 1) - at(a.qo_indptr, r);
+    int64_t kv_len = 0;
+    if (table) {
+      kv_len = at(a.seq_lens, r);
+    } else {
+      const int64_t pages = at(a.paged_kv_indptr, r + 1) - at(a.paged_kv_indptr, r);
+      kv_len = pages <= 0 ? 0 : (pages - 1) * a.k_cache.size(1) + at(a.paged_kv_last_page_len, r);
+    }
+    KVATTN_CHECK(q_len <= kv_len,
+                 "paged_attention: request {} has {} query tokens but its sequence holds {} tokens ({}); with "
+                 "causal=True the query is the last q_len tokens of the sequence, so the sequence length must "
+                 "count the query's own tokens (seq_len >= q_len)",
+                 r, q_len, kv_len,
+                 table ? "seq_lens[r]" : "from paged_kv_indptr and paged_kv_last_page_len");
+  }
+}
+
 void bind_ops(py::module_& m) {
   m.def("set_cpu_num_threads", &ops::set_cpu_num_threads, py::arg("n"),
         "Worker threads of the CPU ops (default: the number of hardware threads).");
-  m.def("cpu_num_threads", &ops::cpu_num_threads);
+  m.def("cpu_num_threads", &ops::cpu_num_threads, "Worker threads the CPU ops use (set_cpu_num_threads).");
   m.def("cuda_ops_available", &ops::cuda_ops_available,
         "True when this build has the CUDA implementations of the ops.");
 
@@ -106,6 +144,7 @@ re-plans by itself.  CPU tensors ignore it.)doc")
         else if (kv_lengths != "unknown")
           throw InvalidArgument("kv_lengths must be 'unknown', 'uniform' or 'mixed' (a hint for the CUDA decode "
                                 "schedule), got '" + kv_lengths + "'");
+        check_query_within_sequence(a);
         py::gil_scoped_release release;
         ops::paged_attention(a);
       },

@@ -20,6 +20,11 @@ std::vector<std::function<void(pybind11::module_&)>>& extra_binders();
 // Accepts a kvattn Tensor or any object with __dlpack__ (NumPy, PyTorch, CuPy) and returns a
 // zero-copy kvattn view of it.
 Tensor as_tensor(const pybind11::object& obj);
+// An integer tensor argument that vLLM converts itself (e.g. `seq_lens_cpu`, which vLLM's tests
+// pass as torch.tensor([...]), i.e. int64): int32 tensors as is (zero-copy); int64 / int8 / uint8
+// CPU tensors as an int32 copy, each value checked to fit (InvalidArgument naming `name`, the
+// element and its value); other dtypes unchanged, for the callee's own dtype check.
+Tensor as_int32_tensor(const pybind11::object& obj, const char* name);
 // None -> an undefined Tensor; anything else -> as_tensor(obj).
 Tensor optional_tensor(const pybind11::object& obj);
 // A dtype given as a kvattn name ("bfloat16", "fp8_e4m3"), a NumPy dtype / scalar type, or a

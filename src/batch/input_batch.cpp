@@ -68,6 +68,11 @@ int64_t InputBatch::add_request(const RequestState& req) {
     KVATTN_CHECK(req.block_ids[i] >= 0, "add_request({}): block id {} at column {} is negative",
                  req.req_id, req.block_ids[i], i);
   }
+  for (int64_t row = 0; row < num_reqs_; ++row) {
+    KVATTN_CHECK(ids_[slot_[row]] != req.req_id,
+                 "add_request({}): the batch already holds this request id at row {}; request ids must "
+                 "be unique (remove_request the old row first)", req.req_id, row);
+  }
   const int64_t r = num_reqs_++;
   ids_[slot_[r]] = req.req_id;
   mm_[slot_[r]] = req.mm_features;

@@ -5,6 +5,13 @@
 namespace kvattn {
 namespace {
 
+// Counts first: a negative num_reqs / num_actual_tokens is refused before any fast path.
+void check_counts(const CommonAttentionMetadata& cm, const char* fn) {
+  KVATTN_CHECK(cm.num_reqs >= 0 && cm.num_actual_tokens >= 0,
+               "{}: num_reqs = {} and num_actual_tokens = {} must be >= 0 (counts of the batch's "
+               "requests and scheduled tokens)", fn, cm.num_reqs, cm.num_actual_tokens);
+}
+
 std::span<const int32_t> checked_qsl(const CommonAttentionMetadata& cm, const char* fn) {
   const auto qsl = host_i32_span(cm.query_start_loc_cpu, "query_start_loc_cpu");
   KVATTN_CHECK(cm.num_reqs >= 0 && static_cast<int64_t>(qsl.size()) >= cm.num_reqs + 1,
@@ -18,6 +25,7 @@ std::span<const int32_t> checked_qsl(const CommonAttentionMetadata& cm, const ch
 DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& cm,
                                               int64_t decode_threshold, bool require_uniform,
                                               bool treat_short_extends_as_decodes) {
+  check_counts(cm, "split_decodes_and_prefills");
   const int64_t num_reqs = cm.num_reqs;
   const int64_t num_tokens = cm.num_actual_tokens;
   if (cm.max_query_len <= decode_threshold && (!require_uniform || decode_threshold <= 1) &&
@@ -72,6 +80,7 @@ DecodePrefillSplit split_decodes_and_prefills(const CommonAttentionMetadata& cm,
 
 DecodeExtendPrefillSplit split_decodes_prefills_and_extends(const CommonAttentionMetadata& cm,
                                                             int64_t decode_threshold) {
+  check_counts(cm, "split_decodes_prefills_and_extends");
   const int64_t num_reqs = cm.num_reqs;
   const int64_t num_tokens = cm.num_actual_tokens;
   if (cm.max_query_len <= decode_threshold) return {num_reqs, 0, 0, num_tokens, 0, 0};

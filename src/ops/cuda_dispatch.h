@@ -58,6 +58,16 @@ int prefill_kernel_mode() noexcept;
 void set_prefill_kernel_v6(bool on);
 bool prefill_kernel_v6() noexcept;
 int64_t prefill_kernel_launches() noexcept;
+// The prefill kernel's Hopper form (hopper_prefill.cu: TMA + wgmma, sm_90a): 0 automatic (default,
+// or KVATTN_PREFILL_HOPPER=off|force; not selected by default yet), 1 off, 2 force (every call it
+// covers on an sm_90 device).
+// last_prefill_kernel_path() says which kernel served the last prefill-routed call (1 wgmma, 0
+// mma.sync; -1 none yet or no CUDA) and last_prefill_kernel_reason() why (a static string).
+void set_prefill_hopper_mode(int mode);
+int prefill_hopper_mode() noexcept;
+int64_t prefill_hopper_launches() noexcept;
+int last_prefill_kernel_path() noexcept;
+const char* last_prefill_kernel_reason() noexcept;
 // Routing of decode calls to attn_kernel's small-call path (one launch: per-CTA plan,
 // attention, merge by the last piece; see kernels.h SmallDecodeMode): 0 automatic (default, or
 // KVATTN_SMALL_DECODE=off|force), 1 off, 2 force.  small_decode_launches() counts its launches.

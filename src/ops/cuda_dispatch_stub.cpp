@@ -43,6 +43,11 @@ int prefill_kernel_mode() noexcept { return 0; }
 void set_prefill_kernel_v6(bool) {}
 bool prefill_kernel_v6() noexcept { return false; }
 int64_t prefill_kernel_launches() noexcept { return 0; }
+void set_prefill_hopper_mode(int) {}
+int prefill_hopper_mode() noexcept { return 0; }
+int64_t prefill_hopper_launches() noexcept { return 0; }
+int last_prefill_kernel_path() noexcept { return -1; }
+const char* last_prefill_kernel_reason() noexcept { return "a build without CUDA"; }
 void set_page_decode_mode(int) {}
 int page_decode_mode() noexcept { return 0; }
 int64_t page_decode_launches() noexcept { return 0; }

@@ -5,10 +5,14 @@
 // head sizes 64/128/256, causal and not, chunked prefill (query after cached context), LSE in
 // both bases, soft cap, sliding window, sinks, q/k/v scales, f32/f16/bf16 query and output.
 // The routing test checks which calls reach the kernel: fp8 pages, PrefixLM ranges and XQA masks
-// stay on attn_kernel, as do decode-like calls in automatic mode.  Skips when no GPU is present.
+// stay on attn_kernel, as do decode-like calls in automatic mode.  HopperWgmma / HopperWgmmaSmall
+// force the sm_90a wgmma kernel (src/ops/cuda/hopper_prefill.cu) and check which kernel served each
+// call (the wgmma kernel exactly where it covers the case on an sm_90 device).  Skips when no GPU
+// is present.
 #include <gtest/gtest.h>
 
 #include <initializer_list>
+#include <random>
 #include <string>
 
 #include "kvattn/core/cuda_runtime_api.h"
@@ -85,15 +89,24 @@ void run_causal_window_subset(const std::string& label, std::initializer_list<in
 
 // Sets the prefill kernel's loader knob (V6 or the flag-bit loader) for one test; the process's
 // value comes back when it goes out of scope (also when an assertion returns early).
+// The loader tests are about the mma.sync kernel: the wgmma kernel (sm_90a) is turned off while
+// the knob is held.
 class PrefillLoader {
  public:
-  explicit PrefillLoader(bool v6) : v6_(cuda_impl::prefill_kernel_v6()) { cuda_impl::set_prefill_kernel_v6(v6); }
-  ~PrefillLoader() { cuda_impl::set_prefill_kernel_v6(v6_); }
+  explicit PrefillLoader(bool v6) : v6_(cuda_impl::prefill_kernel_v6()), hopper_(cuda_impl::prefill_hopper_mode()) {
+    cuda_impl::set_prefill_kernel_v6(v6);
+    cuda_impl::set_prefill_hopper_mode(1);  // off
+  }
+  ~PrefillLoader() {
+    cuda_impl::set_prefill_kernel_v6(v6_);
+    cuda_impl::set_prefill_hopper_mode(hopper_);
+  }
   PrefillLoader(const PrefillLoader&) = delete;
   PrefillLoader& operator=(const PrefillLoader&) = delete;
 
  private:
   bool v6_;
+  int hopper_;
 };
 
 // One K/V loader (label: "v6" or "flag-bit") across what the kernel supports: causal /
@@ -370,6 +383,176 @@ TEST_F(CudaPrefill, ManyUnitsPerCta) {
     lens(c, 200, 8, 70);
     EXPECT_EQ(run_case(c, 7602), 1);
   }
+}
+
+// Whether the wgmma prefill kernel (src/ops/cuda/hopper_prefill.cu) should serve a case on this
+// device: an sm_90 device (the CUDA build holds sm_90a code), bf16 query / cache / output,
+// head_dim 128, no window / soft cap / PrefixLM / XQA, pages dividing the 128-key tile.
+bool hopper_covers(const Case& c) {
+  return kvattn::cuda::compute_capability(0) == 90 && c.dim == 128 && c.q_dt == DType::bf16 &&
+         c.kv_dt == DType::bf16 && c.out_dt == DType::bf16 && c.window_left < 0 && c.soft_cap <= 0 && !c.mm &&
+         !c.xqa && c.page >= 8 && 128 % c.page == 0;
+}
+
+// run_case, then checks which prefill kernel served the call: the wgmma kernel exactly when
+// hopper_covers(c) (the reason names why not otherwise).
+void run_checked(const Case& c, uint32_t seed) {
+  const int64_t hopper_before = cuda_impl::prefill_hopper_launches();
+  EXPECT_EQ(run_case(c, seed), c.repeats) << c.name;
+  const bool want = hopper_covers(c);
+  EXPECT_EQ(cuda_impl::last_prefill_kernel_path(), want ? 1 : 0) << c.name << ": " << cuda_impl::last_prefill_kernel_reason();
+  EXPECT_EQ(cuda_impl::prefill_hopper_launches() - hopper_before, want ? c.repeats : 0) << c.name;
+}
+
+// The wgmma kernel (TMA page gathers, wgmma, mbarrier ring) on the cases it covers, next to the
+// ones it leaves to the mma.sync kernel: GQA 1/4/8/16, causal and not, chunked prefill, odd
+// lengths ending inside a page and inside a 128-key tile (V rows past the end zeroed), every
+// layout and both page forms with pages of 8/16/32/64, LSE in both bases, sinks, scales, many
+// units per CTA, permuted pages with page 0 NaN, poisoned outputs (run_attn_case).
+// Sets the wgmma kernel's routing mode for one test (restored when it goes out of scope).
+class HopperMode {
+ public:
+  explicit HopperMode(int mode) : saved_(cuda_impl::prefill_hopper_mode()) { cuda_impl::set_prefill_hopper_mode(mode); }
+  ~HopperMode() { cuda_impl::set_prefill_hopper_mode(saved_); }
+  HopperMode(const HopperMode&) = delete;
+  HopperMode& operator=(const HopperMode&) = delete;
+
+ private:
+  int saved_;
+};
+
+TEST_F(CudaPrefill, HopperWgmma) {
+  const HopperMode forced(2);
+  uint32_t seed = 11000;
+  for (int64_t group : {1, 4, 8, 16}) {
+    for (bool causal : {true, false}) {
+      Case c;
+      c.name = "wgmma gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
+      c.hkv = group >= 8 ? 1 : 2;
+      c.hq = c.hkv * group;
+      c.causal = causal;
+      c.q_lens = {1, 15, 17, 250, 0, 130, 200};
+      c.kv_lens = {1, 40, 17, 600, 5, 130, 637};
+      run_checked(c, seed++);
+    }
+  }
+  for (int layout = 0; layout < kNumLayouts; ++layout) {
+    Case c;
+    c.name = std::string("wgmma layout ") + layout_name(layout);
+    c.layout = layout;
+    c.paged_form = layout % 2 == 1;
+    c.page = layout % 4 == 0 ? 16 : (layout % 4 == 1 ? 8 : (layout % 4 == 2 ? 32 : 64));
+    c.q_lens = {130, 17, 64, 129};
+    c.kv_lens = {200, 17, 64, 383};
+    run_checked(c, seed++);
+  }
+  for (int variant = 0; variant < 4; ++variant) {
+    Case c;
+    c.hq = 16; c.hkv = 4;
+    c.q_lens = {200, 31, 129, 256};
+    c.kv_lens = {260, 31, 500, 256};
+    c.sinks = variant >= 1;
+    c.causal = variant != 2;
+    c.base = variant % 2 ? LseBase::E : LseBase::Two;
+    c.k_scale = 0.8; c.v_scale = 1.25;
+    c.name = std::string("wgmma sinks/scales/lse variant ") + std::to_string(variant);
+    run_checked(c, seed++);
+  }
+  {
+    Case c;
+    c.name = "wgmma causal 1025 + 300 + 100 (block table)";
+    c.hq = 4; c.hkv = 1;
+    c.paged_form = false;
+    c.q_lens = {1025, 300, 100};
+    c.kv_lens = {1025, 303, 1500};
+    run_checked(c, seed++);
+  }
+  {
+    std::mt19937 rng(4848);
+    Case c;  // many short units per CTA (the producer and consumers walk the same unit list)
+    c.name = "wgmma group 8, 300 short requests with context";
+    c.hq = 8; c.hkv = 1;
+    for (int r = 0; r < 300; ++r) {
+      const int64_t ql = 1 + static_cast<int64_t>(rng() % 40);
+      c.q_lens.push_back(ql);
+      c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % 300));
+    }
+    run_checked(c, seed++);
+  }
+  {  // the kept plan is shared with the mma.sync kernel (same tiles): repeated calls on one plan
+    Case c;
+    c.name = "wgmma kept plan, 3 repeats";
+    c.q_lens = {300, 77};
+    c.kv_lens = {400, 77};
+    c.keep_plan = true;
+    c.repeats = 3;
+    run_checked(c, seed++);
+  }
+  // left to the mma.sync kernel, with the reason: window, soft cap, head_dim 64, f16, f32 output
+  {
+    Case c;
+    c.q_lens = {150, 33};
+    c.kv_lens = {170, 33};
+    c.name = "window -> mma.sync";
+    c.window_left = 50;
+    run_checked(c, seed++);
+    c.window_left = -1;
+    c.name = "soft cap -> mma.sync";
+    c.soft_cap = 20;
+    run_checked(c, seed++);
+    c.soft_cap = 0;
+    c.name = "head_dim 64 -> mma.sync";
+    c.dim = 64;
+    run_checked(c, seed++);
+    c.dim = 128;
+    c.name = "f16 -> mma.sync";
+    c.kv_dt = c.q_dt = c.out_dt = DType::f16;
+    run_checked(c, seed++);
+    c.kv_dt = c.q_dt = DType::bf16;
+    c.out_dt = DType::f32;
+    c.name = "f32 output -> mma.sync";
+    run_checked(c, seed++);
+  }
+  // turned off: the mma.sync kernel serves the call
+  const HopperMode off(1);
+  Case c;
+  c.name = "wgmma off";
+  c.q_lens = {150};
+  c.kv_lens = {170};
+  EXPECT_EQ(run_case(c, seed++), 1);
+  EXPECT_EQ(cuda_impl::last_prefill_kernel_path(), 0);
+  EXPECT_NE(std::string(cuda_impl::last_prefill_kernel_reason()).find("off"), std::string::npos)
+      << cuda_impl::last_prefill_kernel_reason();
+}
+
+// A small subset of HopperWgmma for the sanitizers (memcheck, racecheck: every launch is slow
+// under them): tile and page edges (V rows past the end zeroed, out-of-range boxes), pages of 8
+// and 64, GQA 1 / 8, causal and not, sinks with LSE base e, several units per CTA, a kept plan.
+TEST_F(CudaPrefill, HopperWgmmaSmall) {
+  const HopperMode forced(2);
+  uint32_t seed = 12000;
+  for (int variant = 0; variant < 4; ++variant) {
+    Case c;
+    c.hkv = 1;
+    c.hq = variant % 2 ? 8 : 1;
+    c.causal = variant != 1;
+    c.page = variant == 2 ? 8 : (variant == 3 ? 64 : 16);
+    c.paged_form = variant % 2 == 0;
+    c.sinks = variant == 3;
+    c.base = variant == 3 ? LseBase::E : LseBase::Two;
+    c.q_lens = {1, 17, 130, 0, 40};
+    c.kv_lens = {1, 17, 257, 5, 300};
+    c.name = "wgmma small variant " + std::to_string(variant);
+    run_checked(c, seed++);
+  }
+  Case c;
+  c.name = "wgmma small kept plan, 2 repeats";
+  c.hq = 4; c.hkv = 1;
+  c.q_lens = {70, 129};
+  c.kv_lens = {70, 200};
+  c.keep_plan = true;
+  c.repeats = 2;
+  run_checked(c, seed++);
 }
 
 // Which calls reach the prefill kernel.  Everything it does not implement goes to attn_kernel

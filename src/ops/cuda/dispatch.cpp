@@ -14,6 +14,7 @@
 #include "kvattn/core/cuda_runtime_api.h"
 #include "ops/common.h"
 #include "ops/cuda/dcp_kernels.h"
+#include "ops/cuda/hopper_prefill.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/page_decode.h"
 #include "ops/cuda/small_decode.h"
@@ -460,6 +461,13 @@ int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode());
 void set_prefill_kernel_v6(bool on) { k::set_prefill_v6(on); }
 bool prefill_kernel_v6() noexcept { return k::prefill_v6(); }
 int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
+void set_prefill_hopper_mode(int mode) { k::set_hopper_prefill_mode(mode); }
+int prefill_hopper_mode() noexcept { return k::hopper_prefill_mode(); }
+int64_t prefill_hopper_launches() noexcept { return k::hopper_prefill_launches(); }
+int last_prefill_kernel_path() noexcept {
+  return k::prefill_launches() == 0 ? -1 : static_cast<int>(k::last_prefill_choice().path);
+}
+const char* last_prefill_kernel_reason() noexcept { return k::last_prefill_choice().reason; }
 void set_page_decode_mode(int mode) { k::set_page_decode_mode(static_cast<k::PageDecodeMode>(mode)); }
 int page_decode_mode() noexcept { return static_cast<int>(k::page_decode_mode()); }
 int64_t page_decode_launches() noexcept { return k::page_decode_launches(); }

@@ -23,6 +23,7 @@
 // Epilogue: sinks, LSE (base 2 or e), O scaled and staged through the warp's own rows of the
 // Q tile for 16-byte row stores.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/hopper_prefill.h"
 #include "ops/cuda/knobs.h"
 #include "ops/cuda/ptx.cuh"
 
@@ -895,6 +896,27 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
   g_launches.fetch_add(1, std::memory_order_relaxed);
+  // head_dim 128 on sm_90a: the TMA + wgmma kernel (hopper_prefill.cu) for the calls it covers,
+  // on this file's plan (its CTA tile is PfCfgOf<128>'s 128 rows, so a kept plan serves both)
+  PrefillChoice choice = p.head_dim == 128 ? hopper_prefill_choice(p)
+                                           : PrefillChoice{PrefillPath::mma_sync, "head_dim is not 128"};
+  if (choice.path == PrefillPath::wgmma) {
+    static_assert(PfCfgOf<128>::kRows == 128 && sizeof(PfReq) == 16 && sizeof(int2) == 8, "plan tables");
+    if (run_plan) {
+      const int64_t max_items = (p.num_tokens * p.group + 127) / 128 + p.batch;
+      pf_plan_kernel<<<1, kPlanThreads>>>(p, plan, max_items, 128);
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return static_cast<int>(e);
+    }
+    const int rc = launch_hopper_prefill(p, num_sms, HopperPlanTables{plan.req, plan.page_base, plan.items, plan.num_items});
+    if (rc != -1) {
+      record_prefill_choice(choice);
+      return rc;
+    }
+    choice = PrefillChoice{PrefillPath::mma_sync, "the driver rejected the K/V tensor maps"};
+    run_plan = false;  // the plan above serves the mma.sync kernel too
+  }
+  record_prefill_choice(choice);
   const bool v6 = v6_now() && pf_rows_aligned(p);
   if (p.kv_t == Elt::bf16)
     return v6 ? pf_dispatch<true, true>(p, num_sms, plan, run_plan) : pf_dispatch<true, false>(p, num_sms, plan, run_plan);

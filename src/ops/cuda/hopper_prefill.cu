@@ -1,0 +1,653 @@
+// src/ops/cuda/hopper_prefill.cu — paged PREFILL attention for sm_90a: TMA page gathers by a
+// producer warp, wgmma in two consumer warpgroups, an mbarrier ring of two K/V stages.
+//
+// Covers: bf16 query / K / V / output (16-byte rows), head_dim 128, GQA, causal or not, pages of
+// 8..128 tokens (a divisor of the 128-key tile) through either page form, LSE (both bases),
+// sinks, q/k/v scales.  Everything else stays on the mma.sync kernel (prefill_kernel.cu), which
+// also builds the plan this kernel reads (same 128-row tiles; hopper_prefill_choice() says which
+// kernel serves a call and why).
+//
+// CTA = 3 warpgroups.  Warpgroup 0: one producer warp (the other three exit); per 128-key tile it
+// reads the tile's page ids from the block table / kv_indices and issues one TMA box per page
+// and 64-column half into the stage's K and V buffers (128-byte swizzle, the wgmma operand
+// layout).  A page id out of range reads as -1: the box lies outside the tensor map and TMA
+// fills it with zeros.  Where the last page of a request holds slots past kv_len (their bytes
+// may be anything, NaN too), the producer waits for the V box itself, zeroes those rows and
+// then releases V (masked scores give P = 0, but 0 * NaN is NaN).
+// Warpgroups 1 and 2: 64 query rows each (rows = (token, head in the GQA group) pairs of one KV
+// head, as prefill_kernel.cu).  Q rows are gathered with cp.async into the swizzled layout;
+// S = Q K^T by wgmma m64n128k16 from shared memory; mask only on diagonal / tail tiles; online
+// softmax in base 2 (lazy rescale, as prefill_kernel.cu); P converted to bf16 A fragments in
+// registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  Tiles above the
+// warpgroup's causal diagonal are skipped (the stage is still released).
+// Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ...
+// (heaviest first, no counter: the producer and consumers walk the same list independently).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/hopper_prefill.h"
+#include "ops/cuda/knobs.h"
+#include "ops/cuda/ptx.cuh"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+namespace kvattn::ops::cuda_impl::k {
+namespace {
+
+constexpr int kD = 128;          // head dim
+constexpr int kRows = 128;       // rows per CTA (2 consumer warpgroups x 64)
+constexpr int kKeys = 128;       // keys per K/V tile
+constexpr int kStages = 2;
+constexpr int kThreads = 384;
+constexpr int kHalf = kKeys * 128;     // bytes of one 64-column half of a 128-row tile
+constexpr int kTileBytes = 2 * kHalf;  // one K or V tile (or the Q tile)
+constexpr int kOffK = kTileBytes;      // after Q
+constexpr int kStageBytes = 2 * kTileBytes;
+constexpr int kOffBar = kOffK + kStages * kStageBytes;
+constexpr int kOffTab = kOffBar + 8 * kStages * 4;  // fullK, fullV, empty, aux per stage
+constexpr int kTabBytes = kRows * (8 + 8 + 4 + 4 + 4);
+constexpr int kSmem = kOffTab + kTabBytes + 1024;  // + alignment of the base to 1024
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KVATTN_HP_BODY 1
+__device__ int g_hp_arch = 1;  // this image holds the wgmma kernel's body
+#else
+__device__ int g_hp_arch = 0;
+#endif
+
+#if defined(KVATTN_HP_BODY)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLazy = 8.f;
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+// 16-byte cp.async writing zeros instead of reading when ignore != 0
+__device__ __forceinline__ void cpa16z(uint32_t dst, const void* src, uint32_t ignore) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+               "l"(src), "r"(ignore));
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+// wgmma shared-memory descriptor, 128-byte swizzle: start, leading / stride byte offsets
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t((lbo >> 4) & 0x3FFFu) << 16) |
+         (uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
+}
+// D[64 x 128] (+)= A[64 x 16] * B[16 x 128]; A and B from shared memory (descriptors), bf16, f32 accumulate
+__device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// D[64 x 64] += A[64 x 16] * B[16 x 64]; A from registers (bf16 pairs), B from shared memory
+// stored N-major (transposed operand), f32 accumulate
+__device__ __forceinline__ void wgmma_rs_m64n64_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// The unit's key range: [0, hi) in n_tiles tiles (causal: up to the last row's position).
+struct HpUnit {
+  int r, tile, hk, q_start, q_len, kv_len, rows, row0, ctx, hi, n_tiles;
+  int64_t pbase;
+};
+__device__ __forceinline__ HpUnit hp_unit(const AttnParams& p, const HopperPlanTables& plan, int w) {
+  HpUnit u;
+  const int2 it = static_cast<const int2*>(plan.items)[w / p.hkv];
+  u.hk = w % p.hkv;
+  u.r = it.x;
+  u.tile = it.y;
+  const int4 rq = static_cast<const int4*>(plan.req)[it.x];
+  u.q_start = rq.x;
+  u.q_len = rq.y;
+  u.kv_len = rq.z;
+  u.rows = u.q_len * p.group;
+  u.row0 = u.tile * kRows;
+  u.ctx = u.kv_len - u.q_len;
+  const int last_row = min(u.rows, u.row0 + kRows) - 1;
+  u.hi = u.kv_len;
+  if (p.causal) u.hi = min(u.hi, u.ctx + last_row / p.group + 1);
+  u.n_tiles = u.hi > 0 ? (u.hi + kKeys - 1) / kKeys : 0;
+  u.pbase = plan.page_base[it.x];
+  return u;
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    hp_prefill_kernel(const AttnParams p, const HopperPlanTables plan, const __grid_constant__ CUtensorMap tm_k,
+                      const __grid_constant__ CUtensorMap tm_v) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* sbase = smem_raw + (base - raw);
+  const uint32_t sQ = base;
+  auto sK = [&](int s) { return base + kOffK + s * kStageBytes; };
+  auto sV = [&](int s) { return base + kOffK + s * kStageBytes + kTileBytes; };
+  const uint32_t bars = base + kOffBar;
+  auto full_k = [&](int s) { return bars + 8 * s; };
+  auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
+  auto empty = [&](int s) { return bars + 8 * (2 * kStages + s); };
+  auto aux = [&](int s) { return bars + 8 * (3 * kStages + s); };
+  int64_t* s_qoff = reinterpret_cast<int64_t*>(sbase + kOffTab);
+  int64_t* s_ooff = s_qoff + kRows;
+  int* s_pos = reinterpret_cast<int*>(s_ooff + kRows);
+  int* s_tok = s_pos + kRows;
+  int* s_head = s_tok + kRows;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_k(s), 1);
+      mbar_init(full_v(s), 1);
+      mbar_init(empty(s), 2 * 128);
+      mbar_init(aux(s), 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int total = plan.num_items[0] * p.hkv;
+  const int P = p.page_size, ppt = kKeys / P;
+
+  if (warp < 4) {  // ---- producer warpgroup: warp 0 issues, warps 1-3 leave ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (warp != 0) return;
+    int it = 0;
+    uint32_t aux_par = 0;  // per stage: parity of aux's next phase
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      const HpUnit u = hp_unit(p, plan, w);
+      for (int t = 0; t < u.n_tiles; ++t, ++it) {
+        const int s = it % kStages;
+        const uint32_t ph = (it / kStages) & 1;
+        const int kt0 = t * kKeys;
+        int pg = -1;
+        const int j0 = kt0 + lane * P;
+        if (lane < ppt && j0 < u.kv_len) {
+          const int blk = p.page_shift >= 0 ? (j0 >> p.page_shift) : (j0 / P);
+          const int64_t v = idx_word_value(page_index(p), load_idx_word(page_index(p), page_elem(p, u.pbase, u.r, blk), true));
+          pg = (v < 0 || v >= p.num_pages) ? -1 : static_cast<int>(v);
+        }
+        const bool partial = kt0 + kKeys > u.kv_len && (u.kv_len % P) != 0;
+        mbar_wait(empty(s), ph ^ 1);
+        if (lane == 0) {
+          mbar_expect_tx(full_k(s), kTileBytes);
+          mbar_expect_tx(partial ? aux(s) : full_v(s), kTileBytes);
+        }
+        __syncwarp();
+        if (lane < ppt) {
+          const uint32_t vb = partial ? aux(s) : full_v(s);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            tma_load_4d(sK(s) + h * kHalf + lane * P * 128, &tm_k, full_k(s), h * 64, 0, u.hk, pg);
+            tma_load_4d(sV(s) + h * kHalf + lane * P * 128, &tm_v, vb, h * 64, 0, u.hk, pg);
+          }
+        }
+        if (partial) {
+          // the V rows past kv_len: zeroed once the box has landed, then V is released
+          mbar_wait(aux(s), (aux_par >> s) & 1);
+          aux_par ^= 1u << s;
+          const int r0 = u.kv_len - kt0;  // first row to zero (> 0)
+          const int n = (kKeys - r0) * 2 * 8;  // 16-byte chunks over both halves
+          for (int i = lane; i < n; i += 32) {
+            const int row = r0 + (i >> 4), h = (i >> 3) & 1, c = i & 7;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sV(s) + h * kHalf + row * 128 + c * 16), "r"(0)
+                         : "memory");
+          }
+          fence_proxy_async();
+          __syncwarp();
+          if (lane == 0) mbar_arrive(full_v(s));
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int c = warp / 4 - 1;  // 0 or 1
+  const int tw = tid & 127, wq = tw >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int rl = c * 64 + wq * 16 + g;  // this thread's rows rl, rl + 8 (CTA-local)
+  const bool softcap = false;
+  (void)softcap;
+  const float c_exp = p.sm_scale * kLog2e;
+  const int bar_id = 1 + c;
+  int it = 0;
+  for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    const HpUnit u = hp_unit(p, plan, w);
+    named_sync(bar_id, 128);  // the previous unit's Q and row-table reads are done
+    if (tw < 64) {
+      const int lr = c * 64 + tw;
+      const int rr = u.row0 + lr;
+      const bool v = rr < u.rows;
+      const int tk = max(min(rr, u.rows - 1), 0) / p.group;
+      const int tok = u.q_start + tk;
+      const int head = u.hk * p.group + (v ? rr - tk * p.group : 0);
+      s_tok[lr] = v ? tok : -1;
+      s_head[lr] = head;
+      s_pos[lr] = u.ctx + tk;
+      s_qoff[lr] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
+      s_ooff[lr] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
+    }
+    named_sync(bar_id, 128);
+    {  // Q rows -> shared (swizzled): thread = fixed 16-byte chunk, 8 rows
+      const int ch = tw & 15;
+      const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int lr = c * 64 + (tw >> 4) + 8 * i;
+        const int64_t off = s_qoff[lr];
+        const uint32_t dst = sQ + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
+        cpa16z(dst, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+      }
+      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+      fence_proxy_async();
+    }
+    named_sync(bar_id, 128);
+    const int qp0 = s_pos[rl], qp1 = s_pos[rl + 8];
+    const int wg_first = s_pos[c * 64], wg_last = s_pos[c * 64 + 63];
+    const bool wg_valid = u.row0 + c * 64 < u.rows;
+
+    float o[2][32];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[h][i] = 0.f;
+    float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
+    bool fresh = true;
+
+    for (int t = 0; t < u.n_tiles; ++t, ++it) {
+      const int s = it % kStages;
+      const uint32_t ph = (it / kStages) & 1;
+      const int kt0 = t * kKeys;
+      if (!wg_valid || (p.causal && kt0 > wg_last)) {
+        // nothing visible to this warpgroup: wait for the fill, release it
+        mbar_wait(full_k(s), ph);
+        mbar_wait(full_v(s), ph);
+        mbar_arrive(empty(s));
+        continue;
+      }
+      float sacc[64];
+      mbar_wait(full_k(s), ph);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        const uint32_t off = (ks >> 2) * kHalf + (ks & 3) * 32;
+        const uint64_t da = desc_sw128(sQ + c * 64 * 128 + off, 16, 1024);
+        const uint64_t db = desc_sw128(sK(s) + off, 16, 1024);
+        wgmma_ss_m64n128(sacc, da, db, ks > 0);
+      }
+      wg_commit();
+      wg_wait0();
+      reg_fence(sacc);
+      // sacc[4j + e]: row rl + 8 * (e >> 1), key kt0 + 8j + 2 t4 + (e & 1)
+      const bool need_mask = kt0 + kKeys > u.kv_len || (p.causal && kt0 + kKeys - 1 > wg_first);
+      if (need_mask) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
+            const int q = (e >> 1) ? qp1 : qp0;
+            bool vis = key < u.kv_len;
+            if (p.causal && key > q) vis = false;
+            if (!vis) sacc[4 * j + e] = -INFINITY;
+          }
+      }
+      bool moved = false;
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(sacc[4 * j + 2 * h], sacc[4 * j + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float m_new = fmaxf(m_r[h], mx * c_exp);
+        m_new = m_new > m_r[h] + kLazy ? m_new : m_r[h];
+        const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+        alpha[h] = ex2(m_r[h] - m_use);
+        moved |= m_new != m_r[h];
+        m_r[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float a0 = ex2(fmaf(sacc[4 * j + 2 * h], c_exp, -m_use));
+          const float a1 = ex2(fmaf(sacc[4 * j + 2 * h + 1], c_exp, -m_use));
+          sacc[4 * j + 2 * h] = a0;
+          sacc[4 * j + 2 * h + 1] = a1;
+          sum += a0 + a1;
+        }
+        l_r[h] = l_r[h] * alpha[h] + sum;
+      }
+      if (!fresh && moved) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            o[hh][4 * j + 0] *= alpha[0];
+            o[hh][4 * j + 1] *= alpha[0];
+            o[hh][4 * j + 2] *= alpha[1];
+            o[hh][4 * j + 3] *= alpha[1];
+          }
+      }
+      fresh = false;
+      uint32_t a[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        a[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+        a[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+        a[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+        a[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+      }
+      mbar_wait(full_v(s), ph);
+      reg_fence(o[0]);
+      reg_fence(o[1]);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint64_t dv = desc_sw128(sV(s) + h * kHalf + kk * 16 * 128, 16, 1024);
+          wgmma_rs_m64n64_tb(o[h], a[kk], dv);
+        }
+      wg_commit();
+      wg_wait0();
+      reg_fence(o[0]);
+      reg_fence(o[1]);
+      mbar_arrive(empty(s));
+    }
+
+    // ---- epilogue: sinks, LSE, O ----
+    float sc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float L = l_r[h];
+      L += __shfl_xor_sync(0xffffffffu, L, 1);
+      L += __shfl_xor_sync(0xffffffffu, L, 2);
+      const int lr = rl + 8 * h;
+      const int tok = s_tok[lr], head = s_head[lr];
+      const float M = m_r[h];
+      const float Mu = (M == -INFINITY) ? 0.f : M;
+      float Mf = M, Lf = L, scale_o;
+      if (p.sinks != nullptr) {
+        const float s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
+        Mf = fmaxf(M, s2);
+        Lf = L * exp2f(M - Mf) + exp2f(s2 - Mf);
+        scale_o = Lf > 0.f ? exp2f(Mu - Mf) / Lf : 0.f;
+        if (M == -INFINITY) scale_o = 0.f;
+      } else {
+        scale_o = L > 0.f ? 1.f / L : 0.f;
+      }
+      sc[h] = scale_o * p.v_scale;
+      if (p.lse != nullptr && t4 == 0 && tok >= 0) {
+        const float lse2 = Lf > 0.f ? Mf + log2f(Lf) : -INFINITY;
+        p.lse[int64_t(tok) * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+      }
+    }
+    uint16_t* ob = static_cast<uint16_t*>(p.out);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t off = s_ooff[rl + 8 * h];
+      if (off < 0) continue;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) =
+              pack_bf16(o[hh][4 * j + 2 * h] * sc[h], o[hh][4 * j + 2 * h + 1] * sc[h]);
+    }
+  }
+}
+
+// D[64 x 256] += A[64 x 16] * B[16 x 256], both from shared memory (the rate probe's instruction)
+__device__ __forceinline__ void wgmma_ss_m64n256(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db));
+}
+
+// The wgmma bf16 rate probe: 2 warpgroups per CTA, each issuing m64n256k16 from a 48 KB shared
+// tile (filled with small non-zero bf16 values) in groups of 8, 2 CTAs per SM; FLOPs counted
+// 2 * 64 * 256 * 16 per instruction.
+__global__ void __launch_bounds__(256, 1) hp_wgmma_rate_kernel(int iters, float* sink) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* sb = smem_raw + (base - raw);
+  for (int i = threadIdx.x; i < 48 * 1024 / 2; i += blockDim.x)
+    reinterpret_cast<__nv_bfloat16*>(sb)[i] = __float2bfloat16(0.001f * float((i * 37) % 61 - 30));
+  fence_proxy_async();
+  __syncthreads();
+  float d[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) d[i] = 0.f;
+  const uint64_t da = desc_sw128(base, 16, 1024);
+  const uint64_t db = desc_sw128(base + 16384, 16, 1024);
+  for (int it = 0; it < iters; ++it) {
+    wg_fence();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) wgmma_ss_m64n256(d, da + (k & 3) * 2, db + (k & 3) * 2);
+    wg_commit();
+    wg_wait0();
+  }
+  reg_fence(d);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) s += d[i];
+  if (s == 12345.f) sink[0] = s;  // keeps the work
+}
+#else
+__global__ void __launch_bounds__(kThreads, 1)
+    hp_prefill_kernel(const AttnParams, const HopperPlanTables, const __grid_constant__ CUtensorMap,
+                      const __grid_constant__ CUtensorMap) {}
+__global__ void __launch_bounds__(256, 1) hp_wgmma_rate_kernel(int, float*) {}
+#endif  // KVATTN_HP_BODY
+
+// ---- host side ------------------------------------------------------------------------------------
+std::atomic<int> g_mode{-1};
+std::atomic<int64_t> g_launches{0};
+std::mutex g_choice_mu;
+PrefillChoice g_last_choice{PrefillPath::mma_sync, "no prefill call yet"};
+
+int mode_now() { return knob(g_mode, "KVATTN_PREFILL_HOPPER", off_or_force); }
+
+// Whether automatic mode selects the wgmma kernel.  Off until a compute-sanitizer memcheck and
+// racecheck run of CudaPrefill.HopperWgmma has completed clean on an H200 (the correctness tests
+// and the timings are in, the sanitizer runs did not finish in their time limit); force selects it.
+constexpr bool kDefaultOn = false;
+
+// Whether the loaded image of this module holds the wgmma kernel's body (an sm_90a build on an
+// sm_90 device), read once per device by a synchronous copy of g_hp_arch (like the workspace
+// allocation, the first call on a device must not be inside a graph capture).
+bool hopper_code_loaded() {
+  static std::atomic<int> cache[64];
+  static std::once_flag init;
+  std::call_once(init, [] {
+    for (auto& c : cache) c.store(-1);
+  });
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  int v = cache[dev & 63].load();
+  if (v < 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    int flag = 0;
+    if (major == 9 && minor == 0 && cudaMemcpyFromSymbol(&flag, g_hp_arch, sizeof(int)) != cudaSuccess) flag = 0;
+    cudaGetLastError();
+    v = (major == 9 && minor == 0 && flag == 1) ? 1 : 0;
+    cache[dev & 63].store(v);
+  }
+  return v == 1;
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    cudaGetLastError();
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 4-D bf16 tensor map over one cache view: (dim, slot, head, page), box = 64 dims x one page,
+// 128-byte swizzle; out-of-range boxes read zeros.
+bool encode_cache_map(CUtensorMap* map, const void* ptr, const AttnParams& p, int64_t sb, int64_t so, int64_t sh) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(kD), cuuint64_t(p.page_size), cuuint64_t(p.hkv), cuuint64_t(p.num_pages)};
+  const cuuint64_t strides[3] = {cuuint64_t(so), cuuint64_t(sh), cuuint64_t(sb)};
+  const cuuint32_t box[4] = {64, cuuint32_t(p.page_size), 1, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estr,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool stride_ok(int64_t s) { return s > 0 && s % 16 == 0 && s < (int64_t(1) << 40); }
+
+}  // namespace
+
+void set_hopper_prefill_mode(int mode) { g_mode.store(mode, std::memory_order_relaxed); }
+int hopper_prefill_mode() { return mode_now(); }
+int64_t hopper_prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
+PrefillChoice last_prefill_choice() {
+  std::lock_guard<std::mutex> lk(g_choice_mu);
+  return g_last_choice;
+}
+void record_prefill_choice(const PrefillChoice& c) {
+  std::lock_guard<std::mutex> lk(g_choice_mu);
+  g_last_choice = c;
+}
+
+PrefillChoice hopper_prefill_choice(const AttnParams& p) {
+  auto no = [](const char* why) { return PrefillChoice{PrefillPath::mma_sync, why}; };
+  const int mode = mode_now();
+  if (mode == 1) return no("wgmma kernel turned off (KVATTN_PREFILL_HOPPER=off)");
+  if (mode == 0 && !kDefaultOn)
+    return no("wgmma kernel not on by default yet (KVATTN_PREFILL_HOPPER=force selects it)");
+  if (!hopper_code_loaded()) return no("no sm_90a code for this device (needs compute capability 9.0 and an sm_90a build)");
+  if (p.head_dim != kD) return no("head_dim is not 128");
+  if (p.kv_t != Elt::bf16) return no("K/V cache is not bf16");
+  if (p.q_t != Elt::bf16 || !p.q_vec) return no("query is not bf16 with 16-byte aligned contiguous rows");
+  if (p.out_t != Elt::bf16 || !p.o_vec) return no("output is not bf16 with 16-byte aligned contiguous rows");
+  if (p.window_left >= 0) return no("sliding window");
+  if (p.soft_cap > 0.f) return no("logit soft cap");
+  if (p.xqa != nullptr || p.mm != nullptr) return no("XQA / PrefixLM mask");
+  if (p.page_size < 8 || p.page_size > kKeys || kKeys % p.page_size != 0)
+    return no("page size is not a divisor of 128 of at least 8");
+  if (p.num_pages <= 0 || p.num_pages >= (int64_t(1) << 31)) return no("page count out of the tensor map's range");
+  if (reinterpret_cast<uintptr_t>(p.k) % 16 != 0 || reinterpret_cast<uintptr_t>(p.v) % 16 != 0)
+    return no("K/V base not 16-byte aligned");
+  if (!stride_ok(p.k_sb) || !stride_ok(p.k_so) || !stride_ok(p.k_sh) || !stride_ok(p.v_sb) || !stride_ok(p.v_so) ||
+      !stride_ok(p.v_sh))
+    return no("K/V strides not positive multiples of 16 bytes");
+  return PrefillChoice{PrefillPath::wgmma, "bf16, head_dim 128, no window / soft cap / masks: wgmma kernel"};
+}
+
+double measure_wgmma_tflops() {
+  if (!hopper_code_loaded()) return 0.0;
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  constexpr int kProbeSmem = 48 * 1024 + 1024;
+  float* sink = nullptr;
+  if (cudaMalloc(&sink, sizeof(float)) != cudaSuccess) return 0.0;
+  cudaFuncSetAttribute(hp_wgmma_rate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kProbeSmem);
+  const int iters = 4096;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  hp_wgmma_rate_kernel<<<sms * 2, 256, kProbeSmem>>>(64, sink);  // warm-up
+  float best = 1e30f;
+  for (int rep = 0; rep < 5; ++rep) {
+    cudaEventRecord(e0);
+    hp_wgmma_rate_kernel<<<sms * 2, 256, kProbeSmem>>>(iters, sink);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, e0, e1);
+    best = std::min(best, ms);
+  }
+  const bool ok = cudaGetLastError() == cudaSuccess;
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(sink);
+  if (!ok) return 0.0;
+  const double flops = 2.0 * 64 * 256 * 16 * 8 * double(iters) * 2 /* warpgroups */ * sms * 2;
+  return flops / (double(best) * 1e-3) / 1e12;
+}
+
+int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTables& plan) {
+  CUtensorMap mk, mv;
+  if (!encode_cache_map(&mk, p.k, p, p.k_sb, p.k_so, p.k_sh) || !encode_cache_map(&mv, p.v, p, p.v_sb, p.v_so, p.v_sh))
+    return -1;
+  static int attr_set[64] = {};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (!attr_set[dev & 63]) {
+    const cudaError_t e = cudaFuncSetAttribute(hp_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    attr_set[dev & 63] = 1;
+  }
+  // units bound: every item is at most one 128-row tile (the plan's max_items for head_dim 128)
+  const int64_t max_items = (p.num_tokens * p.group + kRows - 1) / kRows + p.batch;
+  const int64_t units = max_items * p.hkv;
+  const int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
+  hp_prefill_kernel<<<grid, kThreads, kSmem>>>(p, plan, mk, mv);
+  g_launches.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace kvattn::ops::cuda_impl::k

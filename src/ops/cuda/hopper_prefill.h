@@ -1,0 +1,54 @@
+// src/ops/cuda/hopper_prefill.h — the Hopper (sm_90a) paged prefill kernel: producer warp with
+// TMA page gathers, two consumer warpgroups with wgmma (hopper_prefill.cu).  Plain C++ (no CUDA
+// headers): prefill_kernel.cu asks hopper_prefill_choice() which prefill kernel serves a call and
+// launches this one on its own plan tables (same 128-row tiles).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cuda/kernels.h"
+
+namespace kvattn::ops::cuda_impl::k {
+
+// The prefill plan's device tables, as prefill_kernel.cu lays them out: req = [batch] of
+// {q_start, q_len, kv_len, tile_start} (int32 x 4), page_base = [batch] int64, items =
+// [num_items] of {request, row tile} (int32 x 2), heaviest first, num_items = [1].
+struct HopperPlanTables {
+  const void* req = nullptr;
+  const int64_t* page_base = nullptr;
+  const void* items = nullptr;
+  const int32_t* num_items = nullptr;
+};
+
+// Which kernel serves a prefill call, and why (a static string).
+enum class PrefillPath : int { mma_sync = 0, wgmma = 1 };
+struct PrefillChoice {
+  PrefillPath path = PrefillPath::mma_sync;
+  const char* reason = "";
+};
+
+// The wgmma kernel's routing: 0 automatic (the kernel's default: for now the mma.sync kernel,
+// see kDefaultOn in hopper_prefill.cu), 1 off, 2 force (every call it covers, on an sm_90 device
+// with sm_90a code; it never takes a call it does not cover).  Initial value from
+// KVATTN_PREFILL_HOPPER (off|force).
+void set_hopper_prefill_mode(int mode);
+int hopper_prefill_mode();
+
+// The choice for a call the prefill kernel serves (host only, no device sync).  Rows per CTA
+// tile: 128, as prefill_kernel.cu's plan for head_dim 128.
+PrefillChoice hopper_prefill_choice(const AttnParams& p);
+
+// Launches the wgmma kernel on a plan built by prefill_kernel.cu (0 = success, else a
+// cudaError_t; a tensor map the driver rejects returns -1 and launches nothing).
+int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTables& plan);
+
+// The last prefill launch's choice (process-wide; tests read it after a call).
+PrefillChoice last_prefill_choice();
+void record_prefill_choice(const PrefillChoice& c);
+int64_t hopper_prefill_launches();
+
+// The wgmma bf16 rate (TFLOP/s) of a probe kernel that only issues m64n256k16 from shared memory
+// (kvattn bench-cuda's ceiling); 0 where the sm_90a code is not loaded.
+double measure_wgmma_tflops();
+
+}  // namespace kvattn::ops::cuda_impl::k
