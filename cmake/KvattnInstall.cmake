@@ -5,7 +5,7 @@ include(CMakePackageConfigHelpers)
 
 set(kvattn_install_targets kvattn_all)
 set(kvattn_pc_libs "")
-foreach(layer engine attention batch kv ops core)  # dependents first, for static linking
+foreach(layer model engine attention batch kv ops core)  # dependents first, for static linking
   if(TARGET kvattn_${layer})
     list(APPEND kvattn_install_targets kvattn_${layer})
     set_target_properties(kvattn_${layer} PROPERTIES EXPORT_NAME ${layer})
@@ -30,6 +30,9 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvattnConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/kvattnConfig.cmake ${PROJECT_BINARY_DIR}/kvattnConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvattn)
 
+if(TARGET kvattn_model)
+  string(APPEND kvattn_pc_libs " -lpcre2-8 -lsentencepiece -lutf8proc")
+endif()
 set(KVATTN_PC_LIBS "${kvattn_pc_libs}")
 if(KVATTN_WITH_CUDA)
   string(APPEND KVATTN_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
