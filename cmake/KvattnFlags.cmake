@@ -21,3 +21,15 @@ if(KVATTN_SANITIZE)
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
   add_link_options(-fsanitize=address,undefined)
 endif()
+
+# libFuzzer build (the `fuzz` preset, clang): every object is instrumented for the fuzzer's
+# coverage feedback (-fsanitize=fuzzer-no-link); the fuzz targets link the libFuzzer runtime
+# (fuzz/CMakeLists.txt).  Used with KVATTN_SANITIZE (address + undefined).
+option(KVATTN_LIBFUZZER "Build the fuzz targets with libFuzzer (clang only)" OFF)
+if(KVATTN_LIBFUZZER)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "KVATTN_LIBFUZZER=ON needs clang (found ${CMAKE_CXX_COMPILER_ID}); configure with "
+                        "`cmake --preset fuzz` (Debian: apt-get install clang libclang-rt-14-dev)")
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
+endif()

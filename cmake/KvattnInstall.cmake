@@ -32,6 +32,7 @@ install(FILES ${PROJECT_BINARY_DIR}/kvattnConfig.cmake ${PROJECT_BINARY_DIR}/kva
 
 if(TARGET kvattn_model)
   string(APPEND kvattn_pc_libs " -lpcre2-8 -lsentencepiece -lutf8proc")
+  string(APPEND kvattn_pc_libs " -lopenblas")
 endif()
 set(KVATTN_PC_LIBS "${kvattn_pc_libs}")
 if(KVATTN_WITH_CUDA)

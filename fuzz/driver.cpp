@@ -1,11 +1,13 @@
 // A deterministic fuzz driver for toolchains without libFuzzer (g++): feeds
-// LLVMFuzzerTestOneInput --runs random inputs (sizes 0..4096, seeded by --seed), plus any
-// files named on the command line (a corpus or a crash reproducer).  Any exception escaping
-// the target or any sanitizer report fails the run.
+// LLVMFuzzerTestOneInput every file named on the command line, or found in a directory named
+// there (a seed corpus, crash reproducers), then --runs random inputs (sizes 0..4096, seeded
+// by --seed).  Any exception escaping the target or any sanitizer report fails the run.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -22,10 +24,22 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a.rfind("--runs=", 0) == 0) runs = std::strtol(a.c_str() + 7, nullptr, 10);
     else if (a.rfind("--seed=", 0) == 0) seed = std::strtoul(a.c_str() + 7, nullptr, 10);
-    else files.push_back(a);
+    else if (std::filesystem::is_directory(a)) {
+      std::vector<std::string> in_dir;
+      for (const auto& e : std::filesystem::directory_iterator(a))
+        if (e.is_regular_file()) in_dir.push_back(e.path().string());
+      std::sort(in_dir.begin(), in_dir.end());
+      files.insert(files.end(), in_dir.begin(), in_dir.end());
+    } else if (std::filesystem::exists(a)) {
+      files.push_back(a);
+    }  // a corpus folder that does not exist yet holds no input
   }
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "fuzz: cannot read %s\n", f.c_str());
+      return 1;
+    }
     std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     LLVMFuzzerTestOneInput(buf.data(), buf.size());
   }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "command_registry.h"
+#include "int_option.h"
 #include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/core/tensor.h"
 #include "kvattn/ops/ops.h"
@@ -420,6 +421,8 @@ int run(const Opts& o) {
   print_row(Row{"ceiling: empty launch, 128 CTAs in clusters of 16", k::measure_empty_launch_us(128, 16), 0, "", ""});
   const bool all = o.only.empty();
   if (o.batch > 0) {
+    KVATTN_CHECK(!o.mixed || o.kv_len >= 256, "bench-cuda: --mixed draws lengths from U[256, --kv-len]; --kv-len {} is "
+                 "below 256", o.kv_len);
     std::vector<int64_t> lens(static_cast<size_t>(o.batch), o.kv_len);
     if (o.mixed) {
       std::mt19937 rng(99);
@@ -687,19 +690,56 @@ int run(const Opts& o) {
 
 std::function<int()> setup(CLI::App& app) {
   auto o = std::make_shared<Opts>();
+  app.option_defaults()->always_capture_default();
   app.add_flag("--quick", o->quick, "fewer repetitions and a smaller pool");
   app.add_option("--only", o->only, "decode, prefill, write or merge; small: the small-call measurement set")
       ->check(CLI::IsMember({"decode", "prefill", "write", "merge", "small"}));
-  app.add_option("--batch", o->batch, "with --kv-len: time one decode shape only (and the same call with the whole-page path off)");
-  app.add_option("--kv-len", o->kv_len, "kv length of the --batch decode case");
-  app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache");
-  app.add_flag("--mixed", o->mixed, "the --batch case with kv lengths U[256, kv-len] (as the 128xU row)");
-  app.add_option("--long", o->long_len, "the --batch case with its last request this long instead (one long request among short ones)")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--kept-plan", o->kept_plan, "the --batch case on a plan kept across calls (plan kernel once per page set)");
+  // --batch / --kv-len: page ids of 2 * batch * kv-len / 16 pages stay within int32.
+  auto* batch = add_int_option(app, "--batch", o->batch, 1, 4096,
+                               "with --kv-len: time one decode shape only (and the same call with the whole-page path off)")
+                    ->default_str("");
+  auto* kv_len = add_int_option(app, "--kv-len", o->kv_len, 1, 1 << 20, "kv length of the --batch decode case")->default_str("");
+  batch->needs(kv_len);
+  kv_len->needs(batch);
+  app.add_flag("--fp8", o->fp8, "the --batch case with an fp8 e4m3 cache")->needs(batch);
+  app.add_flag("--mixed", o->mixed, "the --batch case with kv lengths U[256, kv-len] (as the 128xU row); --kv-len >= 256")
+      ->needs(batch);
+  add_int_option(app, "--long", o->long_len, 1, 1 << 20,
+                 "the --batch case with its last request this long instead (one long request among short ones)")
+      ->default_str("")
+      ->needs(batch);
+  app.add_flag("--kept-plan", o->kept_plan, "the --batch case on a plan kept across calls (plan kernel once per page set)")
+      ->needs(batch);
   app.add_flag("--sequential-pages", o->sequential_pages,
                "decode page ids in pool order instead of a random permutation (diagnostic; the targets use random order)");
-  app.add_option("--variants", o->variants, "the --batch case once per opts/splits[/chunk] setting (decode knobs), e.g. 109/0,237/0,109/0/56");
+  app.add_option("--variants", o->variants,
+                 "the --batch case once per opts/splits[/chunk] setting (decode knobs; non-negative integers), e.g. "
+                 "109/0,237/0,109/0/56")
+      ->needs(batch)
+      ->check([](const std::string& v) -> std::string {
+        // Each comma-separated entry is 1 to 3 '/'-separated integers in [0, 2^31).
+        size_t pos = 0;
+        while (pos <= v.size()) {
+          size_t end = v.find(',', pos);
+          if (end == std::string::npos) end = v.size();
+          const std::string entry = v.substr(pos, end - pos);
+          int fields = 0;
+          size_t f = 0;
+          while (f <= entry.size()) {
+            size_t g = entry.find('/', f);
+            if (g == std::string::npos) g = entry.size();
+            const std::string num = entry.substr(f, g - f);
+            if (num.empty() || num.size() > 10 || num.find_first_not_of("0123456789") != std::string::npos ||
+                std::stoll(num) > 2147483647)
+              return "entry '" + entry + "' must be opts[/splits[/chunk]] with integers in [0, 2147483647]";
+            ++fields;
+            f = g + 1;
+          }
+          if (fields > 3) return "entry '" + entry + "' has more than 3 fields (opts/splits/chunk)";
+          pos = end + 1;
+        }
+        return std::string();
+      });
   return [o]() -> int {
 #if defined(KVATTN_WITH_CUDA)
     return run(*o);

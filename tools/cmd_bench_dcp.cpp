@@ -16,6 +16,8 @@
 #include <thread>
 
 #include "command_registry.h"
+#include "int_option.h"
+#include "kvattn/core/checked_math.h"
 #include "kvattn/attention/communicator.h"
 #include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/core/error.h"
@@ -25,10 +27,10 @@ namespace kvattn::tools {
 namespace {
 
 struct Opts {
-  int dcp = 2;
-  int batch = 8;
+  int64_t dcp = 2;
+  int64_t batch = 8;
   int64_t kv_len = 131072;
-  int iters = 20;
+  int64_t iters = 20;
   std::string comm = "ag_rs";
 };
 
@@ -79,7 +81,12 @@ int run_bench(const Opts& o) {
   KVATTN_CHECK(cuda::available(), "bench-dcp needs CUDA GPUs (this build: CUDA {})",
                cuda::built_with_cuda() ? "built, but no device" : "not built");
   KVATTN_CHECK(NcclDcpGroup::available(), "bench-dcp needs the NCCL communicator; this build has none");
-  const int W = o.dcp;
+  const int W = checked_cast<int>(o.dcp, "--dcp");
+  // Page ids and lengths are int32 in the kernels' metadata: check before narrowing.
+  const int64_t pages_per_req = (o.kv_len + kPage - 1) / kPage;
+  checked_cast<int32_t>(checked_add(checked_mul(o.batch, pages_per_req, "bench-dcp: pages (--batch * --kv-len / 16)"), 1,
+                                    "bench-dcp: pages"),
+                        "bench-dcp: page ids (--batch * --kv-len / 16 + 1)");
   KVATTN_CHECK(W >= 2 && W <= cuda::device_count() && kHq % W == 0,
                "--dcp {} must be in [2, {}] (GPUs here) and divide the {} query heads", W, cuda::device_count(), kHq);
   KVATTN_CHECK(o.kv_len % W == 0, "--kv-len {} must divide by --dcp {}", o.kv_len, W);
@@ -173,11 +180,12 @@ int run_bench(const Opts& o) {
 
 std::function<int()> setup_bench_dcp(CLI::App& app) {
   auto o = std::make_shared<Opts>();
-  app.add_option("--dcp", o->dcp, "GPUs (DCP ranks), >= 2");
-  app.add_option("--batch", o->batch, "requests");
-  app.add_option("--kv-len", o->kv_len, "tokens per request (split over the ranks)");
-  app.add_option("--iters", o->iters, "timed iterations (after 3 warm-ups)");
-  app.add_option("--comm", o->comm, "combine: ag_rs or a2a");
+  app.option_defaults()->always_capture_default();
+  add_int_option(app, "--dcp", o->dcp, 2, 64, "GPUs (DCP ranks); divides the 32 query heads and --kv-len");
+  add_int_option(app, "--batch", o->batch, 1, 4096, "requests");
+  add_int_option(app, "--kv-len", o->kv_len, 1, int64_t{1} << 30, "tokens per request (split over the ranks)");
+  add_int_option(app, "--iters", o->iters, 1, 100000, "timed iterations (after 3 warm-ups)");
+  app.add_option("--comm", o->comm, "combine: ag_rs or a2a")->check(CLI::IsMember({"ag_rs", "a2a"}));
   return [o] { return run_bench(*o); };
 }
 

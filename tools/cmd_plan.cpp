@@ -8,8 +8,10 @@
 #include <algorithm>
 
 #include "command_registry.h"
+#include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/core/error.h"
 #include "kvattn/kv/model_config.h"
+#include "output_file.h"
 
 namespace kvattn::tools {
 namespace {
@@ -22,20 +24,27 @@ struct PlanArgs {
   std::string kv_cache_dtype = "auto";
   std::string layout = "auto";
   std::string gpu_memory;
+  std::string gpu_memory_utilization;
   std::string max_model_len;
   std::string max_num_batched_tokens = "2048";
   bool json = false;
 };
 
-std::optional<int64_t> parse_count(const std::string& flag, const std::string& text) {
+std::optional<int64_t> parse_count(const std::string& flag, const std::string& text, int64_t hi) {
   if (text.empty()) return std::nullopt;
-  const bool digits = text.size() <= 12 && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits || std::stoll(text) <= 0)
-    throw InvalidArgument(fmt::format("{} {:?} is not a positive integer; e.g. {} 16", flag, text, flag));
-  return std::stoll(text);
+  return parse_int_option(flag, text, 1, hi);
 }
 
 std::string dims_str(const Dims& d) { return d.str(); }
+
+template <typename... A>
+void put(std::string& out, fmt::format_string<A...> f, A&&... args) {
+  fmt::format_to(std::back_inserter(out), f, std::forward<A>(args)...);
+}
+
+// The KV cache budget on CPU when no memory option is given (plan allocates nothing).
+constexpr int64_t kCpuDefaultBudget = int64_t{4} << 30;
+constexpr double kDefaultGpuMemoryUtilization = 0.9;
 
 std::string layers_summary(const ModelConfig& m) {
   std::vector<std::string> parts;
@@ -75,35 +84,36 @@ std::vector<ViewRun> compress(const std::vector<PlannedLayerView>& v) {
   return runs;
 }
 
-int print_text(const KVPlan& p) {
+std::string plan_text(const KVPlan& p, const std::string& budget_why) {
+  std::string o;
   const ModelConfig& m = p.model;
-  fmt::print("KV cache plan for {}\n\n", m.name);
-  fmt::print("model      {} layers ({}), dtype {}, max_model_len {}\n", m.num_hidden_layers, layers_summary(m),
+  put(o, "KV cache plan for {}\n\n", m.name);
+  put(o, "model      {} layers ({}), dtype {}, max_model_len {}\n", m.num_hidden_layers, layers_summary(m),
              dtype_name(m.dtype), m.max_model_len);
   if (m.num_layers_of(ModelLayerKind::mamba) < m.num_hidden_layers)
-    fmt::print("attention  {} query heads / {} KV heads, head size {}{}\n", m.num_attention_heads,
+    put(o, "attention  {} query heads / {} KV heads, head size {}{}\n", m.num_attention_heads,
                m.num_key_value_heads, m.head_dim,
                m.sliding_window ? fmt::format(", sliding window {}", m.sliding_window) : "");
   if (m.mamba)
-    fmt::print("mamba      conv state [{}, {}], ssm state [{}, {}, {}], {} ({} bytes per state)\n",
+    put(o, "mamba      conv state [{}, {}], ssm state [{}, {}, {}], {} ({} bytes per state)\n",
                m.mamba->conv_kernel - 1, m.mamba->conv_dim(), m.mamba->num_heads, m.mamba->head_dim,
                m.mamba->d_state, dtype_name(m.mamba->dtype), m.mamba->page_size_bytes());
-  fmt::print("kv cache   dtype {} (--kv-cache-dtype {}), block size {} tokens\n\n", dtype_name(p.kv_dtype),
+  put(o, "kv cache   dtype {} (--kv-cache-dtype {}), block size {} tokens\n\n", dtype_name(p.kv_dtype),
              p.kv_cache_dtype, p.block_size);
 
-  fmt::print("layout     {}\n  why: {}\n\n", layout_name(p.layout), p.layout_reason);
+  put(o, "layout     {}\n  why: {}\n\n", layout_name(p.layout), p.layout_reason);
 
-  fmt::print("groups ({})\n", p.config.kv_cache_groups.size());
+  put(o, "groups ({})\n", p.config.kv_cache_groups.size());
   for (size_t g = 0; g < p.config.kv_cache_groups.size(); ++g) {
     const auto& grp = p.config.kv_cache_groups[g];
-    fmt::print("  group {}: {} layers, page {} bytes, block size {}\n    spec {}\n", g, grp.layer_names.size(),
+    put(o, "  group {}: {} layers, page {} bytes, block size {}\n    spec {}\n", g, grp.layer_names.size(),
                grp.kv_cache_spec->page_size_bytes(), grp.kv_cache_spec->block_size(), grp.kv_cache_spec->repr());
   }
-  fmt::print("\ntensors ({}), one backing allocation of {} bytes ({})\n", p.config.kv_cache_tensors.size(),
+  put(o, "\ntensors ({}), one backing allocation of {} bytes ({})\n", p.config.kv_cache_tensors.size(),
              p.total_bytes, format_bytes(p.total_bytes));
   for (size_t i = 0; i < p.config.kv_cache_tensors.size(); ++i) {
     const auto& t = p.config.kv_cache_tensors[i];
-    fmt::print("  tensor {}: {} layers ({} .. {}), offset {}, layer_stride {}, block_stride {}\n", i,
+    put(o, "  tensor {}: {} layers ({} .. {}), offset {}, layer_stride {}, block_stride {}\n", i,
                t.layers.size(), t.layers.front(), t.layers.back(), t.offset, t.layer_stride, t.block_stride);
   }
 
@@ -112,7 +122,7 @@ int print_text(const KVPlan& p) {
   std::vector<PlannedLayerView> views = p.views;
   std::stable_sort(views.begin(), views.end(),
                    [](const PlannedLayerView& a, const PlannedLayerView& b) { return a.group_id < b.group_id; });
-  fmt::print("\nlayer views by group ([B, H, N, C] elements; strides in elements; offset in bytes)\n");
+  put(o, "\nlayer views by group ([B, H, N, C] elements; strides in elements; offset in bytes)\n");
   for (const ViewRun& r : compress(views)) {
     const PlannedLayerView& v = views[r.first];
     const std::string who = r.first == r.last
@@ -122,22 +132,23 @@ int print_text(const KVPlan& p) {
     const std::string off = r.first == r.last ? fmt::format("{}", v.byte_offset)
                                               : fmt::format("{} + i*{}", v.byte_offset, r.offset_step);
     if (v.raw)
-      fmt::print("  {}: group {}, {}: raw backing bytes {} (the layer lays out its own state; page {} bytes)\n", who,
+      put(o, "  {}: group {}, {}: raw backing bytes {} (the layer lays out its own state; page {} bytes)\n", who,
                  v.group_id, v.spec_kind, dims_str(v.shape), v.page_size_bytes);
     else
-      fmt::print("  {}: group {}, {}: shape {} strides {} {} offset {}\n", who, v.group_id, v.spec_kind,
+      put(o, "  {}: group {}, {}: shape {} strides {} {} offset {}\n", who, v.group_id, v.spec_kind,
                  dims_str(v.shape), dims_str(v.strides), dtype_name(v.dtype), off);
   }
 
-  fmt::print("\nmemory     budget {} ({} bytes), {} bytes per block\n", format_bytes(p.gpu_memory), p.gpu_memory,
+  put(o, "\nmemory     budget {} ({} bytes), {} bytes per block\n", format_bytes(p.gpu_memory), p.gpu_memory,
              p.bytes_per_block);
-  fmt::print("blocks     {} fit ({} usable + the null block 0)\n", p.config.num_blocks, p.config.num_blocks - 1);
-  fmt::print("requests   one {}-token request holds {} blocks; maximum concurrency {:.2f}x\n", m.max_model_len,
+  put(o, "  why: {}\n", budget_why);
+  put(o, "blocks     {} fit ({} usable + the null block 0)\n", p.config.num_blocks, p.config.num_blocks - 1);
+  put(o, "requests   one {}-token request holds {} blocks; maximum concurrency {:.2f}x\n", m.max_model_len,
              p.blocks_per_request, p.max_concurrency);
-  return 0;
+  return o;
 }
 
-int print_json(const KVPlan& p) {
+std::string plan_json(const KVPlan& p, const std::string& budget_why) {
   using nlohmann::json;
   const ModelConfig& m = p.model;
   json j;
@@ -191,45 +202,91 @@ int print_json(const KVPlan& p) {
                      {"page_size_bytes", v.page_size_bytes}});
   j["views"] = views;
   j["gpu_memory"] = p.gpu_memory;
+  j["gpu_memory_reason"] = budget_why;
   j["bytes_per_block"] = p.bytes_per_block;
   j["total_bytes"] = p.total_bytes;
   j["num_blocks"] = p.config.num_blocks;
   j["blocks_per_request"] = p.blocks_per_request;
   j["max_concurrency"] = p.max_concurrency;
-  fmt::print("{}\n", j.dump(2));
-  return 0;
+  return j.dump(2) + "\n";
 }
 
 std::function<int()> setup_plan(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
+  app.option_defaults()->always_capture_default();
   app.add_option("--model", args->model,
-                 fmt::format("Model preset ({}) or path to a Hugging Face config.json",
-                             fmt::join(model_preset_names(), ", ")));
-  app.add_option("--block-size", args->block_size, "Tokens per KV cache block (default 16; hybrid: fitted)");
+                 fmt::format("(required) Model preset ({}) or path to a Hugging Face config.json",
+                             fmt::join(model_preset_names(), ", ")))
+      ->type_name("MODEL");
+  app.add_option("--block-size", args->block_size, "Tokens per KV cache block (default 16; hybrid: fitted)")
+      ->type_name("INT");
   app.add_option("--kv-cache-dtype", args->kv_cache_dtype,
                  fmt::format("KV cache dtype: {}", fmt::join(kv_cache_dtype_choices(), "|")));
   app.add_option("--layout", args->layout, "KV cache layout: auto or LBHNC|LBNHC|LHBNC|BLHNC|BLNHC|BHLNC|NHD|HND");
   app.add_option("--gpu-memory", args->gpu_memory,
-                 "Memory available to the KV cache, e.g. 80GiB, 16GB, 512MiB or bytes");
-  app.add_option("--max-model-len", args->max_model_len, "Override the model's maximum length");
+                 "Memory available to the KV cache, e.g. 80GiB, 16GB, 512MiB or bytes; overrides "
+                 "--gpu-memory-utilization (default: 0.9 of the GPU's memory on CUDA, 4GiB on CPU)")
+      ->type_name("BYTES");
+  app.add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
+                 "Fraction of GPU 0's memory for the KV cache, in (0, 1] (vLLM's option; vLLM also subtracts the "
+                 "weights and activations, which kvattn does not know) (default: 0.9 on CUDA)")
+      ->type_name("FLOAT");
+  app.add_option("--max-model-len", args->max_model_len, "Override the model's maximum length (default: the model's)")
+      ->type_name("INT");
   app.add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
-                 "Tokens in flight per step (sliding-window memory), default 2048");
+                 "Tokens in flight per step (sliding-window memory)")
+      ->type_name("INT");
   app.add_flag("--json", args->json, "Print the full plan as JSON (every layer)");
+  app.footer("Exit codes: 0 planned; 2 a bad option or model, or a budget too small for one max-length request, or "
+             "output that cannot be written; 3 an unexpected error.");
   return [args] {
     if (args->model.empty())
       throw InvalidArgument(fmt::format("--model is required: a preset ({}) or a config.json path",
                                         fmt::join(model_preset_names(), ", ")));
-    if (args->gpu_memory.empty())
-      throw InvalidArgument("--gpu-memory is required: the memory available to the KV cache, e.g. 16GiB");
     PlanOptions o;
-    o.block_size = parse_count("--block-size", args->block_size);
+    o.block_size = parse_count("--block-size", args->block_size, 1 << 20);
     o.kv_cache_dtype = args->kv_cache_dtype;
     o.layout = args->layout;
-    o.gpu_memory = parse_memory_size(args->gpu_memory);
-    o.max_model_len = parse_count("--max-model-len", args->max_model_len);
-    o.max_num_batched_tokens = parse_count("--max-num-batched-tokens", args->max_num_batched_tokens).value_or(2048);
+    std::string budget_why;
+    std::optional<double> util;
+    if (!args->gpu_memory_utilization.empty()) {
+      size_t used = 0;
+      double u = 0;
+      try {
+        u = std::stod(args->gpu_memory_utilization, &used);
+      } catch (...) {
+        used = 0;
+      }
+      if (used != args->gpu_memory_utilization.size() || !(u > 0 && u <= 1))
+        throw InvalidArgument(fmt::format("--gpu-memory-utilization must be a number in (0, 1], got '{}'; e.g. 0.9",
+                                          args->gpu_memory_utilization));
+      util = u;
+    }
+    if (!args->gpu_memory.empty()) {
+      o.gpu_memory = parse_memory_size(args->gpu_memory);
+      budget_why = fmt::format("--gpu-memory {}", args->gpu_memory);
+    } else if (cuda::available()) {
+      const double u = util.value_or(kDefaultGpuMemoryUtilization);
+      const int64_t total = cuda::total_memory(0);
+      o.gpu_memory = static_cast<int64_t>(u * static_cast<double>(total));
+      budget_why = fmt::format("--gpu-memory-utilization {}{} x {} of cuda:0 ({}); vLLM would subtract the weights "
+                               "and activations from this, kvattn plan does not know them",
+                               u, util ? "" : " (default)", format_bytes(total), cuda::device_name(0));
+    } else if (util) {
+      throw Unsupported(fmt::format("--gpu-memory-utilization {} needs a CUDA device to measure, and {}; pass "
+                                    "--gpu-memory instead (e.g. --gpu-memory 16GiB)",
+                                    *util, cuda::built_with_cuda() ? "none is present" : "this build has no CUDA"));
+    } else {
+      o.gpu_memory = kCpuDefaultBudget;
+      budget_why = fmt::format("no CUDA device: the default CPU budget {} (pass --gpu-memory to change it)",
+                               format_bytes(kCpuDefaultBudget));
+    }
+    o.max_model_len = parse_count("--max-model-len", args->max_model_len, 1 << 30);
+    o.max_num_batched_tokens = parse_count("--max-num-batched-tokens", args->max_num_batched_tokens, 1 << 24).value_or(2048);
     const KVPlan plan = plan_kv_cache(load_model_config(args->model), o);
-    return args->json ? print_json(plan) : print_text(plan);
+    OutputFile out("kvattn plan", "-");
+    out.write(args->json ? plan_json(plan, budget_why) : plan_text(plan, budget_why));
+    return 0;
   };
 }
 

@@ -10,7 +10,7 @@ namespace {
 
 std::function<int()> setup_version(CLI::App&) {
   return [] {
-    fmt::print("kvattn 0.1.0\n");
+    fmt::print("kvattn {}\n", KVATTN_VERSION_STRING);
     fmt::print("  CUDA kernels: {}\n", cuda::built_with_cuda() ? "built" : "not built");
     fmt::print("  NCCL DCP communicator: {}\n", NcclDcpGroup::available() ? "built" : "not built");
     if (cuda::built_with_cuda()) {

@@ -321,6 +321,22 @@ void FlashInferMetadataBuilder::decide_dispatch(StepPlan& s, int64_t common_pref
                "FlashInferMetadataBuilder.build: query_start_loc_cpu must start at 0 and end at <= num_actual_tokens "
                "({}), got [{} .. {}]",
                s.num_actual_tokens, s.qo_indptr_cpu[0], s.qo_indptr_cpu[s.num_reqs]);
+  // Every index taken from the metadata below (qo_indptr_cpu[num_decode_tokens], the per-request
+  // query lengths) trusts max_query_len and a non-decreasing query_start_loc: check both first.
+  int64_t actual_max_query_len = 0;
+  for (int64_t r = 0; r < s.num_reqs; ++r) {
+    const int64_t q = static_cast<int64_t>(s.qo_indptr_cpu[r + 1]) - s.qo_indptr_cpu[r];
+    KVATTN_CHECK(q >= 0,
+                 "FlashInferMetadataBuilder.build: query_start_loc_cpu must be non-decreasing, but entry {} is {} "
+                 "and entry {} is {}",
+                 r, s.qo_indptr_cpu[r], r + 1, s.qo_indptr_cpu[r + 1]);
+    actual_max_query_len = std::max(actual_max_query_len, q);
+  }
+  KVATTN_CHECK(cm.max_query_len >= actual_max_query_len,
+               "FlashInferMetadataBuilder.build: max_query_len = {} understates the batch, whose longest query "
+               "(from query_start_loc_cpu) has {} tokens; set max_query_len to the largest "
+               "query_start_loc[i + 1] - query_start_loc[i]",
+               cm.max_query_len, actual_max_query_len);
   KVATTN_CHECK(cm.block_table_tensor.defined() && cm.block_table_tensor.dim() == 2 &&
                    cm.block_table_tensor.size(0) >= s.num_reqs && cm.block_table_tensor.dtype() == DType::i32,
                "FlashInferMetadataBuilder.build: block_table_tensor must be [>= num_reqs={}, blocks] int32, got {}",
@@ -636,7 +652,12 @@ void FlashInferMetadataBuilder::plan_native_decode(const StepPlan& s, const Comm
   const int64_t num_input_tokens = s.num_decode_tokens;
   // The native decode kernel reads one query row per request: the first num_decode_tokens
   // requests are single-token (zero-length graph padding only at the end).
-  KVATTN_CHECK(s.qo_indptr_cpu[num_input_tokens] == num_input_tokens && num_input_tokens <= s.num_decodes,
+  // Bounds first: qo_indptr_cpu has num_reqs + 1 entries.
+  KVATTN_CHECK(num_input_tokens >= 0 && num_input_tokens <= s.num_decodes && s.num_decodes <= s.num_reqs,
+               "native decode: the {} decode requests must hold one query token each (padding at the end), but "
+               "they hold {} tokens; check max_query_len and query_start_loc",
+               s.num_decodes, num_input_tokens);
+  KVATTN_CHECK(s.qo_indptr_cpu[num_input_tokens] == num_input_tokens,
                "native decode: the {} decode requests must hold one query token each (padding at the end); "
                "query_start_loc[{}] = {}",
                s.num_decodes, num_input_tokens, s.qo_indptr_cpu[num_input_tokens]);

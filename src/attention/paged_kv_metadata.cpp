@@ -58,7 +58,7 @@ const int32_t* paged_kv_host_seq_lens(const CommonAttentionMetadata& cm, std::sp
   // 0 <= query_len <= seq_len for every row: one branch-free pass, the culprit located on failure.
   bool bad = false;
   for (int64_t r = 0; r < num_reqs; ++r) {
-    const int32_t q = qsl[r + 1] - qsl[r];
+    const int64_t q = static_cast<int64_t>(qsl[r + 1]) - qsl[r];  // no int32 overflow on any input
     bad |= (q < 0) | (q > seq[r]);
   }
   if (bad) [[unlikely]] {

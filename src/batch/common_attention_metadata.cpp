@@ -16,7 +16,8 @@ int64_t CommonAttentionMetadata::naive_query_lens(std::span<int32_t> out) const 
                num_reqs + 1);
   KVATTN_CHECK(static_cast<int64_t>(out.size()) >= num_reqs,
                "naive_query_lens: output holds {} entries, num_reqs = {}", out.size(), num_reqs);
-  for (int64_t r = 0; r < num_reqs; ++r) out[r] = qsl[r + 1] - qsl[r];
+  // In int64: no signed overflow on arbitrary offsets (a decreasing pair gives a negative length).
+  for (int64_t r = 0; r < num_reqs; ++r) out[r] = static_cast<int32_t>(static_cast<int64_t>(qsl[r + 1]) - qsl[r]);
   return num_reqs;
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 
@@ -18,6 +19,10 @@ std::shared_ptr<Buffer> Buffer::allocate(std::size_t bytes, Device device, std::
   b->device_ = device;
   if (device.is_cpu()) {
     if (alignment < 64) alignment = 64;
+    if (bytes > SIZE_MAX - alignment)
+      throw OutOfMemory(fmt::format("could not allocate {} bytes of host memory (more than the address space); "
+                                    "reduce the request",
+                                    bytes));
     // aligned_alloc needs a size that is a multiple of the alignment; never 0.
     const std::size_t rounded = ((bytes + alignment - 1) / alignment) * alignment;
     void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);

@@ -18,6 +18,7 @@ int device_count() noexcept { return 0; }
 std::string device_name(int) { no_cuda("cuda::device_name"); }
 int compute_capability(int) { no_cuda("cuda::compute_capability"); }
 int multiprocessor_count(int) { no_cuda("cuda::multiprocessor_count"); }
+int64_t total_memory(int) { no_cuda("cuda::total_memory"); }
 void* malloc(std::size_t, int) { no_cuda("cuda::malloc"); }
 void free(void*, int) noexcept {}
 void memcpy(void*, const void*, std::size_t) { no_cuda("cuda::memcpy"); }

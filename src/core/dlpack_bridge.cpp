@@ -5,6 +5,8 @@
 
 #include <memory>
 
+#include "kvattn/core/checked_math.h"
+
 namespace kvattn {
 namespace {
 
@@ -101,16 +103,21 @@ Tensor from_dlpack(DLManagedTensor* managed) {
   Dims strides = d.strides ? Dims{std::span<const int64_t>(d.strides, static_cast<size_t>(d.ndim))}
                            : contiguous_strides(shape);
   Tensor view = Tensor::from_blob(d.data, shape, strides, dtype, dev);
-  // Size of the region the producer described, so bounds checks on later views work.
-  int64_t hi = static_cast<int64_t>(d.byte_offset) + dtype_size(dtype);
+  // Size of the region the producer described, so bounds checks on later views work.  from_blob
+  // has checked that the shape's element count and extent are representable; the offset is a
+  // producer's uint64.
+  const int64_t offset = checked_cast<int64_t>(d.byte_offset, "from_dlpack: byte_offset");
+  int64_t hi = checked_add(offset, dtype_size(dtype), "from_dlpack: byte extent");
   for (int i = 0; i < d.ndim; ++i) {
     KVATTN_CHECK(strides[i] >= 0, "from_dlpack: negative stride {} in dimension {} is not supported",
                  strides[i], i);
-    if (shape[i] > 0) hi += (shape[i] - 1) * strides[i] * dtype_size(dtype);
+    if (shape[i] > 0)
+      hi = checked_add(hi, checked_mul((shape[i] - 1) * strides[i], dtype_size(dtype), "from_dlpack: byte extent"),
+                       "from_dlpack: byte extent");
   }
-  if (shape.product() == 0) hi = static_cast<int64_t>(d.byte_offset);
+  if (view.numel() == 0) hi = offset;
   auto buffer = Buffer::wrap(d.data, static_cast<size_t>(hi), dev, [owner] {});
-  return Tensor::from_buffer(std::move(buffer), static_cast<int64_t>(d.byte_offset), shape, strides, dtype);
+  return Tensor::from_buffer(std::move(buffer), offset, shape, strides, dtype);
 }
 
 }  // namespace kvattn

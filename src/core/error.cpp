@@ -1,5 +1,9 @@
 #include "kvattn/core/error.h"
 
+#include <limits>
+
+#include "kvattn/core/checked_math.h"
+
 namespace kvattn {
 
 const char* error_kind_name(ErrorKind kind) noexcept {
@@ -28,3 +32,18 @@ void throw_error(ErrorKind kind, const std::string& message) {
 }
 
 }  // namespace kvattn
+
+namespace kvattn::detail {
+
+void throw_overflow(std::string_view what, const char* op, int64_t a, int64_t b) {
+  throw InvalidArgument(fmt::format("{}: {} {} {} overflows a 64-bit integer (max {}); the sizes are too "
+                                    "large to represent — use smaller values",
+                                    what, a, op, b, std::numeric_limits<int64_t>::max()));
+}
+
+void throw_narrowing(std::string_view what, const std::string& value, const std::string& lo, const std::string& hi) {
+  throw InvalidArgument(fmt::format("{}: {} is outside the representable range [{}, {}]; use smaller values",
+                                    what, value, lo, hi));
+}
+
+}  // namespace kvattn::detail

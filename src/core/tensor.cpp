@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kvattn/core/checked_math.h"
 #include "kvattn/core/cuda_runtime_api.h"
 
 namespace kvattn {
@@ -67,7 +68,7 @@ Dims contiguous_strides(const Dims& shape) {
   int64_t acc = 1;
   for (int i = shape.size() - 1; i >= 0; --i) {
     s[i] = acc;
-    acc *= std::max<int64_t>(shape[i], 1);
+    acc = checked_mul(acc, std::max<int64_t>(shape[i], 1), "contiguous strides of a shape");
   }
   return s;
 }
@@ -76,8 +77,11 @@ Dims contiguous_strides(const Dims& shape) {
 // Factories
 
 Tensor Tensor::empty(const Dims& shape, DType dtype, Device device) {
-  for (int64_t s : shape) KVATTN_CHECK(s >= 0, "negative dimension in shape {}", shape.str());
-  auto buf = Buffer::allocate(static_cast<size_t>(shape.product() * dtype_size(dtype)), device);
+  for (int64_t s : shape)
+    KVATTN_CHECK(s >= 0, "negative dimension {} in shape {}; sizes must be >= 0", s, shape.str());
+  const int64_t bytes = checked_mul(checked_product(shape.span(), "Tensor::empty: element count of the shape"),
+                                    dtype_size(dtype), "Tensor::empty: byte size (elements * element size)");
+  auto buf = Buffer::allocate(static_cast<size_t>(bytes), device);
   return from_buffer(std::move(buf), 0, shape, contiguous_strides(shape), dtype);
 }
 
@@ -101,6 +105,7 @@ Tensor Tensor::from_blob(void* data, const Dims& shape, const Dims& strides, DTy
   t.dtype_ = dtype;
   t.dtype_set_ = true;
   t.device_ = device;
+  t.check_in_bounds();  // no storage extent to compare with, but sizes and extent must be representable
   return t;
 }
 
@@ -111,6 +116,7 @@ Tensor Tensor::from_blob(void* data, const Dims& shape, DType dtype, Device devi
 Tensor Tensor::from_buffer(std::shared_ptr<Buffer> buffer, int64_t byte_offset, const Dims& shape,
                            const Dims& strides, DType dtype) {
   KVATTN_CHECK(buffer != nullptr, "from_buffer: null buffer");
+  KVATTN_CHECK(byte_offset >= 0, "from_buffer: negative byte offset {}; offsets are >= 0", byte_offset);
   KVATTN_CHECK(shape.size() == strides.size(), "from_buffer: shape {} and strides {} differ in rank",
                shape.str(), strides.str());
   Tensor t;
@@ -181,8 +187,28 @@ std::pair<int64_t, int64_t> Tensor::byte_extent() const noexcept {
 void Tensor::check_in_bounds() const {
   for (int i = 0; i < dim(); ++i)
     KVATTN_CHECK(shape_[i] >= 0, "negative size {} in dimension {} of shape {}", shape_[i], i, shape_.str());
-  if (storage_bytes_ < 0 || numel() == 0) return;
-  auto [lo, hi] = byte_extent();
+  // Every size derived below must be representable: the element count, the byte size and the
+  // byte extent (byte_extent() and numel() rely on this check having passed).  Views are made on
+  // hot paths, so nothing is formatted (allocated) unless the check fails.
+  bool overflow = false;
+  int64_t n = 1;
+  for (int i = 0; i < dim(); ++i) overflow |= __builtin_mul_overflow(n, shape_[i], &n);
+  if (!overflow && n == 0) return;
+  const int64_t es = element_size();
+  int64_t lo = byte_offset_, hi = 0, total = 0;
+  overflow |= __builtin_mul_overflow(n, es, &total);
+  overflow |= __builtin_add_overflow(byte_offset_, es, &hi);
+  for (int i = 0; i < dim() && !overflow; ++i) {
+    int64_t span = 0;
+    overflow |= __builtin_mul_overflow(shape_[i] - 1, strides_[i], &span);
+    overflow |= __builtin_mul_overflow(span, es, &span);
+    overflow |= span < 0 ? __builtin_add_overflow(lo, span, &lo) : __builtin_add_overflow(hi, span, &hi);
+  }
+  KVATTN_CHECK(!overflow,
+               "view shape={} strides={} offset={} ({}): its element count or byte extent overflows a 64-bit "
+               "integer; use smaller sizes and strides",
+               shape_.str(), strides_.str(), byte_offset_, dtype_name(dtype_));
+  if (storage_bytes_ < 0) return;
   KVATTN_CHECK(lo >= 0 && hi <= storage_bytes_,
                "view shape={} strides={} offset={} ({}) touches bytes [{}, {}) outside its storage of "
                "{} bytes; check the shape, strides and offset",
@@ -216,7 +242,7 @@ Tensor Tensor::as_strided(const Dims& shape, const Dims& strides, int64_t storag
   Tensor t = *this;
   t.shape_ = shape;
   t.strides_ = strides;
-  t.byte_offset_ = storage_offset * element_size();
+  t.byte_offset_ = checked_mul(storage_offset, element_size(), "as_strided: byte offset of the storage offset");
   t.check_in_bounds();
   return t;
 }
@@ -231,7 +257,7 @@ Tensor Tensor::view(const Dims& shape_in) const {
       infer = i;
     } else {
       KVATTN_CHECK(shape[i] >= 0, "view: invalid size {} in {}", shape[i], shape_in.str());
-      known *= shape[i];
+      known = checked_mul(known, shape[i], "view: element count of the new shape");
     }
   }
   if (infer >= 0) {
@@ -239,7 +265,8 @@ Tensor Tensor::view(const Dims& shape_in) const {
                  shape_in.str(), numel());
     shape[infer] = numel() / known;
   }
-  KVATTN_CHECK(shape.product() == numel(), "view: shape {} is invalid for input of size {} (shape {})",
+  KVATTN_CHECK(checked_product(shape.span(), "view: element count of the new shape") == numel(),
+               "view: shape {} is invalid for input of size {} (shape {})",
                shape.str(), numel(), shape_.str());
   // torch's computeStride: walk old dims from the back, grouping runs that are contiguous
   // with respect to each other, and give each new dim strides inside the current run.
@@ -370,7 +397,7 @@ std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int d) cons
 Tensor Tensor::unsqueeze(int d) const {
   d = wrap_dim(d, dim() + 1);
   Tensor t = *this;
-  const int64_t st = d < dim() ? strides_[d] * shape_[d] : 1;
+  const int64_t st = d < dim() ? checked_mul(strides_[d], shape_[d], "unsqueeze: stride") : 1;
   t.shape_.insert(d, 1);
   t.strides_.insert(d, st);
   return t;
@@ -399,8 +426,8 @@ Tensor Tensor::view_as(DType dtype) const {
                dtype_name(dtype), byte_offset_, new_es);
   if (new_es < old_es) {
     const int64_t r = old_es / new_es;
-    for (int i = 0; i < dim() - 1; ++i) t.strides_[i] = strides_[i] * r;
-    t.shape_[dim() - 1] = shape_[dim() - 1] * r;
+    for (int i = 0; i < dim() - 1; ++i) t.strides_[i] = checked_mul(strides_[i], r, "view_as: stride");
+    t.shape_[dim() - 1] = checked_mul(shape_[dim() - 1], r, "view_as: last dimension");
     t.strides_[dim() - 1] = 1;
   } else {
     const int64_t r = new_es / old_es;

@@ -1,6 +1,7 @@
 #include "kvattn/engine/runner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -46,11 +47,6 @@ double tolerance_for(DType model_dtype, DType kv_dtype) {
   return t;
 }
 
-// Physical block id of scheduler block `b` in attention group `g` of `G`: the scheduler hands
-// out one id per logical block; each group gets its own disjoint id (groups may overlay the
-// same memory, so they must never share a block id).  Block 0 stays the null block.
-inline int32_t physical_block(int32_t b, int32_t g, int32_t G) { return b == 0 ? 0 : 1 + (b - 1) * G + g; }
-
 // One model layer as the runner sees it: its name, kind, and the reference (oracle) layer.
 struct LayerState {
   std::string name;
@@ -64,6 +60,7 @@ struct LayerState {
 // reference builders and the correctness sample.
 struct GroupState {
   std::shared_ptr<const AttentionSpec> spec;
+  size_t plan_group = 0;       // index among the plan's KV cache groups (= the scheduler's group)
   std::vector<size_t> layers;  // indices into Runner::layers_
   std::unique_ptr<AttentionGroupBuilders> reference;
   std::unique_ptr<InputBatch> batch;
@@ -114,8 +111,15 @@ class Runner {
   void setup_rank(RankState& rs, const std::vector<int64_t>& kernel_block_sizes, const AttentionBackendPtr& backend);
   void setup_shadow_cache(const std::vector<std::string>& attention_layers);
   void update_batches(const SchedulerOutput& out);
+  bool g_sliding(int32_t gi) const { return groups_[static_cast<size_t>(gi)].spec->sliding_window().has_value(); }
   int64_t common_prefix_len(const GroupState& g) const;
   void decide_cascade(GroupState& g);
+  std::string cascade_reason() const;
+  // Why cascade was not used, counted per group and step (fixed counters: nothing allocated per step).
+  struct CascadeWhy {
+    int64_t off = 0, dcp = 0, no_prefix = 0, short_prefix = 0, sliding = 0, few_requests = 0, flash_decoding = 0,
+            backend = 0;
+  } cascade_why_;
   void rank_step(RankState& rs, int64_t check_layer_index);
   void make_qkv(RankState& rs, const LayerState& layer, const InputBatch& batch, int64_t num_tokens);
   void check_layer(GroupState& g, LayerState& layer, const CommonAttentionMetadata& cm, int64_t step);
@@ -167,10 +171,22 @@ void Runner::setup() {
     if (model_.num_layers_of(ModelLayerKind::mamba) == 0) model_.mamba.reset();
   }
   if (W() > 1) {
+    // Each rank serves num_attention_heads / dcp query heads against all num_key_value_heads
+    // KV heads, so that share must itself be a multiple of the KV heads (GQA groups stay whole).
+    std::vector<int64_t> valid;
+    for (int64_t w = 1; w <= model_.num_attention_heads; ++w)
+      if (model_.num_attention_heads % w == 0 && (model_.num_attention_heads / w) % model_.num_key_value_heads == 0)
+        valid.push_back(w);
     KVATTN_CHECK(model_.num_attention_heads % W() == 0,
                  "--dcp {}: the model's {} query heads must divide over the DCP ranks (each rank serves "
-                 "num_attention_heads / dcp of them); valid --dcp values divide {}",
-                 W(), model_.num_attention_heads, model_.num_attention_heads);
+                 "num_attention_heads / dcp of them); valid --dcp values divide {}: {}",
+                 W(), model_.num_attention_heads, model_.num_attention_heads, fmt::join(valid, ", "));
+    KVATTN_CHECK((model_.num_attention_heads / W()) % model_.num_key_value_heads == 0,
+                 "--dcp {}: each rank would serve num_attention_heads / dcp = {} / {} = {} query heads, which must be a "
+                 "multiple of the model's num_key_value_heads ({}; every rank holds all KV heads); valid --dcp values "
+                 "for {}: {}",
+                 W(), model_.num_attention_heads, W(), model_.num_attention_heads / W(), model_.num_key_value_heads,
+                 model_.name, fmt::join(valid, ", "));
     KVATTN_CHECK(model_.num_layers_of(ModelLayerKind::sliding_window) == 0 && !model_.mamba,
                  "--dcp {}: model {} has sliding-window or Mamba layers; decode context parallelism serves "
                  "full-attention models only (vLLM's FlashInfer backend rejects sliding windows with DCP)",
@@ -185,6 +201,11 @@ void Runner::setup() {
   po.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   plan_ = plan_kv_cache(model_, po);
   kv_dtype_ = plan_.kv_dtype;
+  if (W() > 1)
+    KVATTN_CHECK(plan_.block_size % cfg_.dcp_interleave == 0,
+                 "--dcp-interleave {} must divide the KV cache block size {} (each block holds whole interleave runs "
+                 "of every rank's tokens); valid values are the divisors of {}, e.g. 1 or {}",
+                 cfg_.dcp_interleave, plan_.block_size, plan_.block_size, plan_.block_size);
   const Device dev = cfg_.device;
 
   // ---- the DCP transport ----------------------------------------------------------------
@@ -304,6 +325,7 @@ void Runner::setup() {
       if (it != layers_.end()) g.layers.push_back(static_cast<size_t>(it - layers_.begin()));
     }
     if (g.layers.empty()) continue;
+    g.plan_group = gi;
     // The group's spec (a UniformTypeKVCacheSpecs wraps per-layer specs: take the first).
     KVCacheSpecPtr first_spec = plan_.config.layer_spec(gs.layer_names.front());
     g.spec = std::shared_ptr<const AttentionSpec>(first_spec, as_attention_spec(first_spec));
@@ -330,16 +352,13 @@ void Runner::setup() {
     ++out_gi;
   }
 
-  // ---- scheduler: one logical block = one physical block per group (and per rank) ---------
-  const int32_t G = static_cast<int32_t>(groups_.size());
-  const int32_t logical_blocks = static_cast<int32_t>(1 + (plan_.config.num_blocks - 1) / G);
-  SchedulerConfig sc;
-  sc.block_size = static_cast<int32_t>(plan_.block_size * W());  // DCP: a block spans W shards
-  sc.max_num_seqs = cfg_.max_num_seqs;
-  sc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
-  sc.max_model_len = plan_.model.max_model_len;
-  sc.enable_prefix_sharing = cfg_.prefix_sharing;
-  scheduler_ = std::make_unique<Scheduler>(sc, logical_blocks, trace_.requests);
+  // ---- scheduler: every KV cache group draws its blocks from the plan's one pool -----------
+  SchedulerConfig sc = make_scheduler_config(plan_, cfg_.max_num_seqs, cfg_.max_num_batched_tokens, W(),
+                                             cfg_.prefix_sharing);
+  sc.reserve_to_finish = cfg_.admission == "reserve";
+  scheduler_ = std::make_unique<Scheduler>(sc, static_cast<int32_t>(plan_.config.num_blocks), trace_.requests);
+  for (const auto& r : scheduler_->requests())
+    if (r.state == RequestState::Rejected) stats_.rejected.push_back(r.reject_reason);
   row_of_req_.assign(trace_.requests.size(), -1);
 
   const int64_t T = cfg_.max_num_batched_tokens, Hq = model_.num_attention_heads, D = model_.head_dim;
@@ -355,6 +374,14 @@ void Runner::setup() {
   stats_.trace_errors = static_cast<int64_t>(trace_.errors.size());
   stats_.num_blocks = plan_.config.num_blocks;
   stats_.dcp = W();
+  stats_.block_size = plan_.block_size;
+  stats_.gpu_memory = plan_.gpu_memory;
+  stats_.layout_reason = plan_.layout_reason;
+  stats_.check_tolerance = tolerance_for(model_.dtype, kv_dtype_);
+  for (const auto& gs : plan_.config.kv_cache_groups)
+    stats_.groups.push_back(fmt::format("{} layers, {}, block size {}, page {} bytes", gs.layer_names.size(),
+                                        kv_cache_spec_kind_name(plan_.config.layer_spec(gs.layer_names.front())->kind()),
+                                        gs.kv_cache_spec->block_size(), gs.kv_cache_spec->page_size_bytes()));
 }
 
 void Runner::setup_rank(RankState& rs, const std::vector<int64_t>& kernel_block_sizes,
@@ -434,6 +461,7 @@ void Runner::setup_shadow_cache(const std::vector<std::string>& attention_layers
 // not scheduled this step leave, new ones join, the rest advance and gain their new blocks.
 void Runner::update_batches(const SchedulerOutput& out) {
   const int32_t G = static_cast<int32_t>(groups_.size());
+  const int32_t bs = scheduler_->config().block_size;
   std::vector<char> scheduled(row_of_req_.size(), 0);
   for (const auto& s : out.scheduled) scheduled[static_cast<size_t>(s.request_id)] = 1;
   InputBatch& b0 = *groups_[0].batch;
@@ -457,16 +485,28 @@ void Runner::update_batches(const SchedulerOutput& out) {
         rs.num_prompt_tokens = r.spec.prompt_len;
         rs.num_computed_tokens = s.num_computed_before;
         rs.num_scheduled_tokens = s.num_new_tokens;
-        for (int32_t blk : r.block_ids) rs.block_ids.push_back(physical_block(blk, gi, G));
+        const auto& blocks = r.group_blocks(groups_[static_cast<size_t>(gi)].plan_group);
+        rs.block_ids.assign(blocks.begin(), blocks.end());
         const int64_t added = b.add_request(rs);
         if (gi == G - 1) row = added;
       } else {
         b.num_computed_tokens_cpu()[static_cast<size_t>(row)] = s.num_computed_before;
         b.num_scheduled_tokens()[static_cast<size_t>(row)] = s.num_new_tokens;
-        const int32_t have = b.num_blocks_per_row()[static_cast<size_t>(row)];
-        ids.clear();
-        for (size_t i = static_cast<size_t>(have); i < r.block_ids.size(); ++i)
-          ids.push_back(physical_block(r.block_ids[i], gi, G));
+        const auto& blocks = r.group_blocks(groups_[static_cast<size_t>(gi)].plan_group);
+        int32_t have = b.num_blocks_per_row()[static_cast<size_t>(row)];
+        // A sliding-window group's leading blocks become the null block once they leave the
+        // window (the scheduler freed them): rewrite the row from the first such entry.
+        if (g_sliding(gi)) {
+          const auto cur = b.block_row(row);
+          const int32_t lim = std::min<int32_t>(have, s.num_computed_before / bs + 1);
+          for (int32_t i = 0; i < lim; ++i)
+            if (cur[static_cast<size_t>(i)] != blocks[static_cast<size_t>(i)]) {
+              have = i;
+              b.num_blocks_per_row()[static_cast<size_t>(row)] = i;
+              break;
+            }
+        }
+        ids.assign(blocks.begin() + have, blocks.end());
         if (!ids.empty()) b.append_block_ids(row, ids);
       }
     }
@@ -490,7 +530,7 @@ int64_t Runner::common_prefix_len(const GroupState& g) const {
     const auto row = b.block_row(r);
     int64_t k = 0;
     const int64_t lim = std::min<int64_t>(common, b.num_blocks_per_row()[static_cast<size_t>(r)]);
-    while (k < lim && row[static_cast<size_t>(k)] == row0[static_cast<size_t>(k)]) ++k;
+    while (k < lim && row[static_cast<size_t>(k)] == row0[static_cast<size_t>(k)] && row0[static_cast<size_t>(k)] != 0) ++k;
     common = k;
     min_computed = std::min<int64_t>(min_computed, b.num_computed_tokens_cpu()[static_cast<size_t>(r)]);
     if (common == 0) return 0;
@@ -618,23 +658,52 @@ void Runner::check_layer(GroupState& g, LayerState& layer, const CommonAttention
 // (the backend's DCP paths have no cascade form).
 void Runner::decide_cascade(GroupState& g) {
   g.cascade_prefix_len = 0;
-  if (cfg_.cascade == "off" || W() > 1) return;
+  CascadeWhy& why = cascade_why_;
+  if (cfg_.cascade == "off") return ++why.off, void();
+  if (W() > 1) return ++why.dcp, void();
   const int64_t candidate = common_prefix_len(g);
-  if (candidate <= 0) return;
+  if (candidate <= 0) return ++why.no_prefix, void();
   const auto sched = g.batch->num_scheduled_tokens();
-  const std::vector<int32_t> qlens(sched.begin(), sched.begin() + g.batch->num_reqs());
+  const std::span<const int32_t> qlens(sched.data(), static_cast<size_t>(g.batch->num_reqs()));
   const int64_t num_sms = ranks_[0].cfg.num_sms;
+  const bool sliding = g.spec->sliding_window().has_value();
   bool use = false;
   if (cfg_.cascade == "rule") {
     CascadeAttentionQuery q{candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads,
-                            false, g.spec->sliding_window().has_value(), false, num_sms, 1};
+                            false, sliding, false, num_sms, 1};
     use = use_cascade_attention(q);
+    if (!use) {
+      // The rule's gates, in its order (vllm-facts §7.4), so the summary can say why.
+      if (candidate < 256) ++why.short_prefix;
+      else if (sliding) ++why.sliding;
+      else if (qlens.size() < 8) ++why.few_requests;
+      else ++why.flash_decoding;
+    }
   } else {
     use = ranks_[0].builders[static_cast<size_t>(&g - groups_.data())]->get_metadata_builder().use_cascade_attention(
-        candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads, false,
-        g.spec->sliding_window().has_value(), false, num_sms, 1);
+        candidate, qlens, model_.num_attention_heads, model_.num_key_value_heads, false, sliding, false, num_sms, 1);
+    if (!use) ++why.backend;
   }
   if (use) g.cascade_prefix_len = candidate;
+}
+
+std::string Runner::cascade_reason() const {
+  const CascadeWhy& w = cascade_why_;
+  if (cfg_.cascade == "off") return "off (--cascade off)";
+  if (W() > 1) return "off under DCP (the backend's DCP paths have no cascade form)";
+  std::vector<std::string> parts;
+  auto add = [&](int64_t n, const char* what) {
+    if (n > 0) parts.push_back(fmt::format("{} {}", n, what));
+  };
+  add(w.no_prefix, "without a block-aligned prefix shared by every request of the step");
+  add(w.short_prefix, "with a shared prefix shorter than 256 tokens");
+  add(w.sliding, "on a sliding-window group");
+  add(w.few_requests, "with fewer than 8 requests");
+  add(w.flash_decoding, "where flash decoding is estimated faster");
+  add(w.backend, "declined by the backend's own hook (vLLM's FlashInfer backend never cascades)");
+  const std::string rule = cfg_.cascade == "rule" ? "rule (FlashAttention's use_cascade_attention)" : "backend hook";
+  if (parts.empty()) return fmt::format("{}: every step", rule);
+  return fmt::format("{}; not used on group-steps: {}", rule, fmt::join(parts, ", "));
 }
 
 // One rank's share of a step: zero the new blocks, prepare + build every group's metadata,
@@ -693,22 +762,20 @@ void Runner::rank_step(RankState& rs, int64_t check_layer_index) {
 
 RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
   setup();
-  const int32_t G = static_cast<int32_t>(groups_.size());
   const auto t_start = Clock::now();
   int64_t step = 0, finished = 0, tokens = 0;
+  double busy_us = 0;
   while (!scheduler_->all_finished()) {
     StepTiming timing;
     auto t0 = Clock::now();
     SchedulerOutput out = scheduler_->schedule(step);
     timing.host_us += us_since(t0);
-    if (out.scheduled.empty()) {  // nothing runnable yet (waiting for arrivals)
-      ++step;
+    if (out.scheduled.empty()) {  // nothing runnable: skip to the next arrival (idle stretches are not stepped)
+      step = scheduler_->next_busy_step(step + 1);
       continue;
     }
-    // New blocks are zeroed (every group's copy, on every rank) before this step writes them.
-    zero_ids_.clear();
-    for (int32_t b : out.new_block_ids)
-      for (int32_t gi = 0; gi < G; ++gi) zero_ids_.push_back(physical_block(b, gi, G));
+    // New blocks are zeroed (on every rank) before this step writes them.
+    zero_ids_.assign(out.new_block_ids.begin(), out.new_block_ids.end());
     auto tu = Clock::now();
     update_batches(out);
     bool step_cascade = false;
@@ -768,18 +835,20 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
     }
     stats_.cascade_steps += step_cascade;
     stats_.timings.push_back(timing);
+    busy_us += timing.attention_us + timing.host_us;
     tokens += out.total_tokens;
     finished += static_cast<int64_t>(scheduler_->update_after_step(out).size());
-    stats_.peak_blocks_used = std::max<int64_t>(stats_.peak_blocks_used, int64_t{scheduler_->pool().num_used()} * G);
+    stats_.peak_blocks_used = std::max<int64_t>(stats_.peak_blocks_used, int64_t{scheduler_->pool().num_used()});
     ++step;
     if (on_step) {
       RunProgress p;
       p.step = step;
       p.finished = finished;
-      p.total = stats_.num_requests;
+      p.total = stats_.num_requests - static_cast<int64_t>(stats_.rejected.size());  // those that will finish
       p.tokens = tokens;
       p.elapsed_s = std::chrono::duration<double>(Clock::now() - t_start).count();
-      p.blocks_used = int64_t{scheduler_->pool().num_used()} * G;
+      p.busy_s = busy_us * 1e-6;
+      p.blocks_used = scheduler_->pool().num_used();
       p.blocks_total = plan_.config.num_blocks - 1;
       on_step(p);
     }
@@ -788,8 +857,12 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
   stats_.wall_s = std::chrono::duration<double>(Clock::now() - t_start).count();
   stats_.steps = static_cast<int64_t>(stats_.timings.size());
   stats_.preemptions = scheduler_->num_preemptions();
+  stats_.computed_tokens = scheduler_->num_computed_tokens_total();
+  stats_.recomputed_tokens = scheduler_->num_recomputed_tokens();
+  stats_.cascade_reason = cascade_reason();
   bool all_ok = true;
   for (const auto& r : scheduler_->requests()) {
+    if (r.state == RequestState::Rejected) continue;
     stats_.output_tokens += r.num_output_tokens;
     all_ok = all_ok && r.num_output_tokens == r.spec.output_len;
   }
@@ -799,9 +872,37 @@ RunStats Runner::run(const std::function<void(const RunProgress&)>& on_step) {
 
 }  // namespace
 
+SchedulerConfig make_scheduler_config(const KVPlan& plan, int32_t max_num_seqs, int32_t max_num_batched_tokens,
+                                      int64_t dcp, bool prefix_sharing) {
+  KVATTN_CHECK(dcp >= 1, "dcp must be >= 1, got {}", dcp);
+  SchedulerConfig sc;
+  sc.block_size = static_cast<int32_t>(plan.block_size * dcp);  // DCP: a block spans W shards
+  sc.max_num_seqs = max_num_seqs;
+  sc.max_num_batched_tokens = max_num_batched_tokens;
+  sc.max_model_len = plan.model.max_model_len;
+  sc.enable_prefix_sharing = prefix_sharing;
+  sc.groups.clear();
+  for (const auto& gs : plan.config.kv_cache_groups) {
+    SchedulerGroup g;
+    const KVCacheSpecPtr spec = plan.config.layer_spec(gs.layer_names.front());
+    if (const AttentionSpec* a = as_attention_spec(spec)) {
+      if (a->sliding_window()) {
+        g.kind = KVGroupKind::sliding_window;
+        g.sliding_window = static_cast<int32_t>(*a->sliding_window());
+      }
+    } else {
+      g.kind = KVGroupKind::state;  // Mamba: one state block per request
+    }
+    sc.groups.push_back(g);
+  }
+  return sc;
+}
+
 RunStats run_trace(const RunConfig& config, const Trace& trace, const std::function<void(const RunProgress&)>& on_step) {
   KVATTN_CHECK(config.cascade == "rule" || config.cascade == "backend" || config.cascade == "off",
                "unknown --cascade '{}'; valid: rule, backend, off", config.cascade);
+  KVATTN_CHECK(config.admission == "reserve" || config.admission == "optimistic",
+               "unknown --admission '{}'; valid: reserve, optimistic", config.admission);
   KVATTN_CHECK(config.check_every >= 0, "--check-every must be >= 0, got {}", config.check_every);
   KVATTN_CHECK(config.dcp >= 1 && config.dcp <= 64, "--dcp {} must be in [1, 64] (ranks of decode context parallelism)",
                config.dcp);

@@ -1,6 +1,7 @@
 #include "kvattn/engine/trace.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -20,6 +21,9 @@ std::string read_int(const nlohmann::json& j, const char* key, bool required, in
   if (it == j.end()) return required ? fmt::format("missing required field \"{}\"", key) : std::string();
   if (!it->is_number_integer())
     return fmt::format("field \"{}\" must be an integer, got {}", key, it->dump());
+  // An unsigned value above int64's range is quoted as written (not wrapped to a negative).
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi))
+    return fmt::format("field \"{}\" = {} is outside [{}, {}]", key, it->dump(), lo, hi);
   const int64_t v = it->get<int64_t>();
   if (v < lo || v > hi) return fmt::format("field \"{}\" = {} is outside [{}, {}]", key, v, lo, hi);
   out = v;
@@ -51,6 +55,12 @@ Trace parse_trace_jsonl(std::string_view text, int64_t max_model_len) {
     } else if (!j.is_object()) {
       fail(fmt::format("expected a JSON object, got {}", j.type_name()));
     } else {
+      static constexpr const char* kKnown[] = {"arrival_step", "arrival", "prompt_len", "output_len",
+                                               "shared_prefix_id", "shared_prefix_len"};
+      for (const auto& [key, value] : j.items())
+        if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
+          trace.warnings.push_back(
+              {line_no, fmt::format("unknown field \"{}\" ignored; known fields: {}", key, fmt::join(kKnown, ", "))});
       TraceRequest r;
       r.source_line = line_no;
       int64_t arrival = 0, prompt = 0, output = 0, prefix_id = -1, prefix_len = 0;
@@ -100,6 +110,11 @@ Trace load_trace_file(const std::string& path, int64_t max_model_len) {
 
 Trace default_trace(int64_t max_model_len, int num_requests, uint64_t seed) {
   KVATTN_CHECK(num_requests >= 1, "default_trace: num_requests must be >= 1, got {}", num_requests);
+  KVATTN_CHECK(max_model_len >= kDefaultTraceMinModelLen,
+               "--max-model-len {} is below what the default trace needs ({} tokens: its requests have prompts of "
+               "up to 300 and outputs of up to 48 tokens, shortened to fit but not below that); raise --max-model-len "
+               "or pass a --trace whose requests fit",
+               max_model_len, kDefaultTraceMinModelLen);
   std::mt19937_64 rng(seed);
   auto uniform = [&](int64_t lo, int64_t hi) {
     return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));

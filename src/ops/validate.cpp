@@ -116,7 +116,7 @@ CacheWriteDims validate_reshape_and_cache(const ReshapeAndCacheArgs& a) {
   }
   if (a.slot_mapping.device().is_cpu()) {
     const IndexView slots(a.slot_mapping);
-    const int64_t num_slots = d.num_blocks * d.block_size;
+    const int64_t num_slots = checked_mul(d.num_blocks, d.block_size, "reshape_and_cache_flash: cache slots");
     for (int64_t t = 0; t < d.num_tokens; ++t) {
       const int64_t s = slots[t];
       KVATTN_CHECK(s < num_slots,
@@ -278,6 +278,8 @@ ResolvedBatch resolve_batch(const PagedAttentionArgs& a, const AttnDims& d) {
       const int64_t n = ip[r + 1] - ip[r];
       KVATTN_CHECK(n >= 0, "{}: paged_kv_indptr must be non-decreasing, got [{}] = {} > [{}] = {}", op, r,
                    ip[r], r + 1, ip[r + 1]);
+      KVATTN_CHECK(ip[r + 1] <= idx.n0, "{}: paged_kv_indptr[{}] = {} exceeds paged_kv_indices' {} entries", op,
+                   r + 1, ip[r + 1], idx.n0);
       const int64_t l = last[r];
       KVATTN_CHECK((n == 0 && l == 0) || (n > 0 && l >= 1 && l <= d.page_size),
                    "{}: paged_kv_last_page_len[{}] = {} with {} pages; it must be in [1, page_size = {}] "
@@ -301,7 +303,7 @@ ResolvedBatch resolve_batch(const PagedAttentionArgs& a, const AttnDims& d) {
     int64_t total = 0;
     for (int64_t r = 0; r < d.batch; ++r) {
       const int64_t len = sl[r];
-      KVATTN_CHECK(len >= 0 && len <= bt.n1 * d.page_size,
+      KVATTN_CHECK(len >= 0 && len <= checked_mul(bt.n1, d.page_size, "paged_attention: block-table capacity in tokens"),
                    "{}: seq_lens[{}] = {} must be in [0, max_blocks * page_size = {} * {}]", op, r, len,
                    bt.n1, d.page_size);
       b.kv_len[r] = len;

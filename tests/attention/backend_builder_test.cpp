@@ -314,6 +314,31 @@ TEST(BackendBuilder, StepRejectionsWithReasons) {
   }
 }
 
+// A CommonAttentionMetadata whose max_query_len understates the batch: the split's fast path
+// then counts every token as a decode token (18 tokens in 4 requests) and the decode plan used to
+// read query_start_loc_cpu[18] of 5 entries before checking (ASan: heap-buffer-overflow).
+TEST(BackendBuilder, UnderstatedMaxQueryLenIsRefusedBeforeAnyIndexing) {
+  Fixture f;
+  auto b = f.make();
+  CommonAttentionMetadata cm = f.step({40, 30, 20, 20}, {1, 1, 8, 8});
+  cm.max_query_len = 1;
+  EXPECT_THROW_WITH(InvalidArgument, b->build(0, cm), "max_query_len = 1 understates the batch");
+  EXPECT_THROW_WITH(InvalidArgument, b->build(0, cm), "longest query (from query_start_loc_cpu) has 8 tokens");
+  // A decreasing query_start_loc is refused with the entries named.
+  CommonAttentionMetadata bad = f.step({40, 30}, {1, 1});
+  int32_t* q = f.qsl.data_ptr<int32_t>();
+  q[1] = 2;
+  q[2] = 1;
+  bad.num_actual_tokens = 2;
+  EXPECT_THROW_WITH(InvalidArgument, b->build(0, bad), "must be non-decreasing, but entry 1 is 2 and entry 2 is 1");
+  // The same batch with the true max_query_len builds: 2 decodes, 2 prefills.
+  const auto& ok = b->build(0, f.step({40, 30, 20, 20}, {1, 1, 8, 8}));
+  EXPECT_EQ(ok.num_decodes, 2);
+  EXPECT_EQ(ok.num_decode_tokens, 2);
+  EXPECT_EQ(ok.num_prefills, 2);
+  EXPECT_EQ(ok.num_prefill_tokens, 16);
+}
+
 TEST(BackendBuilder, ImplRejectionsWithReasons) {
   Fixture f;
   AttentionImplParams p = f.params[0];

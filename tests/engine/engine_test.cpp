@@ -109,7 +109,7 @@ SimResult simulate(const SchedulerConfig& cfg, int32_t num_blocks, const std::ve
       EXPECT_TRUE(ids.insert(sr.request_id).second) << "scheduled twice";
       EXPECT_GE(sr.num_new_tokens, 1);
       const auto& r = s.request(sr.request_id);
-      EXPECT_GE(static_cast<int64_t>(r.block_ids.size()) * cfg.block_size, sr.num_computed_before + sr.num_new_tokens);
+      EXPECT_GE(static_cast<int64_t>(r.block_ids[0].size()) * cfg.block_size, sr.num_computed_before + sr.num_new_tokens);
       EXPECT_LE(sr.num_computed_before + sr.num_new_tokens, r.spec.prompt_len + r.spec.output_len - 1);
     }
     EXPECT_EQ(sum, out.total_tokens);
@@ -210,6 +210,7 @@ TEST(Scheduler, OversubscribedCachePreemptsAndLosesNothing) {
   cfg.max_num_seqs = 24;
   cfg.max_num_batched_tokens = 4096;
   cfg.max_model_len = 512;
+  cfg.reserve_to_finish = false;
   // Room for ~5 full requests at once: admission is optimistic (prefill only), so decode
   // growth must preempt.
   SimResult r = simulate(cfg, 60, reqs);
@@ -233,15 +234,33 @@ TEST(Scheduler, SharedPrefixBlocksAreReused) {
   ASSERT_EQ(o2.scheduled.size(), 2u);
   EXPECT_EQ(o2.scheduled[1].request_id, 1);
   EXPECT_EQ(o2.scheduled[1].num_computed_before, 8);  // two full prefix blocks reused
-  EXPECT_EQ(s.request(1).block_ids[0], s.request(0).block_ids[0]);
-  EXPECT_EQ(s.request(1).block_ids[1], s.request(0).block_ids[1]);
-  EXPECT_EQ(s.pool().refcount(s.request(0).block_ids[0]), 3);  // two requests + the prefix cache
+  EXPECT_EQ(s.request(1).block_ids[0][0], s.request(0).block_ids[0][0]);
+  EXPECT_EQ(s.request(1).block_ids[0][1], s.request(0).block_ids[0][1]);
+  EXPECT_EQ(s.pool().refcount(s.request(0).block_ids[0][0]), 3);  // two requests + the prefix cache
   s.check_invariants();
 }
 
-TEST(Scheduler, RejectsRequestsThatCanNeverFit) {
+TEST(Scheduler, RejectsOnlyTheRequestThatCanNeverFitNamingItsTraceLine) {
   SchedulerConfig cfg;
   cfg.block_size = 16;
-  std::vector<TraceRequest> reqs = {{0, 0, 1000, 10}};
-  EXPECT_THROW(Scheduler(cfg, 10, reqs), InvalidArgument);
+  cfg.max_model_len = 4096;
+  // 9 usable blocks = 144 tokens.  The middle request (trace line 7) needs 64 blocks.
+  std::vector<TraceRequest> reqs = {{0, 0, 40, 4, -1, 0, 2}, {1, 0, 1000, 10, -1, 0, 7}, {2, 1, 100, 8, -1, 0, 3}};
+  Scheduler s(cfg, 10, reqs);
+  EXPECT_EQ(s.num_rejected(), 1);
+  EXPECT_EQ(s.request(1).state, RequestState::Rejected);
+  EXPECT_NE(s.request(1).reject_reason.find("trace line 7"), std::string::npos) << s.request(1).reject_reason;
+  EXPECT_NE(s.request(1).reject_reason.find("64 KV cache blocks"), std::string::npos) << s.request(1).reject_reason;
+  EXPECT_NE(s.request(1).reject_reason.find("only 9"), std::string::npos) << s.request(1).reject_reason;
+  int64_t step = 0;
+  while (!s.all_finished() && step < 1000) {
+    s.update_after_step(s.schedule(step));
+    s.check_invariants();
+    ++step;
+  }
+  EXPECT_TRUE(s.all_finished());
+  EXPECT_EQ(s.request(0).num_output_tokens, 4);
+  EXPECT_EQ(s.request(2).num_output_tokens, 8);
+  EXPECT_EQ(s.request(1).num_output_tokens, 0);
+  EXPECT_EQ(s.pool().num_used(), 0);
 }

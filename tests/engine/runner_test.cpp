@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "kvattn/core/error.h"
 #include "kvattn/engine/runner.h"
 #include "kvattn/engine/trace.h"
@@ -62,6 +64,7 @@ TEST(Runner, OversubscribedCachePreemptsAndFinishes) {
   RunConfig c = small_config();
   c.gpu_memory = 640LL << 10;  // 40 blocks of 16 KiB (2 layers x 2 heads x 16 tokens x 64 x K,V x 2 B)
   c.max_num_batched_tokens = 256;
+  c.admission = "optimistic";  // admit on prefill blocks only, so decode growth must preempt
   Trace t;
   for (int i = 0; i < 10; ++i) t.requests.push_back({i, 0, 100 + i, 60});  // 10 blocks each at the end
   RunStats s = run_trace(c, t);
@@ -112,4 +115,78 @@ TEST(Runner, BadConfigurationIsAClearError) {
   c = small_config();
   c.layout = "XYZ";
   EXPECT_THROW(run_trace(c, small_trace(2)), InvalidArgument);
+}
+
+TEST(Runner, RejectedRequestNamesItsTraceLineAndTheOthersAreServed) {
+  // A request the trace parser did not bound (an API caller's trace): it needs more blocks than
+  // the whole cache, so it is rejected by itself, naming its source line; the rest run.
+  RunConfig c = small_config();
+  c.gpu_memory = 640LL << 10;  // 40 blocks of 16 tokens: 39 usable
+  c.max_num_batched_tokens = 256;
+  Trace t = small_trace(4);
+  t.requests[2].prompt_len = 700;  // 44 blocks
+  t.requests[2].shared_prefix_id = -1;
+  t.requests[2].shared_prefix_len = 0;
+  for (size_t i = 0; i < t.requests.size(); ++i) t.requests[i].source_line = static_cast<int64_t>(10 + i);
+  const RunStats s = run_trace(c, t);
+  ASSERT_EQ(s.rejected.size(), 1u);
+  EXPECT_NE(s.rejected[0].find("trace line 12"), std::string::npos) << s.rejected[0];
+  EXPECT_NE(s.rejected[0].find("only 39"), std::string::npos) << s.rejected[0];
+  EXPECT_TRUE(s.all_outputs_correct);
+  int64_t outputs = 0;
+  for (size_t i = 0; i < t.requests.size(); ++i)
+    if (i != 2) outputs += t.requests[i].output_len;
+  EXPECT_EQ(s.output_tokens, outputs);
+}
+
+TEST(Runner, DcpInterleaveMustDivideTheBlockSize) {
+  RunConfig c = small_config();
+  c.dcp = 2;
+  c.dcp_interleave = 3;
+  try {
+    run_trace(c, small_trace(2));
+    FAIL() << "--dcp-interleave 3 with 16-token blocks was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide the KV cache block size 16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Runner, RandomTracesOnTinyModelsKeepEveryCheck) {
+  // The runner-level property, small: random traces with shared prefixes, chunking and idle
+  // gaps on a single-group and a multi-group model, every step checked against the reference,
+  // every request finishing with its output_len; the scheduler's invariants hold at the end.
+  std::mt19937_64 rng(7);
+  for (const char* model : {"tiny-llama", "tiny-gemma2"}) {
+    for (int trial = 0; trial < 2; ++trial) {
+      RunConfig c = small_config();
+      c.model = model;
+      c.num_layers = 2;
+      c.max_num_batched_tokens = 32 << (rng() % 3);
+      c.max_num_seqs = 2 + static_cast<int32_t>(rng() % 6);
+      c.admission = rng() % 2 ? "reserve" : "optimistic";
+      const bool gemma = std::string(model) == "tiny-gemma2";
+      c.max_model_len = gemma ? 768 : 512;  // tiny-gemma2's window is 512: longer prompts slide
+      c.gpu_memory = (gemma ? 2LL << 20 : 1LL << 20) + static_cast<int64_t>(rng() % 4) * (512LL << 10);
+      Trace t;
+      int64_t arrival = 0;
+      for (int i = 0; i < 6; ++i) {
+        TraceRequest r;
+        r.id = i;
+        arrival += rng() % 5 == 0 ? 1000000 : static_cast<int64_t>(rng() % 3);
+        r.arrival_step = arrival;
+        r.output_len = 1 + static_cast<int32_t>(rng() % 12);
+        r.prompt_len = 1 + static_cast<int32_t>(rng() % (gemma ? 700 : 300));
+        if (rng() % 2) {
+          r.shared_prefix_id = static_cast<int32_t>(rng() % 2);
+          r.shared_prefix_len = std::min<int32_t>(r.prompt_len, 48);
+        }
+        t.requests.push_back(r);
+      }
+      const RunStats s = run_trace(c, t);
+      EXPECT_TRUE(s.all_outputs_correct) << model << " trial " << trial;
+      EXPECT_TRUE(s.rejected.empty());
+      EXPECT_EQ(s.checks_passed, s.steps);
+      EXPECT_LE(s.steps, s.computed_tokens);  // every step computed something: idle gaps skipped
+    }
+  }
 }

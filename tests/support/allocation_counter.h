@@ -14,7 +14,13 @@ inline std::atomic<long> g_allocations{0};
 inline long allocations() { return g_allocations.load(std::memory_order_relaxed); }
 }  // namespace kvattn::test
 
-#if defined(__SANITIZE_ADDRESS__)
+// GCC defines __SANITIZE_ADDRESS__ under -fsanitize=address; clang answers __has_feature.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVATTN_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(KVATTN_TEST_ASAN)
 extern "C" int __sanitizer_install_malloc_and_free_hooks(
     void (*malloc_hook)(const volatile void*, size_t), void (*free_hook)(const volatile void*));
 namespace {

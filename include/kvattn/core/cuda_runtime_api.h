@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace kvattn::cuda {
@@ -17,6 +18,8 @@ int device_count() noexcept;
 std::string device_name(int index);
 int compute_capability(int index);
 int multiprocessor_count(int index);
+// Total memory of device `index` in bytes (cudaDeviceProp::totalGlobalMem).
+int64_t total_memory(int index);
 
 void* malloc(std::size_t bytes, int device);
 void free(void* p, int device) noexcept;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvattn/core/buffer.h"
+#include "kvattn/core/checked_math.h"
 #include "kvattn/core/dtype.h"
 #include "kvattn/core/error.h"
 
@@ -44,6 +45,8 @@ class Dims {
   void push_back(int64_t v);
   void erase(int i);
   void insert(int i, int64_t v);
+  // Unchecked: a Tensor's shape is checked at construction to have a representable element
+  // count; for any other Dims use checked_product(dims.span(), what).
   int64_t product() const noexcept;
   std::vector<int64_t> vec() const { return {begin(), end()}; }
   std::string str() const;  // "[a, b, c]"
@@ -169,7 +172,8 @@ class Tensor {
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, Dims shape) {
   if (shape.empty()) shape = Dims{static_cast<int64_t>(values.size())};
-  KVATTN_CHECK(shape.product() == static_cast<int64_t>(values.size()),
+  KVATTN_CHECK(checked_product(shape.span(), "from_vector: element count of the shape") ==
+                   static_cast<int64_t>(values.size()),
                "from_vector: shape {} holds {} elements but {} values were given", shape.str(),
                shape.product(), values.size());
   Tensor t = empty(shape, dtype_of_v<T>);

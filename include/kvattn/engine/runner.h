@@ -24,7 +24,9 @@
 
 #include "kvattn/core/device.h"
 #include "kvattn/core/error.h"
+#include "kvattn/engine/scheduler.h"
 #include "kvattn/engine/trace.h"
+#include "kvattn/kv/model_config.h"
 
 namespace kvattn::engine {
 
@@ -44,6 +46,10 @@ struct RunConfig {
   // "backend": the backend's own hook (vLLM's FlashInfer backend never cascades); "off".
   std::string cascade = "rule";
   bool prefix_sharing = true;
+  // Admission: "reserve" keeps free every block the running requests may still need to finish
+  // (no preemption thrash); "optimistic" admits on the first chunk's blocks (vLLM V1's way;
+  // decode growth then preempts the latest-admitted request).  See SchedulerConfig.
+  std::string admission = "reserve";
   int32_t check_every = 1;              // check one layer every N steps (0: never)
   uint64_t seed = 1;
   // Decode context parallelism: ranks (1 = off).  CUDA: one GPU per rank from `device` on, over
@@ -83,13 +89,30 @@ struct RunStats {
   int64_t num_blocks = 0;        // physical blocks in the KV cache
   int64_t peak_blocks_used = 0;  // physical
   int64_t preemptions = 0;
+  int64_t computed_tokens = 0;    // tokens the steps computed, recomputations included
+  int64_t recomputed_tokens = 0;  // of those, tokens computed before (lost to a preemption)
   int64_t cascade_steps = 0;
+  std::string cascade_reason;     // why cascade ran on the steps it did, or never did
   int64_t checks_passed = 0;
   int64_t checked_tokens = 0;    // query tokens recomputed by the reference
   double max_check_error = 0;
   double wall_s = 0;
   std::vector<StepTiming> timings;
-  bool all_outputs_correct = false;  // every request produced exactly output_len tokens
+  bool all_outputs_correct = false;  // every served request produced exactly output_len tokens
+  // Requests that can never run (they need more blocks than the whole cache), with the reason
+  // naming their trace line; every other request was served.
+  std::vector<std::string> rejected;
+  // The plan the run serves with (as `kvattn plan` prints it, shortened).
+  int64_t block_size = 0;            // tokens per KV cache block (per rank under DCP)
+  int64_t gpu_memory = 0;            // the KV cache budget in bytes
+  std::vector<std::string> groups;   // one line per KV cache group
+  std::string layout_reason;
+  double check_tolerance = 0;        // max |native - reference| a check accepts
+  // Tokens computed over tokens needed: computed_tokens / (computed_tokens - recomputed_tokens).
+  double recompute_ratio() const {
+    const int64_t needed = computed_tokens - recomputed_tokens;
+    return needed > 0 ? static_cast<double>(computed_tokens) / static_cast<double>(needed) : 1.0;
+  }
 };
 
 // Progress after each step: requests finished, tokens so far, KV blocks used / total.
@@ -99,6 +122,7 @@ struct RunProgress {
   int64_t total = 0;
   int64_t tokens = 0;
   double elapsed_s = 0;
+  double busy_s = 0;       // attention + host time so far (the summary's throughput denominator)
   int64_t blocks_used = 0;
   int64_t blocks_total = 0;
 };
@@ -108,6 +132,13 @@ class RunMismatch : public InternalError {
  public:
   using InternalError::InternalError;
 };
+
+// The scheduler configuration `kvattn run` uses for a plan: one scheduler group per KV cache
+// group of the plan (full attention, sliding window, or a Mamba state), all drawing from the
+// plan's pool of num_blocks blocks, so a request that `plan` says fits can run.  Under DCP
+// (dcp = W > 1) a scheduler block spans block_size * W tokens (one block per rank).
+SchedulerConfig make_scheduler_config(const KVPlan& plan, int32_t max_num_seqs, int32_t max_num_batched_tokens,
+                                      int64_t dcp = 1, bool prefix_sharing = true);
 
 RunStats run_trace(const RunConfig& config, const Trace& trace,
                    const std::function<void(const RunProgress&)>& on_step = {});

@@ -35,17 +35,22 @@ struct TraceError {
 struct Trace {
   std::vector<TraceRequest> requests;  // sorted by arrival_step, stable
   std::vector<TraceError> errors;      // malformed lines, each reported, none silently dropped
+  std::vector<TraceError> warnings;    // served lines with something ignored (an unknown field)
 };
 
 // Parses JSON Lines.  Every malformed line (bad JSON, missing or negative fields, a prompt
 // longer than max_model_len or prompt+output beyond it, prefix longer than the prompt) becomes
-// one TraceError naming the line; every valid line becomes a request.
+// one TraceError naming the line (a value out of range is quoted as written); every valid
+// line becomes a request.  A field the format does not know (e.g. a misspelled
+// "shared_prefix_ln") is a warning naming the line and the known fields.
 Trace parse_trace_jsonl(std::string_view text, int64_t max_model_len);
 Trace load_trace_file(const std::string& path, int64_t max_model_len);
 
 // The built-in default workload: a deterministic mix of chat-like requests (short prompts,
-// some sharing a 256-token system prompt) and long-context requests, arriving over the first
-// steps.  Sized to finish in well under a minute on a 2-core CPU.
+// some sharing a 128-token system prompt) and long-context requests, arriving over the first
+// steps.  Sized to finish in well under a minute on a 2-core CPU.  Needs max_model_len >=
+// kDefaultTraceMinModelLen (InvalidArgument otherwise, in --max-model-len terms).
+inline constexpr int64_t kDefaultTraceMinModelLen = 64;
 Trace default_trace(int64_t max_model_len, int num_requests = 48, uint64_t seed = 2026);
 
 }  // namespace kvattn::engine

@@ -46,6 +46,11 @@ int multiprocessor_count(int index) {
   check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, index), "cudaDeviceGetAttribute");
   return n;
 }
+int64_t total_memory(int index) {
+  cudaDeviceProp p{};
+  check(cudaGetDeviceProperties(&p, index), "cudaGetDeviceProperties");
+  return static_cast<int64_t>(p.totalGlobalMem);
+}
 // Device memory comes from each device's stream-ordered pool (cudaMallocAsync on the legacy
 // default stream, which every kvattn kernel and NCCL call uses): a freed block goes back to the
 // pool, not to the driver, so the temporaries of a step (gathered queries, partial outputs, LSE,

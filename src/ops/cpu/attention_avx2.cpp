@@ -3,13 +3,20 @@
 // (internal-linkage) functions carry AVX2 code.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#if defined(__clang__)
+#include <cpuid.h>
+#endif
 
 #include <cmath>
 
 #include "ops/cpu/cpu_ops.h"
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 namespace kvattn::ops::cpu {
 
 #define KVATTN_KERNEL_ENTRY attention_items_avx2
@@ -24,12 +31,23 @@ namespace kvattn::ops::cpu {
 #include "ops/cpu/attention_kernel_impl.h"
 
 }  // namespace kvattn::ops::cpu
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace kvattn::ops::cpu {
 bool cpu_has_avx2_fma() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#if defined(__clang__)
+  // clang 14's __builtin_cpu_supports does not know "f16c": read CPUID leaf 1 (ECX bit 29).
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+#else
+  const bool f16c = __builtin_cpu_supports("f16c");
+#endif
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 }
 }  // namespace kvattn::ops::cpu
 #endif

@@ -9,8 +9,12 @@
 
 #include "ops/cpu/cpu_ops.h"
 
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512bf16"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512bf16")
+#endif
 namespace kvattn::ops::cpu {
 
 #define KVATTN_KERNEL_ENTRY attention_items_avx512bf16
@@ -26,7 +30,11 @@ namespace kvattn::ops::cpu {
 #include "ops/cpu/attention_kernel_impl.h"
 
 }  // namespace kvattn::ops::cpu
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace kvattn::ops::cpu {
 bool cpu_has_avx512bf16() {

@@ -457,19 +457,28 @@ inline v8f load8(const char* p) {
 
 // [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7] (vhaddps)
 typedef int32_t v8i_mask __attribute__((vector_size(32)));
+// Two-vector lane shuffle with constant indices: GCC's __builtin_shuffle, clang's
+// __builtin_shufflevector (the same selection; clang builds the fuzz targets).
+#if defined(__clang__)
+#define KVATTN_SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) \
+  __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
+#else
+#define KVATTN_SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) \
+  __builtin_shuffle(a, b, v8i_mask{i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
 inline v8f hadd8(v8f a, v8f b) {
 #ifdef kvattn_hadd8
   return kvattn_hadd8(a, b);
 #else
-  return __builtin_shuffle(a, b, v8i_mask{0, 2, 8, 10, 4, 6, 12, 14}) +
-         __builtin_shuffle(a, b, v8i_mask{1, 3, 9, 11, 5, 7, 13, 15});
+  return KVATTN_SHUFFLE8(a, b, 0, 2, 8, 10, 4, 6, 12, 14) +
+         KVATTN_SHUFFLE8(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
 #endif
 }
 // The horizontal sums of eight vectors, as one vector (lane i = sum of v_i).
 inline v8f hsum8x8(v8f v0, v8f v1, v8f v2, v8f v3, v8f v4, v8f v5, v8f v6, v8f v7) {
   const v8f u0 = hadd8(hadd8(v0, v1), hadd8(v2, v3)), u1 = hadd8(hadd8(v4, v5), hadd8(v6, v7));
-  return __builtin_shuffle(u0, u1, v8i_mask{0, 1, 2, 3, 8, 9, 10, 11}) +
-         __builtin_shuffle(u0, u1, v8i_mask{4, 5, 6, 7, 12, 13, 14, 15});
+  return KVATTN_SHUFFLE8(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
+         KVATTN_SHUFFLE8(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 // prefetcht1: measured best on both an AMD Zen 4 VM and an Intel Xeon (AMX generation) host;
