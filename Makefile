@@ -1,16 +1,18 @@
 # kvattn — the two commands:
 #   make run    installs what is missing, builds (CPU release), runs the main job
-#   make test   installs what is missing, builds, runs every test (release build with the
-#               Python tests, then ASan/UBSan, then the libFuzzer targets for a bounded time),
-#               and compiles the CUDA sources when nvcc is installed
-# Other targets: build, build-asan, test-fuzz, bench, cuda (build with nvcc), install, clean.
+#   make test   installs what is missing, builds, runs every test: the release build with the
+#               Python tests, then a clang AddressSanitizer + UBSan build that runs every unit
+#               test and each libFuzzer target for a bounded time, and compiles the CUDA sources
+#               when nvcc is installed
+# Other targets: build, build-asan (g++ ASan/UBSan), test-asan, test-sanitize, bench, cuda
+# (build with nvcc), install, clean.
 JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 RELEASE := build/cpu-release
 ASAN := build/asan-ubsan
 FUZZ := build/fuzz
 
-.PHONY: run test deps build build-asan test-release test-asan test-fuzz cuda-compile bench cuda install clean
+.PHONY: run test deps build build-asan test-release test-asan test-sanitize test-fuzz cuda-compile bench cuda install clean
 
 deps:
 	@scripts/install-deps.sh
@@ -36,20 +38,29 @@ test-release: build
 test-asan: build-asan
 	ctest --test-dir $(ASAN) -L 'unit|fuzz' --output-on-failure -j $(JOBS)
 
-# The fuzz targets under libFuzzer + ASan/UBSan (clang; the `fuzz` preset): only they and the
-# libraries they link are built, and each fuzzes for KVATTN_FUZZ_SECONDS (20 s) from its seed
-# corpus (fuzz/corpus/) and its crash reproducers (fuzz/regressions/).
+# One sanitizer build for `make test` (clang; the `fuzz` preset): AddressSanitizer + UBSan on
+# every unit test, and the fuzz targets under libFuzzer, each fuzzing for KVATTN_FUZZ_SECONDS
+# (20 s) from its seed corpus (fuzz/corpus/) and its crash reproducers (fuzz/regressions/).
+# Without clang++ the g++ ASan/UBSan build (test-asan) runs instead, with the fuzz targets'
+# corpora replayed by the deterministic driver.
 CLANGXX := $(shell command -v clang++ 2>/dev/null)
-test-fuzz: deps
+test-sanitize: deps
 ifneq ($(CLANGXX),)
+	cmake --preset fuzz >/dev/null
+	cmake --build $(FUZZ) -j $(JOBS)
+	ctest --test-dir $(FUZZ) -L 'unit|fuzz' --output-on-failure -j $(JOBS)
+else
+	@echo "test-sanitize: clang++ not found (scripts/install-deps.sh installs it); running the g++ ASan build"
+	$(MAKE) test-asan
+endif
+
+# The fuzz targets alone (the same build, only what they link).
+test-fuzz: deps
 	cmake --preset fuzz >/dev/null
 	cmake --build $(FUZZ) -j $(JOBS) --target fuzz_targets
 	ctest --test-dir $(FUZZ) -L fuzz --output-on-failure -j $(JOBS)
-else
-	@echo "test-fuzz: clang++ not found (scripts/install-deps.sh installs it); fuzz targets not run"
-endif
 
-test: test-release test-asan test-fuzz cuda-compile
+test: test-release test-sanitize cuda-compile
 
 # Compiles every CUDA source (sm_90a and sm_80), the host files that exist only in CUDA builds
 # (cuda/ folders), the NCCL communicator and the bench's CUDA half when nvcc is installed, so CI

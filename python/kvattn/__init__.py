@@ -77,6 +77,9 @@ Attention backend (vLLM's FlashInfer backend contract on kvattn's kernels)
     PerLayerParameters, get_per_layer_parameters, infer_global_hyperparameters,
     get_num_attention_heads_from_layers, get_query_lens_mismatch_unsupported_backend,
     _make_xqa_draft_block_mask, _make_xqa_ragged_draft_block_mask, _compute_decode_query_lens
+
+Offline generation (vLLM's LLM.generate on a Hugging Face model directory)
+    LLM, SamplingParams, RequestOutput, CompletionOutput
 """
 from ._kvattn import *  # noqa: F401,F403
 from ._kvattn import __version__  # noqa: F401
@@ -87,7 +90,8 @@ from .specs import (  # noqa: F401
     ChunkedLocalAttentionSpec, CrossAttentionSpec, EncoderOnlyAttentionSpec, FullAttentionSpec,
     MLAAttentionSpec, SinkFullAttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec)
 from .wrappers import *  # noqa: F401,F403
-from . import metadata as _metadata, specs as _specs, wrappers as _wrappers
+from .llm import LLM  # noqa: F401,E402
+from . import llm as _llm, metadata as _metadata, specs as _specs, wrappers as _wrappers
 
 # Every public name: the extension's (its underscored internals left out) and the Python
 # layers' (their own __all__, which includes vLLM's private names such as
@@ -95,5 +99,5 @@ from . import metadata as _metadata, specs as _specs, wrappers as _wrappers
 __all__ = sorted(
     {n for n in dir(_kvattn) if not n.startswith("_")}
     | {"framework_of", "like", "to_framework"}
-    | set(_metadata.__all__) | set(_specs.__all__) | set(_wrappers.__all__))
-del _metadata, _specs, _wrappers
+    | set(_llm.__all__) | set(_metadata.__all__) | set(_specs.__all__) | set(_wrappers.__all__))
+del _llm, _metadata, _specs, _wrappers
