@@ -3,6 +3,7 @@
 # Idempotent and quiet when everything is present.  Needs root (or sudo) only to install.
 set -euo pipefail
 PACKAGES=(
+  python3-matplotlib  # bench/plot.py (the performance plots) and its test
   build-essential cmake ninja-build pkg-config
   libfmt-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libdlpack-dev
   libgtest-dev libgmock-dev libbenchmark-dev

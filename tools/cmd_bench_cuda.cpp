@@ -590,7 +590,7 @@ int run(const Opts& o) {
     std::vector<int64_t> mixed(128);
     for (auto& x : mixed) x = u(rng);
     both("decode bf16 128xU[256,8192]", pool, mixed, DType::bf16, ">= 4.2 TB/s");
-    // the mixed row without the lengths hint (work counter, as before session 7's hint)
+    // the mixed row without the lengths hint (the work counter, as callers that pass no hint get)
     print_row(bench_decode("decode bf16 128xU[256,8192] [plan kept, no hint]", pool, mixed, DType::bf16, "", o.quick,
                            true, false));
     // one long request among short ones: its pieces span most CTAs, so the merge of a cut request

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   using namespace kvattn::tools;
   // Load every CUDA kernel when the context is created rather than at its first launch (the
   // driver's default is lazy): a serving engine pays that once at start-up, not inside its first
-  // steps.  Measured on the H200 (session 4): with lazy loading the default `kvattn run`'s first
+  // steps.  Measured on the H200: with lazy loading the default `kvattn run`'s first
   // step took 152 ms of attention time (every other step <= 2.3 ms) and its tokens/s sum fell from
   // 724k to 109k.  Set before any CUDA call; a value the user exported wins.
   setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);

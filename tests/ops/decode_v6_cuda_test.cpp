@@ -93,7 +93,7 @@ TEST_F(CudaDecodeV6, Fp8SinksWindowMultiTokenAndLongQueries) {
 // ..., ct and a short rem), the plan writing the items long units first.  bf16 and fp8 (fast
 // variant), single- and two-token rows, D 128 and 64, every layout, both page-table forms,
 // against the CPU reference.  Whether the rule takes a remainder chunk depends on the grid: for
-// 150 requests x 1500 keys at 4 q / 2 KV heads the model (docs/cuda-notes.md "Session 6") picks
+// 150 requests x 1500 keys at 4 q / 2 KV heads the model picks
 // one with 64-key and 128-key tiles at 132, 264, 396 and 528 CTAs, so on a 132-SM GPU (H100/H200;
 // D 128 runs 3 CTAs per SM there) every D-128 call is checked to have taken it
 // (rem_split_plans()); on other GPUs the calls are still checked against the reference.

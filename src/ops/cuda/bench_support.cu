@@ -153,7 +153,7 @@ __global__ void kv_gather_pages_kernel(const char* k, const char* v, int64_t pag
 // of whole pages in shared memory (K 32 KB + V 32 KB per stage, one cp.async.bulk each, L2
 // evict-first, completing on the stage's mbarrier).  Thread 0 issues; every thread waits on the
 // stage, reads one 16-byte word of it, and a block barrier frees it for the page three ahead.
-// Measured on an H200 (docs/cuda-notes.md "Session 16"): 1.1-1.5 % above the register-load
+// Measured on an H200: 1.1-1.5 % above the register-load
 // gather, the highest read rate of any schedule tried over the decode's pages.  sm_90+ only.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define KVATTN_BULK_ONLY(...) __trap()
@@ -193,7 +193,7 @@ constexpr int kBulkBlock = 4;
 // tl (equal ranges only; nullptr: none): per CTA kGatherTl words — %globaltimer at entry, when the
 // first page landed, at the loop's end and at exit, the SM, the pages of its range, then 16
 // progress stamps (when the last page of each sixteenth of the range landed): the decode
-// timeline's CSV row (KVATTN_GATHER_TIMELINE_DUMP, scripts/timeline_progress.py)
+// timeline's CSV row (KVATTN_GATHER_TIMELINE_DUMP)
 constexpr int kGatherTl = 6 + 16;
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;

@@ -85,7 +85,7 @@ __global__ void cache_write_vec(CacheWriteParams p) {
 // of V (i, i + stride, ...) and issues all their loads (K, V, slot) before its first store, so
 // it waits for one memory round trip instead of two per vector.  16384 tokens (bf16, 8 x 128):
 // 39.3 vs 39.8-39.9 us with one vector per thread and the slot loaded first, 2 alternations in
-// one process (docs/cuda-notes.md "Session 8"; 4 vectors: 39.8 us).
+// one process on an H200; 4 vectors: 39.8 us).
 template <typename S, int VPT>
 __global__ void cache_write_vec_multi(CacheWriteParams p) {
   constexpr int N = SrcVec<S>::N;

@@ -30,7 +30,7 @@ __device__ __forceinline__ int64_t load_idx2(const Idx& x, int64_t r, int64_t c)
 // loader's first tiles): the load is only issued here, and idx_word_value() converts it where it
 // is used.  load_idx() converts the word to int64 at once, so the warp waits for the load right
 // there: in the decode kernel
-// that wait drew 14 % of all stall samples (ncu, docs/cuda-notes.md "Session 8").  Both widths
+// that wait drew 14 % of all stall samples (ncu, H200).  Both widths
 // load into the same registers (no move after the load that would wait for it).  elem: element
 // offset (index times strides); valid = false: no load, the value reads -1.
 struct IdxWord {

@@ -226,7 +226,7 @@ enum class PrefillMode : int {
 void set_prefill_mode(PrefillMode m);
 PrefillMode prefill_mode();
 // The V6 K/V loader (K and V row addresses paired, a zero row instead of zero-fill flags; on by
-// default since session 6, for calls whose K/V rows are aligned to their size; the others take the
+// the default, for calls whose K/V rows are aligned to their size; the others take the
 // flag-bit loader); KVATTN_PREFILL_V6=0 turns it off (so tests reach the other loader).
 void set_prefill_v6(bool on);
 bool prefill_v6();

@@ -62,8 +62,8 @@ __global__ void merge_vec16(MergeParams p) {
     // data loads first (independent of the LSEs, so both are in flight together); the
     // prefix is skipped only where it is known unused (tokens past the context ones).  Plain
     // loads, not ld.global.cs: on the H200 the streaming hint (and L1::no_allocate alike) made
-    // this kernel 5 % slower, 3.71 vs 3.90 TB/s at 8192 x 32 x 128 (docs/cuda-notes.md
-    // "Session 18"); plain loads are also safe when out is the prefix or suffix (in place)
+    // this kernel 5 % slower, 3.71 vs 3.90 TB/s at 8192 x 32 x 128 on an
+    // H200); plain loads are also safe when out is the prefix or suffix (in place)
     const uint16_t* pp = static_cast<const uint16_t*>(p.prefix) + t * p.p_st + h * p.p_sh + d;
     const uint16_t* sp = static_cast<const uint16_t*>(p.suffix) + t * p.s_st + h * p.s_sh + d;
     const bool need_prefix = p.prefill_tokens_with_context < 0 || t < p.prefill_tokens_with_context;

@@ -14,7 +14,7 @@
 //     thread copies 8 + 8 16-byte pieces of its half of each chunk's K and V into a 3-stage ring
 //     (cp.async, L2 evict-first: every chunk is read once per call), one __syncthreads per chunk;
 //     the two CTAs of an SM run their pipelines and barriers independently, so one's barrier
-//     wait and math latency overlap the other's (session 19); warp w of half hh runs KV head
+//     wait and math latency overlap the other's; warp w of half hh runs KV head
 //     4 hh + w's query rows (query length x GQA group <= 16, one m16n8k16 row tile)
 //     through S = QK^T, the online softmax and O += PV with mma.sync (a tile of <= 8 rows as
 //     the transposed S^T = K Q^T, O^T += V^T P^T: half the mma).  A request that lies
@@ -29,7 +29,7 @@
 //     first, then the groups by the last group), so no one CTA reads every piece's partial.
 //     Whoever merges puts its counter back to 0 (CUDA-graph safe; nothing is left for the next
 //     call).
-// See DESIGN.md "Whole-page decode" and docs/cuda-notes.md "Sessions 13, 14, 17, 19".
+// See src/ops/DESIGN.md "Whole-page decode".
 #include "ops/cuda/page_decode.h"
 
 #include <atomic>
@@ -1030,7 +1030,7 @@ void tl_report(int64_t call, int grid, const std::vector<uint64_t>& h) {
     std::fclose(f);
   };
   // KVATTN_PAGE_TIMELINE_DUMP=file: one CSV row per CTA (timeline_csv.h) — scripts/
-  // timeline_progress.py sums them into the call's landing rate over time
+  // summed over CTAs, they give the call's landing rate over time
   append_rows("KVATTN_PAGE_TIMELINE_DUMP", [&](FILE* f, int b, const uint64_t* r) {
     append_timeline_row(f, static_cast<long long>(call), b, r[kTlSm], r[kTlChunks], r[kTlEntry], r[kTlFirst],
                         r[kTlLoop], r[kTlExit], r + kTlProg0, kTlProgN, t0);

@@ -30,7 +30,7 @@ const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len);
 
 // Automatic routing's size rule: more than one request per 4 CTAs (batch x 4 > SMs).  With fewer,
 // every request is cut into 4 or more pieces whose merge lands on the kernel's tail: measured on
-// an H200 (docs/cuda-notes.md "Session 13"), 32 x 4096 ran 0.8 % slower than attn_kernel's
+// an H200, 32 x 4096 ran 0.8 % slower than attn_kernel's
 // decode and 64 x 4096 1.8 % faster.
 bool page_decode_batch_ok(const AttnParams& p, int num_sms);
 

@@ -167,8 +167,8 @@ constexpr int kOptWaveSplits = 1;  // plan_kernel: split count of uniform-length
 constexpr int kOptFp8Fast = 4;
 // plan_kernel, uniform-length decode calls (with kOptWaveSplits): also try chunk sizes that do not
 // divide the request (units of ct, ..., ct, rem tiles) and hand out the short last units after all
-// the long ones, so they fill the last wave (default on since session 6: 64 x 4096 -2.2 %,
-// 128 x 4096 -2.3 %, 256 x 8192 -1.6 %, fp8 256 x 8192 -2.1 % in one process, device call S6-3;
+// the long ones, so they fill the last wave (default on: 64 x 4096 -2.2 %,
+// 128 x 4096 -2.3 %, 256 x 8192 -1.6 %, fp8 256 x 8192 -2.1 % in one process on an H200;
 // KVATTN_DECODE_REM_SPLITS=0 turns it off)
 constexpr int kOptRemSplits = 8;
 // plans that chose such a chunk (items long units first), for tests: rem_split_plans()
@@ -176,13 +176,13 @@ __device__ unsigned long long g_rem_split_plans;
 // decode config: stream-K schedule (plan_streamk_kernel; KVATTN_DECODE_STREAMK=1), see DESIGN.md
 constexpr int kOptStreamK = 16;
 // stream-K for fp8 caches when the call has at least one (request, KV head) pair per CTA (default
-// on; KVATTN_DECODE_STREAMK_FP8=0 off).  Measured in one process (call S6-5): fp8 256 x 8192
+// on; KVATTN_DECODE_STREAMK_FP8=0 off).  Measured in one process on an H200: fp8 256 x 8192
 // 1164.5 vs 1215.7 us with it; the bf16 shapes it lost on (128 x 4096 -1.8 %, 256 x 8192 -1.4 %,
 // 32 x 4096 -15 % where fewer pairs than CTAs leave CTAs idle) keep the counter path.
 constexpr int kOptStreamKFp8 = 32;
 // stream-K for calls whose caller says the KV lengths are mixed (KvLengthsHint::mixed, any cache
 // dtype) with a (request, KV head) pair per CTA (default on; KVATTN_DECODE_STREAMK_MIXED=0 off).
-// Measured with plans kept (call S7-2): bf16 128 x U[256, 8192] 532.2-533.2 vs 544.3-545.0 us.
+// Measured with plans kept on an H200: bf16 128 x U[256, 8192] 532.2-533.2 vs 544.3-545.0 us.
 constexpr int kOptStreamKMixed = 64;
 // Timeline buffer layout (uint64 words): header, then per CTA (entry, exit), then per unit
 // (start, first tile ready, tile loop done, end, meta, ns thread 0 spent waiting for tiles).
@@ -217,7 +217,7 @@ __device__ __forceinline__ I wave_split_cost(I mt, I P, I G, I c0, I n) {
 // the busy ones; with l = a * s + b, period a + q holds the free CTAs' start at (a + q) s, then
 // the busy CTAs' at (a + q) s + b, so the last short unit starts at the first of those times at
 // which the started count reaches the short units.  A dividing ct is the whole-wave cost.
-// (Checked against a list-schedule simulation: docs/cuda-notes.md "Session 6".)
+// (Checked against a list-schedule simulation.)
 template <typename I>
 __device__ __forceinline__ I rem_split_cost(I mt, I P, I G, I c0, I ct) {
   const I n = (mt + ct - 1) / ct;
@@ -314,7 +314,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   const bool uniform_rule = ROWS == 16 && force_splits <= 0 && max_splits > 1 && max_tiles > 1 &&
                             (plan.opts & kOptWaveSplits) && R > 0 && W == R * max_tiles;
   const bool rem_rule = uniform_rule && (plan.opts & kOptRemSplits);
-  // c0 = a unit's fixed cost in tiles.  Measured (session 4 timeline): ~8 us per unit (6 us
+  // c0 = a unit's fixed cost in tiles.  Measured (decode timeline, H200): ~8 us per unit (6 us
   // from the unit's start to its first tile, 1.5 us epilogue, 0.4 us between units) vs 2.7 us
   // per 64-key bf16 tile and 4.3 us per 128-key fp8 tile -> c0 = 3 / 2.
   constexpr int64_t c0 = TILE <= 64 ? 3 : 2;
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(AttnParams p, Plan p
   };
   // ceil(a / b) of the split rules, 32-bit when `narrow` (a 64-bit division is a subroutine of
   // tens of dependent instructions; with these and the parallel candidates the plan kernel went
-  // 8.4 -> 7.2-7.4 us at 64 x 4096, timelines S6-2..S6-4)
+  // 8.4 -> 7.2-7.4 us at 64 x 4096, by the decode timeline)
   auto cdiv = [&](int64_t a, int64_t b) -> int64_t {
     if (narrow) return int64_t((uint32_t(a) + uint32_t(b) - 1u) / uint32_t(b));
     return (a + b - 1) / b;
@@ -1719,7 +1719,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
 // s's LSE (and s + 32, ...).  Two dependent round trips: the token's split count, then every
 // LSE and (for <= kMergeRegSplits splits, D <= 128) every partial O vector at once — lane l
 // holds dims 4l..4l+3 of each split (v6 walked the dims in 4 serial rounds after the LSEs:
-// ~10-13 us for 128 x 4096 in the session-4 timeline).
+// ~10-13 us for 128 x 4096 in the decode timeline).
 constexpr int kMergeRegSplits = 8;
 // SK (stream-K decode): plan.tok_splits is the per-(token, qo head) piece-count map.
 template <bool SK = false>
@@ -1859,7 +1859,7 @@ WsLayout ws_layout(const AttnParams& p, const AttnPlanShape& s) {
 // Plan::opts of the v6 path: kOptWaveSplits unless KVATTN_DECODE_SPLIT_RULE=v6 (the v6 rule
 // for every call; `waves`, the default, is the measured-faster side).
 // kOptFp8Fast (the fp8 fast variant of the decode config) unless KVATTN_FP8_FAST=0 (default on
-// since session 5: fp8 256 x 8192 1257 vs 1592 us in one process, device call S5-5).
+// fp8 256 x 8192 1257 vs 1592 us in one process on an H200).
 // kOptRemSplits (non-dividing chunks for uniform lengths) unless KVATTN_DECODE_REM_SPLITS=0.
 // kOptStreamKFp8 (stream-K for fp8 caches with a pair per CTA) unless KVATTN_DECODE_STREAMK_FP8=0.
 constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamKFp8 | kOptStreamKMixed;

@@ -21,11 +21,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
 }
 // An L2 cache policy marking the lines it is used on evict-first: for data each call reads once
 // (the decode kernels' K/V), so that streaming it through L2 does not push other lines out first.
-// Measured on an H200 (docs/cuda-notes.md "Session 15"): on the K/V copies of the decode kernels,
+// Measured on an H200: on the K/V copies of the decode kernels,
 // the whole-page decode 1.5-2.2 % faster at 64 / 128 x 4096, attn_kernel 4.7 % at 32 x 4096, the
 // small path 1 x 1024 0.4 us faster; a 256-byte L2 prefetch hint made the whole-page decode 5-6 %
 // slower.  Not volatile: a pure value, so the kernels hoist it out of their tile loops (measured
-// with the small path's 1 x 1024: median 9.6 against 10.2 us, docs/cuda-notes.md "Session 16").
+// with the small path's 1 x 1024: median 9.6 against 10.2 us).
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -37,7 +37,7 @@ __device__ __forceinline__ void cp_async16_policy(uint32_t dst, const void* src,
                "l"(policy));
 }
 // cp_async16_policy when use_policy, else cp_async16 (a per-call choice, one predicated copy).
-// (A policy made with L2::evict_normal instead ran into "illegal instruction" on an H200, S15-8.)
+// (A policy made with L2::evict_normal instead ran into "illegal instruction" on an H200.)
 __device__ __forceinline__ void cp_async16_policy_if(uint32_t dst, const void* src, int src_bytes, uint64_t policy,
                                                      bool use_policy) {
   asm volatile(

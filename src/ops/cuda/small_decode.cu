@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
     tl_stamp_after<TL>(tl, kTlPages, static_cast<uint32_t>(pgs[0]));
 
     // the first tile's K/V, then Q, then the other stages: Q is not needed before the first tile
-    // lands (ncu S11-5: its ~130 instructions per warp delayed every K/V request when they came
+    // lands (ncu: its ~130 instructions per warp delayed every K/V request when they came
     // first), and behind all kStages tiles its loads would queue after 3x as many requests
     if (n_tiles > 0) issue(0, pgs[0]);
     cp_async_commit();
@@ -901,7 +901,7 @@ int launch_w(const AttnParams& p, int P) {
 
 // Pieces per unit for the batch's average length when the host knows it (kv_indptr form: the rows
 // of kv_indices over the batch), else kMaxPieces.  Measured on the H200 (one request, bf16, D 128,
-// 32 q / 8 KV heads; bench-cuda --only small, call S10-12), event time at 4 / 8 / 16 pieces:
+// 32 q / 8 KV heads; bench-cuda --only small), event time at 4 / 8 / 16 pieces:
 // 1024 keys 12.7 / 11.1 / 11.7 us, 2048: 18.2 / 13.4 / 13.7, 4096: 28.4 / 18.4 / 16.8,
 // 8192: 48.4 / 28.6 / 23.1 — about 256 keys per piece, and never fewer than 8 pieces.
 int pieces_for_length(const AttnParams& p) {
@@ -931,11 +931,11 @@ int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   if (four) return p4;
   // 8 warps at <= 8 pieces wherever they fit: a piece's tiles are twice as wide, so each warp
   // walks half as many, and clusters of <= 8 combine cheaper than 16.  Measured (H200,
-  // bench-cuda --only small, call S11-4, 4 warps -> this rule, alternated twice): 1 x 1024
+  // bench-cuda --only small, 4 warps -> this rule, alternated twice): 1 x 1024
   // 11.2-11.3 -> 10.9-11.0 us, 1 x 2048 13.7-14.6 -> 12.2-12.4, 1 x 4096 16.7 -> 14.7-14.9,
   // 1 x 8192 22.1-22.2 -> 19.2-19.3, 2 x 1024 12.8-12.9 -> 12.5, 4 x 1024 (8 pieces -> 3)
   // 15.8-16.0 -> 14.7-14.9 (8 x 1024 ran the v8 kernel in both: the routing below); 8 pieces beat the
-  // 9-16 that fit one request of 4096 / 8192 keys (S11-3: 14.7 vs 15.2, 19.1 vs 19.4 us).
+  // 9-16 that fit one request of 4096 / 8192 keys (14.7 vs 15.2, 19.1 vs 19.4 us).
   return p8 > 0 ? p8 : p4;
 }
 

@@ -41,7 +41,7 @@ bool small_route8();
 // Cluster-kernel launches that ran 8 warps per CTA (of cluster_decode_launches(), kernels.h).
 int64_t cluster_decode_launches_8warps();
 
-// Measurement only (bench-cuda --only small, docs/cuda-notes.md): the cluster kernel's launch
+// Measurement only (bench-cuda --only small): the cluster kernel's launch
 // `launches` from now records a stage timeline (printed to stderr).
 void small_timeline_after(int launches);
 // Event time per launch of `ctas` CTAs (clusters of `cluster`, 1 = none, `smem_bytes` dynamic

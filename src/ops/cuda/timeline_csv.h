@@ -1,6 +1,6 @@
 // src/ops/cuda/timeline_csv.h — one CSV row of a kernel timeline, as the page decode's timeline
 // tool (KVATTN_PAGE_TIMELINE_DUMP) and bench-cuda's stamped bulk-copy gather
-// (KVATTN_GATHER_TIMELINE_DUMP) append them for scripts/timeline_progress.py: launch, CTA, SM,
+// (KVATTN_GATHER_TIMELINE_DUMP) append them for offline analysis: launch, CTA, SM,
 // chunks of its range, then microseconds from t0 (the launch's first entry) of its entry, first
 // chunk landed, loop end, exit and n progress stamps.  A stamp before t0 (never written) is -1, as
 // are the loop stamps of a CTA with no chunks.  Host code only.

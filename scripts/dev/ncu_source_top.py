@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Summarise an Nsight Compute source page (CSV, SASS) of one kernel: stall samples by reason,
 the instructions with the most samples, and the samples of each executed-instruction region
-(scripts/device_ncu_source.sh writes sass_source.csv.gz).
+(scripts/dev/ncu_source.sh writes sass_source.csv.gz).
   ncu_source_top.py FILE.csv[.gz] [--top N] [--context K]"""
-import csv, gzip, io, sys
+import csv, gzip, sys
 from collections import Counter
 
 def main():

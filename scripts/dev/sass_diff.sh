@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/same_sass.sh REV FILE.cu [ARCH] — is a refactor of a CUDA source free of code changes?
+# scripts/dev/sass_diff.sh REV FILE.cu [ARCH] — is a refactor of a CUDA source free of code changes?
 # Compiles FILE.cu (path relative to the repository) as it is at git revision REV and as it is in
 # the working tree, at the same path (the anonymous-namespace names nvcc mangles depend on it),
 # for ARCH (default 90a) with the build's flags, and compares every kernel's machine code (.text
@@ -9,7 +9,7 @@
 # removed) — exit 0 when every kernel now is byte-identical to some kernel then, whatever its name.
 set -euo pipefail
 rev=$1 file=$2 arch=${3:-90a}
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 tmp="$(mktemp -d)"

@@ -1,10 +1,10 @@
-// scripts/kernel_trace/kernel_trace.cpp — a CUDA_INJECTION64_PATH library for machines without
+// scripts/dev/kernel_trace/kernel_trace.cpp — a CUDA_INJECTION64_PATH library for machines without
 // Nsight Systems: records every kernel's in-stream start and end (CUPTI activity records, the
 // timestamps nsys shows) and prints at exit, per kernel name, the launches, the median duration,
 // the median idle gap before it (its start minus the end of the previous kernel in its stream),
 // the median start-to-start interval from the previous launch of the same name and the median
 // time from submission to start; then the last 12 kernels in stream order.  Output to stderr,
-// or appended to KVTRACE_OUT=file.  Build and use: scripts/kernel_trace/build.sh.
+// or appended to KVTRACE_OUT=file.  Build and use: scripts/dev/kernel_trace/build.sh.
 #include <cupti.h>
 
 #include <algorithm>

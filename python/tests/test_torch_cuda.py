@@ -1,45 +1,35 @@
-#!/usr/bin/env python3
-"""kvattn's native attention backend on PyTorch-owned CUDA tensors vs PyTorch SDPA.
+"""kvattn's native attention backend on PyTorch-owned CUDA tensors, against PyTorch SDPA (a GPU test:
+skipped, with the reason, where PyTorch, a CUDA GPU or a CUDA build of kvattn is missing).
 
-For a mixed batch (decodes, a chunked prefill, fresh prefills) this script
-  1. allocates the paged KV cache with PyTorch (an LBNHC cache: physical [B, N, H, 2D],
-     handed to kvattn as the logical [B, H, N, 2D] view), poisons it with random values;
+For a mixed batch (decodes, a chunked prefill, fresh prefills) each case
+  1. allocates the paged KV cache with PyTorch (an LBNHC cache: physical [B, N, H, 2D], handed to
+     kvattn as the logical [B, H, N, 2D] view) and poisons it with random values;
   2. writes every request's context K/V, then this step's K/V, through
      FlashInferImpl.do_kv_cache_update (reshape_and_cache_flash on the GPU);
   3. plans the step with FlashInferMetadataBuilder.build and runs FlashInferImpl.forward;
   4. runs kvattn.paged_attention (the op) on the same cache as a second check;
-  5. gathers each request's dense K/V back from the pages (checking it equals what was
-     written) and compares with torch.nn.functional.scaled_dot_product_attention (float32,
-     bottom-right causal mask: query row i of a request sees keys j <= seq_len - q_len + i).
+  5. gathers each request's dense K/V back from the pages (it must equal what was written) and
+     compares with torch.nn.functional.scaled_dot_product_attention (float32, bottom-right causal
+     mask: query row i of a request sees keys j <= seq_len - q_len + i).
 Every tensor kvattn touches is a zero-copy DLPack view of PyTorch memory.
 
-Prints the max abs error per case and PASS/FAIL; exits 1 on any failure, 2 when the
-environment cannot run the check (no CUDA GPU, torch, or a kvattn built without CUDA).
-
     cmake --preset cuda-release && cmake --build build/cuda-release --target _kvattn
-    PYTHONPATH=build/cuda-release/python python3 scripts/torch_backend_check.py
+    PYTHONPATH=build/cuda-release/python /usr/bin/python3 -m pytest -v python/tests/test_torch_cuda.py
 """
-import argparse
-import sys
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (a GPU check of kvattn on torch tensors)")
+import torch.nn.functional as F  # noqa: E402
+
+import kvattn  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU visible to PyTorch", allow_module_level=True)
+if not kvattn.built_with_cuda():
+    pytest.skip("kvattn was built without CUDA (cmake --preset cuda-release)", allow_module_level=True)
 
 NAME = "model.layers.0.self_attn.attn"
 TOLERANCE = {"bfloat16": 2.5e-2, "float16": 4e-3}
-
-
-def fail_env(msg):
-    print(f"FAIL: {msg}")
-    sys.exit(2)
-
-
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError as e:  # pragma: no cover - device machine has torch
-    fail_env(f"PyTorch is not importable ({e})")
-try:
-    import kvattn
-except ImportError as e:
-    fail_env(f"kvattn is not importable ({e}); set PYTHONPATH=build/cuda-release/python")
 
 
 def make_batch(seq_lens, query_lens, block_size, num_blocks, gen):
@@ -55,17 +45,18 @@ def make_batch(seq_lens, query_lens, block_size, num_blocks, gen):
     return bt
 
 
-def run_case(label, dtype_name, capability, args):
+def run_case(dtype_name, capability, HQ=32, HKV=8, D=128, BS=16, seed=0):
+    """One mixed batch: (decode/prefill paths, the split, max |backend - sdpa|,
+    max |paged_attention - sdpa|, cache round trip exact, backend output finite)."""
     dev = torch.device("cuda", 0)
     dtype = getattr(torch, dtype_name)
-    HQ, HKV, D, BS = args.num_heads, args.num_kv_heads, args.head_size, args.block_size
     # vLLM's order: 3 decodes | a chunked prefill (45 new tokens after 255 cached) | fresh
     # prefills, the last one a single token (a prefill by position in the batch, not by size).
     seq_lens = [1037, 517, 64, 300, 128, 77, 1]
     query_lens = [1, 1, 1, 45, 128, 77, 1]
     R = len(seq_lens)
     num_blocks = sum(-(-s // BS) for s in seq_lens) + 64
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(seed)
 
     spec = kvattn.FullAttentionSpec(block_size=BS, num_kv_heads=HKV, head_size=D, dtype=dtype_name)
     config = kvattn.BackendConfig(
@@ -156,46 +147,17 @@ def run_case(label, dtype_name, capability, args):
         err_backend = max(err_backend, (out[rows].float() - ref).abs().max().item())
         err_op = max(err_op, (out_op[rows].float() - ref).abs().max().item())
 
+    return path, split, err_backend, err_op, cache_ok, bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize("dtype_name,arch_dispatch", [("bfloat16", True), ("float16", True), ("bfloat16", False)],
+                         ids=["bf16-arch-dispatch", "f16-arch-dispatch", "bf16-flashinfer-native-paths"])
+def test_backend_and_op_match_sdpa_on_torch_tensors(dtype_name, arch_dispatch):
+    # arch_dispatch False: no capability given, so no arch-specific kernel family is chosen
+    capability = torch.cuda.get_device_capability(0) if arch_dispatch else None
+    path, split, err_backend, err_op, cache_ok, finite = run_case(dtype_name, capability)
     tol = TOLERANCE[dtype_name]
-    ok = cache_ok and err_backend <= tol and err_op <= tol and bool(torch.isfinite(out).all())
-    print(f"[{'PASS' if ok else 'FAIL'}] {label}: {path}; split={split}; "
-          f"max|backend - sdpa| = {err_backend:.3e}, max|paged_attention - sdpa| = {err_op:.3e} "
-          f"(tol {tol:.1e}); cache round trip {'exact' if cache_ok else 'MISMATCH'}")
-    return ok
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--num-heads", type=int, default=32)
-    p.add_argument("--num-kv-heads", type=int, default=8)
-    p.add_argument("--head-size", type=int, default=128)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-
-    if not torch.cuda.is_available():
-        fail_env("torch.cuda.is_available() is False")
-    if not kvattn.built_with_cuda():
-        fail_env("kvattn was built without CUDA (use cmake --preset cuda-release)")
-    cap = torch.cuda.get_device_capability(0)
-    print(f"kvattn {kvattn.__version__} ({kvattn.__file__}), torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name(0)} sm{cap[0]}{cap[1]}")
-
-    cases = [
-        (f"bfloat16, sm{cap[0]}{cap[1]} dispatch", "bfloat16", cap),
-        (f"float16, sm{cap[0]}{cap[1]} dispatch", "float16", cap),
-        ("bfloat16, FlashInfer-native paths (no arch-specific kernel family)", "bfloat16", None),
-    ]
-    all_ok = True
-    for label, dt, c in cases:
-        try:
-            all_ok &= run_case(label, dt, c, args)
-        except Exception as e:  # a kvattn error is a failure of the check, with its message
-            print(f"[FAIL] {label}: {type(e).__name__}: {e}")
-            all_ok = False
-    print("PASS" if all_ok else "FAIL")
-    sys.exit(0 if all_ok else 1)
-
-
-if __name__ == "__main__":
-    main()
+    assert cache_ok, "K/V read back from the pages differ from what do_kv_cache_update wrote"
+    assert finite, f"non-finite values in the backend output ({path})"
+    assert err_backend <= tol, f"max |backend - sdpa| = {err_backend:.3e} > {tol:.1e} ({path}, split={split})"
+    assert err_op <= tol, f"max |paged_attention - sdpa| = {err_op:.3e} > {tol:.1e} ({path})"
