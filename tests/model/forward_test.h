@@ -90,6 +90,27 @@ struct ReferenceModel {
 
 inline constexpr int kGreedyTokens = 32;
 
+// The test models the forward and generation tests share (the same generator arguments share the
+// cached files).
+// Prompt lengths: a lone token, shorter and longer than the test models' sliding window (12)
+// and spanning several 16-token blocks.
+inline const std::vector<int> kLengths = {1, 6, 19, 45};
+
+// Weight std 0.15 (instead of the realistic 0.02) so that every sublayer moves the residual
+// stream by a visible amount: a mistake in any block changes the logits by far more than the
+// tolerance.  No tokenizer (token ids only); Llama gets Llama 3's real vocabulary size; the
+// checkpoints cover bf16, f16, f32 and a sharded one.
+inline std::string generator_args(const std::string& arch) {
+  std::string a = "--std 0.15 --seed 7 --tokenizer none ";
+  if (arch == "llama") return a + "--dtype bfloat16 --vocab-size 128256";
+  if (arch == "mistral") return a + "--dtype float32 --vocab-size 1000";
+  if (arch == "qwen2") return a + "--dtype bfloat16 --vocab-size 1000 --shards 3";
+  if (arch == "qwen3") return a + "--dtype float16 --vocab-size 1000";
+  // Qwen2 with use_sliding_window: layer 0 full, layers 1-2 sliding = three KV cache groups.
+  if (arch == "qwen2_window") return a + "--arch qwen2 --qwen-window 12 --dtype bfloat16 --vocab-size 1000";
+  return a + "--dtype bfloat16 --vocab-size 1000";
+}
+
 inline int64_t read_vocab(const fs::path& config) {
   const std::string s = read_file(config);
   const auto k = s.find("\"vocab_size\"");

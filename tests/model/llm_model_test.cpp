@@ -32,18 +32,8 @@ constexpr int kNewTokens = testing::kGreedyTokens;  // 32
 constexpr double kF32Margin = 2e-3;
 constexpr double kFp8Margin = 0.1;
 
-// The forward test's models and prompts (the same generator arguments share the cached files).
-const std::vector<int> kLengths = {1, 6, 19, 45};
-std::string generator_args(const std::string& arch) {
-  std::string a = "--std 0.15 --seed 7 --tokenizer none ";
-  if (arch == "llama") return a + "--dtype bfloat16 --vocab-size 128256";
-  if (arch == "mistral") return a + "--dtype float32 --vocab-size 1000";
-  if (arch == "qwen2") return a + "--dtype bfloat16 --vocab-size 1000 --shards 3";
-  if (arch == "qwen3") return a + "--dtype float16 --vocab-size 1000";
-  // Qwen2 with use_sliding_window: layer 0 full, layers 1-2 sliding = three KV cache groups.
-  if (arch == "qwen2_window") return a + "--arch qwen2 --qwen-window 12 --dtype bfloat16 --vocab-size 1000";
-  return a + "--dtype bfloat16 --vocab-size 1000";
-}
+using testing::generator_args;
+using testing::kLengths;
 
 struct Greedy {
   std::vector<std::vector<int32_t>> tokens;
