@@ -48,6 +48,7 @@ struct GenerateArgs {
   int64_t max_model_len = 0;
   int64_t max_num_seqs = 256;
   int64_t max_num_batched_tokens = 8192;
+  std::string admission = "reserve";
   int64_t block_size = 16;
   bool json = false;
 };
@@ -169,6 +170,10 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--max-num-seqs", o->max_num_seqs, "requests running at once");
   app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "tokens per step (prefill is chunked to fit)");
   app.add_option("--block-size", o->block_size, "tokens per KV cache block");
+  app.add_option("--admission", o->admission,
+                 "reserve (admit only while the running requests can reach --max-tokens: no preemption thrash) or "
+                 "optimistic (admit on the first chunk's blocks, as vLLM V1; decode growth preempts)")
+      ->check(CLI::IsMember({"reserve", "optimistic"}));
   app.add_flag("--json", o->json, "print the results as one JSON document on stdout");
   return [o]() -> int {
     if (o->prompt.empty() && o->prompts_file.empty())
@@ -192,6 +197,7 @@ std::function<int()> setup_generate(CLI::App& app) {
     eo.max_num_seqs = o->max_num_seqs;
     eo.max_num_batched_tokens = o->max_num_batched_tokens;
     eo.seed = o->seed;
+    eo.reserve_to_finish = o->admission == "reserve";
     eo.logprobs_mode = model::parse_logprobs_mode(o->logprobs_mode);
 
     model::ModelLoadConfig lc;

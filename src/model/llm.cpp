@@ -281,6 +281,7 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
   cfg.max_num_batched_tokens = static_cast<int32_t>(options_.max_num_batched_tokens);
   cfg.max_model_len = max_model_len;
   cfg.enable_prefix_sharing = false;
+  cfg.reserve_to_finish = options_.reserve_to_finish;
   KVATTN_CHECK(num_blocks <= INT32_MAX, "{} KV blocks is more than the scheduler's 32-bit ids", num_blocks);
   engine::Scheduler sched(cfg, static_cast<int32_t>(num_blocks), trace);
   for (size_t i = 0; i < outputs.size(); ++i)

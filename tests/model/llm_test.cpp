@@ -184,6 +184,7 @@ TEST(LLMLoop, GreedyMatchesTheReferenceUnderEverySchedule) {
     EngineOptions o;
     o.max_num_batched_tokens = c.max_num_batched_tokens;
     o.max_num_seqs = c.max_num_seqs;
+    o.reserve_to_finish = !c.expect_preemption;  // optimistic admission, so a tight cache preempts
     LLM llm = make_llm(c.blocks, 4, 128, o);
     const auto outs = llm.generate_tokens(prompts, {greedy(24)});
     ASSERT_EQ(outs.size(), prompts.size());
@@ -316,6 +317,7 @@ TEST(LLMLoop, SeededSamplingDoesNotDependOnTheBatch) {
   // In a batch, with chunked prefill and preemption.
   EngineOptions o;
   o.max_num_batched_tokens = 9;
+  o.reserve_to_finish = false;  // optimistic admission: the tight cache preempts
   LLM busy = make_llm(14, 4, 128, o);
   auto q = p;
   q.seed = 7;

@@ -108,6 +108,10 @@ struct EngineOptions {
   LogprobsMode logprobs_mode = LogprobsMode::raw_logprobs;
   // vLLM's skip_tokenizer_init: load no tokenizer; token-id prompts only, no output text.
   bool skip_tokenizer_init = false;
+  // Admission (engine/scheduler.h): true admits a request only while every running one can
+  // still grow to its max_tokens (no preemption thrash); false admits on the first chunk's
+  // blocks alone, as vLLM V1 does, and decode growth preempts the latest request.
+  bool reserve_to_finish = true;
 };
 
 struct CompletionOutput {
