@@ -24,9 +24,9 @@ expect="consumer: 1.5"
 cmake -S "$src_dir" -B "$tmp/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/cmake.log" 2>&1 ||
   { cat "$tmp/cmake.log"; fail "configuring the find_package consumer"; }
 cmake --build "$tmp/build" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "building the find_package consumer"; }
-out=$("$tmp/build/consumer")
-[[ $out == "$expect" ]] || fail "find_package consumer printed '$out', expected '$expect'"
-echo "find_package consumer (no C++ standard set): $out"
+printed=$("$tmp/build/consumer")
+[[ $printed == "$expect" ]] || fail "find_package consumer printed '$printed', expected '$expect'"
+echo "find_package consumer (no C++ standard set): $printed"
 
 # pkg-config consumer.
 export PKG_CONFIG_PATH=$(dirname "$pc_file")
@@ -36,7 +36,7 @@ flags=$(pkg-config --cflags --libs kvattn) || fail "pkg-config --cflags --libs k
 # shellcheck disable=SC2086  # the flags are words
 ${CXX:-c++} "$src_dir/consumer.cpp" -o "$tmp/consumer_pc" $flags >"$tmp/pc.log" 2>&1 ||
   { cat "$tmp/pc.log"; fail "building the pkg-config consumer with: $flags"; }
-out=$("$tmp/consumer_pc")
-[[ $out == "$expect" ]] || fail "pkg-config consumer printed '$out', expected '$expect'"
-echo "pkg-config consumer: $out"
+printed=$("$tmp/consumer_pc")
+[[ $printed == "$expect" ]] || fail "pkg-config consumer printed '$printed', expected '$expect'"
+echo "pkg-config consumer: $printed"
 echo "install test: find_package and pkg-config consumers OK (prefix installed, then moved)"

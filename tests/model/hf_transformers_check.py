@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """kvattn against Hugging Face transformers on real architectures (run where torch and
-transformers are installed, e.g. the GPU machine).
+transformers are installed, e.g. a machine with an NVIDIA GPU).
 
 For each architecture (Llama 3 with llama3 rope scaling, Mistral with a sliding window, Qwen2 with
 q/k/v bias, Qwen3 with q/k norms, Gemma 2 with soft caps and alternating sliding layers) it builds
