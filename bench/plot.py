@@ -198,7 +198,7 @@ def figures(result, anchors):
             ratio.append({"case": f"decode {d['shape']}", "speed": d["flashinfer_us"] / d["kvattn_us"]})
     for p in pre:
         if p["fa3_tflops"] and p["kvattn_tflops"]:
-            ratio.append({"case": f"prefill {p['shape']} (FA3)", "speed": p["kvattn_tflops"] / p["fa3_tflops"]})
+            ratio.append({"case": f"prefill {p['shape']}, mma.sync kernel (FA3)", "speed": p["kvattn_tflops"] / p["fa3_tflops"]})
     for p in pre:
         if p["fa3_tflops"] and p["kvattn_wgmma_tflops"]:
             ratio.append({"case": f"prefill {p['shape']}, wgmma kernel (FA3)",
