@@ -348,6 +348,9 @@ def run_kvattn(a, model_dir, prompts, steps, dtype, extra, log):
            "--logprobs-mode", "raw_logprobs", "--json"]
     if a.kvattn_device.startswith("cuda"):
         cmd += ["--gpu-memory-utilization", f"{gpu_memory_utilization(a):.2f}"]
+        kv = a.full_kv_cache_memory if os.path.basename(model_dir) == f"hf-{FULL_SIZE}" else a.kv_cache_memory
+        if kv:
+            cmd += ["--kv-cache-memory", kv]
     cmd += extra
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -652,6 +655,9 @@ def parse_args(argv=None):
     ap.add_argument("--keep-models", action="store_true", help="keep the full-size model folder")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.0,
                     help="kvattn's --gpu-memory-utilization (default: what transformers leaves free, at most 0.5)")
+    ap.add_argument("--kv-cache-memory", default="4GiB",
+                    help="kvattn's --kv-cache-memory on CUDA for the small models ('': from the utilization)")
+    ap.add_argument("--full-kv-cache-memory", default="16GiB", help="the same for the full-size model")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if not a.self_test:
