@@ -25,8 +25,8 @@ log-sum-exp.)
 * float32: max |kvattn logprob - transformers f32 logprob| over the chosen tokens and the top-K
   entries must be <= --tol (1e-3).  Greedy: at every step kvattn's token must be transformers'
   argmax, except where transformers' top-2 logit margin is below max(--tie-gap, 2 x the largest
-  |delta logprob| measured in that run) -- a tie: an error e on each of two log-probs can flip a
-  margin up to 2e.
+  |delta logprob| measured in that run, at most 2 x --tol) -- a tie: an error e on each of two
+  log-probs can flip a margin up to 2e.
 * bfloat16: transformers runs the same model in bfloat16 AND float32 on the same teacher-forced
   sequences.  Its own gap G = max |logprob_bf16 - logprob_f32| over the same compared entries
   measures the rounding noise of one sound bf16 implementation of this model on these inputs.
@@ -53,7 +53,8 @@ the log of every command is --out/hf_check.log.  Exit status 0 only when every c
       --tokenizers DIR_WITH_tokenizer-*/models --out DIR [--arch llama,...] [--full-size]
 
 `--self-test` checks the comparison rules, the bound and the summary table on synthetic NumPy
-data (no torch, transformers or kvattn needed).
+data (no torch, transformers or kvattn needed); with --kvattn it also runs the comparison path
+end to end on the CPU, against the float64 NumPy reference forward instead of transformers.
 """
 import argparse
 import copy
@@ -172,7 +173,7 @@ def evaluate_run(dtype, prompts, outs, ref_f32, ref_bf16, a):
         res.update(hf_bf16_vs_f32_gap=gap, bound=bound, bound_rule=f"max({a.bf16_k} x gap, {a.bf16_floor})")
     else:
         bound = a.tol
-        margin_limit = max(a.tie_gap, 2 * max_all)
+        margin_limit = max(a.tie_gap, 2 * min(max_all, a.tol))
         res.update(hf_bf16_vs_f32_gap=None, bound=bound, bound_rule="--tol")
     equal = ties = 0
     diverged = []
@@ -622,6 +623,48 @@ def self_test():
     return 0
 
 
+def self_test_kvattn(kvattn):
+    """The comparison path end to end on the CPU: kvattn generates (float32) on small generated
+    models, the float64 NumPy reference forward (reference_forward.py) of each prompt + kvattn's
+    continuation stands in for transformers' teacher-forced forward, and the run must pass."""
+    import tempfile
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    import reference_forward as rf
+    a = argparse.Namespace(kvattn=kvattn, kvattn_device="cpu", topk=3, tol=1e-3, tie_gap=1e-4, bf16_k=2.0,
+                           bf16_floor=1e-2, gpu_memory_utilization=0.0, kv_cache_memory="", full_kv_cache_memory="")
+    steps = 6
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as log:
+        for arch in ("llama", "gemma2"):
+            d = os.path.join(tmp, arch)
+            subprocess.run([sys.executable, os.path.join(here, "make_test_model.py"), "--arch", arch, "--out", d,
+                            "--tokenizer", "generate", "--dtype", "float32", "--std", "0.15", "--seed", "3"],
+                           check=True, capture_output=True)
+            c = json.load(open(os.path.join(d, "config.json")))
+            w = rf.load_weights(d)
+            lm = w["model.embed_tokens.weight"] if c.get("tie_word_embeddings", False) else w["lm_head.weight"]
+            cap = c.get("final_logit_softcapping") if c["model_type"] == "gemma2" else None
+            prompts = prompts_for(c["vocab_size"], 5, 40, 1)
+            for p in prompts:  # prompts_for keeps ids >= 100: a small vocabulary needs them lower
+                p[:] = [t % (c["vocab_size"] - 10) for t in p]
+            outs, stats, _ = run_kvattn(a, d, prompts, steps, "float32", [], log)
+            refs = []
+            for p, o in zip(prompts, outs):
+                seq = list(p) + [int(t) for t in o["token_ids"][:-1]]
+                x = rf.forward(c, w, np.asarray(seq, dtype=np.int64))[len(p) - 1:]
+                logits = x @ lm.T
+                if cap:
+                    logits = cap * np.tanh(logits / cap)
+                refs.append(reference_from_logits(logits, wanted_ids(o)))
+            r = evaluate_run("float32", prompts, outs, refs, None, a)
+            assert r["ok"] and r["steps_compared"] == 5 * steps, r
+            assert r["greedy_equal"] + r["ties"] == 5 * steps and r["max_abs_dlogprob"] < 1e-4, r
+            assert stats["generated_tokens"] == 5 * steps, stats
+            print(f"self-test: kvattn {arch} float32 on the CPU against the float64 reference: max |d| "
+                  f"{r['max_abs_dlogprob']:.2e} over {r['steps_compared']} steps, {r['ties']} ties")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------------
 
 def parse_args(argv=None):
@@ -671,7 +714,7 @@ def main():
     global torch, transformers
     a = parse_args()
     if a.self_test:
-        return self_test()
+        return self_test() or (self_test_kvattn(a.kvattn) if a.kvattn else 0)
     import torch as _torch
     import transformers as _transformers
     torch, transformers = _torch, _transformers
