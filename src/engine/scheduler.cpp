@@ -74,7 +74,7 @@ int64_t Scheduler::peak_blocks_of(const TraceRequest& t) const {
 int64_t Scheduler::next_busy_step(int64_t step) const {
   if (!running_.empty() || !waiting_.empty()) return step;
   for (size_t i = next_arrival_; i < requests_.size(); ++i)
-    if (requests_[i].state != RequestState::Rejected) return std::max(step, requests_[i].spec.arrival_step);
+    if (requests_[i].state == RequestState::Waiting) return std::max(step, requests_[i].spec.arrival_step);
   return step;
 }
 
@@ -260,7 +260,7 @@ SchedulerOutput Scheduler::schedule(int64_t step) {
   out.step = step;
   while (next_arrival_ < requests_.size() && requests_[next_arrival_].spec.arrival_step <= step) {
     EngineRequest& r = requests_[next_arrival_++];
-    if (r.state == RequestState::Rejected) continue;
+    if (r.state != RequestState::Waiting) continue;  // rejected, or finished before it arrived
     r.block_ids.assign(G(), {});
     waiting_.push_back(r.spec.id);
   }
@@ -351,6 +351,27 @@ std::vector<int64_t> Scheduler::update_after_step(const SchedulerOutput& out) {
   }
   if (all_finished()) drop_prefix_cache();
   return finished;
+}
+
+bool Scheduler::finish_request(int64_t id) {
+  if (id < 0 || id >= static_cast<int64_t>(requests_.size()))
+    throw InvalidArgument(fmt::format("finish_request: no request has id {}; the scheduler holds {} requests{}", id,
+                                      requests_.size(),
+                                      requests_.empty() ? "" : fmt::format(" (ids 0..{})", requests_.size() - 1)));
+  EngineRequest& r = requests_[static_cast<size_t>(id)];
+  if (r.state == RequestState::Finished || r.state == RequestState::Rejected) return false;
+  if (r.state == RequestState::Running) {
+    running_.erase(std::find(running_.begin(), running_.end(), id));
+  } else if (auto it = std::find(waiting_.begin(), waiting_.end(), id); it != waiting_.end()) {
+    waiting_.erase(it);  // not found: it has not arrived yet, and the arrival skips it
+  }
+  release_all(r);
+  r.num_shared_prefix_blocks = 0;
+  r.state = RequestState::Finished;
+  ++num_finished_;
+  ++num_finished_early_;
+  if (all_finished()) drop_prefix_cache();
+  return true;
 }
 
 void Scheduler::check_invariants() const {

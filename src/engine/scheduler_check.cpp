@@ -9,8 +9,13 @@
 namespace kvattn::engine {
 
 ScheduleReport simulate_schedule(const SchedulerConfig& config, int32_t num_blocks,
-                                 const std::vector<TraceRequest>& requests, double max_recompute_ratio) {
+                                 const std::vector<TraceRequest>& requests, double max_recompute_ratio,
+                                 const std::vector<EarlyFinish>& early) {
+  KVATTN_CHECK(early.empty() || early.size() == requests.size(),
+               "simulate_schedule: {} early-finish entries for {} requests; give none or one per request", early.size(),
+               requests.size());
   Scheduler s(config, num_blocks, requests);
+  std::vector<int32_t> ended_with(requests.size(), -1);  // outputs of a request when finished early
   ScheduleReport rep;
   const int64_t bs = config.block_size;
   int64_t necessary = 0;  // tokens the admissible requests need computed, without any preemption
@@ -80,13 +85,48 @@ ScheduleReport simulate_schedule(const SchedulerConfig& config, int32_t num_bloc
     rep.busy_steps += !out.scheduled.empty();
     s.update_after_step(out);
     s.check_invariants();
+    for (size_t i = 0; i < early.size(); ++i) {
+      const EngineRequest& r = s.request(static_cast<int64_t>(i));
+      if (r.state == RequestState::Finished || r.state == RequestState::Rejected) continue;
+      const bool stop = (early[i].after_outputs >= 1 && r.num_output_tokens >= early[i].after_outputs) ||
+                        (early[i].at_step >= 0 && step >= early[i].at_step);
+      if (!stop) continue;
+      // The blocks only this request references return to the pool; shared ones stay.
+      int64_t sole = 0;
+      for (const auto& ids : r.block_ids)
+        for (int32_t b : ids) sole += b != 0 && s.pool().refcount(b) == 1;
+      const int32_t free_before = s.pool().num_free();
+      const bool was_running = r.state == RequestState::Running;
+      const int32_t outputs = r.num_output_tokens;
+      KVATTN_ASSERT(s.finish_request(static_cast<int64_t>(i)), "step {}: finish_request({}) ended nothing", step, i);
+      KVATTN_ASSERT(r.state == RequestState::Finished && r.num_output_tokens == outputs,
+                    "step {}: request {} is not finished with its {} outputs after finish_request", step, i, outputs);
+      for (const auto& ids : r.block_ids)
+        KVATTN_ASSERT(ids.empty(), "step {}: request {} holds blocks after finish_request", step, i);
+      // The prefix cache is dropped when the last request ends: its blocks return too.
+      const int32_t gained = s.pool().num_free() - free_before;
+      KVATTN_ASSERT(gained == sole || (s.all_finished() && gained >= sole),
+                    "step {}: finish_request({}) returned {} blocks to the pool; it alone held {}", step, i, gained,
+                    sole);
+      KVATTN_ASSERT(!s.finish_request(static_cast<int64_t>(i)) && s.pool().num_free() == free_before + gained,
+                    "step {}: a second finish_request({}) changed the scheduler", step, i);
+      s.check_invariants();
+      ended_with[i] = outputs;
+      ++rep.early_finishes;
+      rep.early_finishes_running += was_running;
+      rep.early_freed_blocks += gained;
+    }
     rep.peak_blocks_used = std::max<int64_t>(rep.peak_blocks_used, s.pool().num_used());
     ++step;
   }
-  for (const auto& r : s.requests())
-    if (r.state != RequestState::Rejected)
-      KVATTN_ASSERT(r.state == RequestState::Finished && r.num_output_tokens == r.spec.output_len,
-                    "request {} ended with {} of {} output tokens", r.spec.id, r.num_output_tokens, r.spec.output_len);
+  for (const auto& r : s.requests()) {
+    if (r.state == RequestState::Rejected) continue;
+    const int32_t ended = ended_with[static_cast<size_t>(r.spec.id)];
+    const int32_t want = ended >= 0 ? ended : r.spec.output_len;
+    KVATTN_ASSERT(r.state == RequestState::Finished && r.num_output_tokens == want,
+                  "request {} ended with {} of {} output tokens{}", r.spec.id, r.num_output_tokens, want,
+                  ended >= 0 ? " (finished early)" : "");
+  }
   KVATTN_ASSERT(s.pool().num_used() == 0, "{} blocks are still in use at the end", s.pool().num_used());
   rep.preemptions = s.num_preemptions();
   rep.computed_tokens = s.num_computed_tokens_total();

@@ -298,7 +298,9 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
   int64_t step = 0;
   int64_t idle_steps = 0;
 
+  std::vector<int64_t> ended;  // requests that finished in this step
   auto finish = [&](size_t i, const char* reason) {
+    ended.push_back(static_cast<int64_t>(i));
     seqs[i].done = true;
     outputs[i].finished = true;
     outputs[i].output.finish_reason = reason;
@@ -318,7 +320,7 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
       const auto i = static_cast<size_t>(sr.request_id);
       const engine::EngineRequest& er = sched.request(sr.request_id);
       Sequence& s = seqs[i];
-      if (s.done) continue;  // stopped early: the scheduler still counts it, the model does not
+      KVATTN_ASSERT(!s.done, "request {} finished but was scheduled again", i);
       const std::span<const int32_t> blocks = block_table(er.block_ids);
       outputs[i].metrics.kv_blocks = std::max<int64_t>(outputs[i].metrics.kv_blocks, static_cast<int64_t>(blocks.size()));
       KVATTN_ASSERT(er.num_known_tokens() == static_cast<int32_t>(s.tokens.size()),
@@ -413,11 +415,19 @@ std::vector<RequestOutput> LLM::run(std::vector<RequestOutput> outputs, const st
       }
     }
     sched.update_after_step(out);
+    // A request that stopped before its planned length (EOS, a stop token id or string) leaves
+    // the scheduler now: its seat, blocks and budget serve the others from the next step.  One
+    // that reached its length was finished by update_after_step already (finish_request: false).
+    for (int64_t id : ended) sched.finish_request(id);
+    ended.clear();
     ++step;
   }
 
   for (size_t i = 0; i < outputs.size(); ++i)
     KVATTN_ASSERT(seqs[i].done, "request {} ended without a finish reason", i);
+  KVATTN_ASSERT(stats_.num_computed_tokens == sched.num_computed_tokens_total(),
+                "the model computed {} tokens but the scheduler planned {}", stats_.num_computed_tokens,
+                sched.num_computed_tokens_total());
   stats_.num_steps = step;
   stats_.num_preemptions = sched.num_preemptions();
   stats_.peak_kv_blocks_used = sched.pool().peak_used();

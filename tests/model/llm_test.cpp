@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ class PagedHashModel final : public StepExecutor {
     ++calls;
     for (const auto& r : reqs) {
       tokens_computed += static_cast<int64_t>(r.token_ids.size());
+      first_call.emplace(r.request_id, calls);
+      last_call[r.request_id] = calls;
+      for (int32_t b : r.block_ids) blocks_of[r.request_id].insert(b);
       for (size_t j = 0; j < r.token_ids.size(); ++j) cache_[slot(r, r.start_pos + static_cast<int64_t>(j))] = r.token_ids[j];
       if (!r.wants_logits) continue;
       std::vector<int32_t> seq;
@@ -73,6 +77,9 @@ class PagedHashModel final : public StepExecutor {
 
   int64_t calls = 0;
   int64_t tokens_computed = 0;
+  // Per request: the first and last call that computed it, and every block of its tables.
+  std::map<int64_t, int64_t> first_call, last_call;
+  std::map<int64_t, std::set<int32_t>> blocks_of;
 
  private:
   size_t slot(const StepRequest& r, int64_t pos) const {
@@ -261,6 +268,55 @@ TEST(LLMLoop, EosAndStopTokenIdsStopWithoutText) {
     EXPECT_EQ(*o.output.stop_token_id, stop_tok);
     EXPECT_EQ(o.output.text, decode({want.begin(), want.end() - 1}));
   }
+}
+
+TEST(LLMLoop, AnEarlyStopFreesItsBlocksForTheWaitingRequest) {
+  // 12 usable blocks of 4 tokens.  Request 0 (9 prompt tokens, max_tokens 40: 12 blocks at its
+  // peak) stops at an EOS after k + 1 outputs; request 1 (40 prompt tokens + 8 outputs: 12
+  // blocks) waits behind request 0's admission reserve.  The stop returns request 0's blocks at
+  // once, so request 1 runs from the next step, on blocks request 0 held.
+  const auto p0 = prompt_of_length(9, 3);
+  const auto ref0 = reference_greedy(p0, 40);
+  size_t k = 3;
+  while (std::find(ref0.begin(), ref0.begin() + static_cast<long>(k), ref0[k]) != ref0.begin() + static_cast<long>(k)) ++k;
+  ASSERT_LT(k, 20u);
+  const int32_t stop_tok = ref0[k];
+  const auto p1 = prompt_of_length(40, 5);
+  auto model = std::make_unique<PagedHashModel>(13, 4, 128);
+  PagedHashModel* m = model.get();
+  LLM llm(std::move(model), std::make_unique<CharCodec>(std::vector<int32_t>{stop_tok}), {});
+  auto until_eos = greedy(40);
+  until_eos.ignore_eos = false;
+  const auto outs = llm.generate_tokens({p0, p1}, {until_eos, greedy(8)});
+  const auto n0 = static_cast<int64_t>(k + 1);  // request 0's outputs, one per step
+  EXPECT_EQ(outs[0].output.token_ids, std::vector<int32_t>(ref0.begin(), ref0.begin() + n0));
+  EXPECT_EQ(outs[0].output.finish_reason, "stop");
+  EXPECT_EQ(outs[1].output.token_ids, reference_greedy(p1, 8));
+  EXPECT_EQ(outs[1].output.finish_reason, "length");
+
+  // Request 0 ran in calls 1..n0; request 1 waited, then ran in the next 8.
+  EXPECT_EQ(m->first_call.at(0), 1);
+  EXPECT_EQ(m->last_call.at(0), n0);
+  EXPECT_EQ(m->first_call.at(1), n0 + 1);
+  EXPECT_EQ(m->last_call.at(1), n0 + 8);
+  // Request 0 held cdiv(9 + k, 4) blocks, so at most 12 - that were never used: request 1's 12
+  // blocks include some of request 0's, freed by the stop.
+  const auto& b0 = m->blocks_of.at(0);
+  const auto& b1 = m->blocks_of.at(1);
+  EXPECT_EQ(static_cast<int64_t>(b0.size()), (9 + n0 - 1 + 3) / 4);
+  EXPECT_EQ(b1.size(), 12u);
+  int64_t reused = 0;
+  for (int32_t b : b1) reused += b0.count(b) > 0;
+  EXPECT_EQ(reused, static_cast<int64_t>(b0.size()));  // all of them: 12 = the whole cache
+
+  const auto& st = llm.last_stats();
+  EXPECT_EQ(st.num_steps, n0 + 8);  // request 0 holding its seat to 40 outputs: 40 + 8
+  EXPECT_EQ(st.num_model_calls, n0 + 8);
+  EXPECT_EQ(st.num_computed_tokens, (9 + n0 - 1) + (40 + 8 - 1));
+  EXPECT_EQ(m->tokens_computed, st.num_computed_tokens);
+  EXPECT_EQ(st.num_generated_tokens, n0 + 8);
+  EXPECT_EQ(st.peak_kv_blocks_used, 12);
+  EXPECT_EQ(st.num_preemptions, 0);
 }
 
 TEST(LLMLoop, StopStringsTruncateTheTextAndStreamHoldsThemBack) {

@@ -25,6 +25,12 @@
 // waived, so an admissible request always starts.  Requests that cannot fit even alone in an
 // empty cache are rejected at construction (state Rejected, with the reason) and every other
 // request is served.  Nothing is lost: every preempted request resumes later and recomputes.
+//
+// Early finishes (vLLM's finish_requests): finish_request(id) ends a request before its
+// output_len — the model layer's EOS or stop string, or an abort — whether it runs, waits or has
+// not arrived yet.  Its blocks return to the pool at once (a shared-prefix block keeps the
+// prefix cache's reference, as when a request finishes normally), so its seat, blocks and
+// budget serve the next requests from the following step.
 #pragma once
 
 #include <cstdint>
@@ -110,10 +116,16 @@ class Scheduler {
   // Applies the step's results: computed tokens advance, sampled tokens are counted, finished
   // requests free their blocks.  Returns the ids that finished.
   std::vector<int64_t> update_after_step(const SchedulerOutput& out);
+  // Ends request `id` now, before its output_len (see above): it leaves the running or waiting
+  // requests (or will be skipped when it arrives), frees its blocks and counts as finished,
+  // keeping the tokens it has.  Returns true if it ended it, false if the request had already
+  // finished or was rejected (idempotent).  An id that is not a request is InvalidArgument.
+  // Call it between steps: after update_after_step, before the next schedule.
+  bool finish_request(int64_t id);
 
   // Every request finished or rejected.
   bool all_finished() const noexcept { return num_finished_ + num_rejected_ == static_cast<int64_t>(requests_.size()); }
-  bool has_pending_work() const noexcept { return !running_.empty() || !waiting_.empty() || next_arrival_ < requests_.size(); }
+  bool has_pending_work() const noexcept { return !all_finished(); }
   // The first step at or after `step` at which there is something to do: `step` while requests
   // run or wait, else the next arrival (so idle stretches are skipped, not stepped).
   int64_t next_busy_step(int64_t step) const;
@@ -123,6 +135,8 @@ class Scheduler {
   const SchedulerConfig& config() const noexcept { return config_; }
   int64_t num_preemptions() const noexcept { return num_preemptions_; }
   int64_t num_rejected() const noexcept { return num_rejected_; }
+  // Requests ended by finish_request (included in the finished ones).
+  int64_t num_finished_early() const noexcept { return num_finished_early_; }
   // Tokens computed by all steps so far, and those of them computed before (lost to a preemption).
   int64_t num_computed_tokens_total() const noexcept { return computed_total_; }
   int64_t num_recomputed_tokens() const noexcept { return recomputed_total_; }
@@ -158,6 +172,7 @@ class Scheduler {
   int32_t watermark_blocks_ = 0;
   int64_t admissions_ = 0;
   int64_t num_finished_ = 0;
+  int64_t num_finished_early_ = 0;
   int64_t num_rejected_ = 0;
   int64_t num_preemptions_ = 0;
   int64_t computed_total_ = 0;

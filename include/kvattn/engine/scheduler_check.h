@@ -21,6 +21,17 @@ struct ScheduleReport {
   int64_t recomputed_tokens = 0;
   int64_t rejected = 0;
   int64_t peak_blocks_used = 0;
+  int64_t early_finishes = 0;          // requests ended by finish_request
+  int64_t early_finishes_running = 0;  // ... of them while they ran
+  int64_t early_freed_blocks = 0;      // blocks those finishes returned to the pool
+};
+
+// An early finish of one request (Scheduler::finish_request), whichever comes first: once it
+// has `after_outputs` output tokens (an EOS or stop string; >= 1), or after step `at_step`
+// whatever its state (an abort: waiting, prefilling, decoding or not arrived yet).  -1: never.
+struct EarlyFinish {
+  int32_t after_outputs = -1;
+  int64_t at_step = -1;
 };
 
 // Runs the scheduler to the end, advancing time to the next arrival when idle, and checks at
@@ -34,7 +45,14 @@ struct ScheduleReport {
 // least one token and each idle step follows a preemption, and computed tokens are bounded by
 // `max_recompute_ratio` times the necessary ones.  Throws InternalError naming the step and
 // the broken property.
+//
+// `early` (empty, or one entry per request) ends requests early between steps through
+// finish_request, and checks each time: the request holds no block afterwards, the pool gained
+// exactly the blocks only it referenced, a second finish_request changes nothing; at the end,
+// an early-finished request kept the outputs it had, and every other one still produced
+// exactly its output_len.
 ScheduleReport simulate_schedule(const SchedulerConfig& config, int32_t num_blocks,
-                                 const std::vector<TraceRequest>& requests, double max_recompute_ratio = 0);
+                                 const std::vector<TraceRequest>& requests, double max_recompute_ratio = 0,
+                                 const std::vector<EarlyFinish>& early = {});
 
 }  // namespace kvattn::engine

@@ -8,18 +8,16 @@
 //   needs logits) -> StepExecutor::execute (logits [requests that want them, vocab]) ->
 //   RequestSampler::sample per row -> stop checks (EOS unless ignore_eos, stop_token_ids, stop
 //   strings on the detokenized text, max_tokens, max_model_len) -> streaming callback ->
-//   Scheduler::update_after_step.
+//   Scheduler::update_after_step -> Scheduler::finish_request for the requests that stopped.
 //
 // Finish reasons follow vLLM: "stop" (EOS, a stop token id, or a stop string — the text is cut
 // before the stop string unless include_stop_str_in_output; the stop token is kept in
 // token_ids but not detokenized), "length" (max_tokens, or prompt + output reached
 // max_model_len).  A stop token or stop string wins over "length" in the same step.
 //
-// Requests that stop early: the scheduler's request list is fixed at construction and a request
-// leaves it only after its planned number of outputs, so a request that stopped keeps its seat
-// and its blocks until then; the engine no longer computes it (the model is not called for it)
-// and ignores its remaining "outputs".  Correct, but it holds KV blocks and a seat it no longer
-// needs; an abort call on the scheduler would free them at once.
+// Requests that stop early (before max_tokens) leave the scheduler after that step
+// (Scheduler::finish_request): their seat and KV blocks serve the waiting requests from the
+// next step, and the model is not called for them again.
 #pragma once
 
 #include <cstdint>
