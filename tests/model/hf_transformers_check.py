@@ -225,7 +225,7 @@ def make_config(arch, vocab, bos, eos):
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
     common = dict(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                  num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                   max_position_embeddings=8192, rms_norm_eps=1e-5, bos_token_id=bos,
                   eos_token_id=eos, tie_word_embeddings=False)
     if arch == "llama":
@@ -244,7 +244,7 @@ def make_config(arch, vocab, bos, eos):
         c = dict(common, tie_word_embeddings=True, rms_norm_eps=1e-6)
         return transformers.Gemma2Config(**c, rope_theta=10000.0, sliding_window=96,
                                          attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                                         query_pre_attn_scalar=32, hidden_activation="gelu_pytorch_tanh")
+                                         query_pre_attn_scalar=64, hidden_activation="gelu_pytorch_tanh")
     raise ValueError(f"unknown architecture '{arch}'; valid: llama, mistral, qwen2, qwen3, gemma2")
 
 
