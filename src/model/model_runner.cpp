@@ -87,7 +87,7 @@ class ModelRunner::Impl final : public AttentionRunner {
   // Plans and allocates the KV cache for `budget` bytes and requests of up to `max_len`
   // tokens, with the backend's layers, builders, batches and preparers; release_attention()
   // frees all of it (the CUDA profiling step's temporary cache).
-  void build_attention(int64_t budget, int64_t max_len, const std::string& budget_origin);
+  void build_attention(int64_t budget, int64_t max_len, const std::string& budget_what);
   void release_attention();
   void attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) override;
 
@@ -168,7 +168,8 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
       const int64_t blocks = kCpuDefaultRequests * ((max_len + o.block_size - 1) / o.block_size) + 2;
       budget = std::min(kCpuDefaultKvMax, blocks * o.block_size * per_token);
     }
-    build_attention(budget, max_len, o.kv_cache_memory ? "" : " (the CPU default)");
+    build_attention(budget, max_len,
+                    fmt::format("--kv-cache-memory {} bytes{}", budget, o.kv_cache_memory ? "" : " (the CPU default)"));
     ModelWeights w = load_weights(traits_, cfg_, dir.weights);
     mem_.weights = 0;
     for (const auto* v : {&w.embed, &w.final_norm, &w.lm_head}) mem_.weights += static_cast<int64_t>(v->size()) * 4;
@@ -183,10 +184,14 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
   }
 
   // ---- CUDA: weights, then a profiling step, then the KV cache from what is left ---------
-  if (cuda::built_with_cuda() && o.device.index >= cuda::device_count())
-    throw Unsupported(fmt::format("--device {}: this machine has {} usable CUDA device(s); use --device cpu or one "
-                                  "of cuda:0..cuda:{}",
-                                  o.device.str(), cuda::device_count(), cuda::device_count() - 1));
+  if (cuda::built_with_cuda() && o.device.index >= cuda::device_count()) {
+    const int n = cuda::device_count();
+    throw Unsupported(n == 0 ? fmt::format("--device {}: this machine has no usable CUDA device; use --device cpu",
+                                           o.device.str())
+                             : fmt::format("--device {}: this machine has {} usable CUDA device(s); use one of "
+                                           "cuda:0..cuda:{} or --device cpu",
+                                           o.device.str(), n, n - 1));
+  }
   const DeviceMemoryInfo before = device_memory_info(o.device);
   mem_.total = before.total;
   mem_.in_use_before = before.total - before.free;
@@ -209,7 +214,8 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
   // With G groups a logical block costs about bs * per_token_all_layers (G physical blocks of
   // 1/G of the layers each); twice that covers group padding and alignment.
   const int64_t profile_budget = 2 * (profile_blocks + 2) * bs * per_token_all_layers + (1 << 20);
-  build_attention(profile_budget, profile_len, " (the profiling step's temporary KV cache)");
+  build_attention(profile_budget, profile_len,
+                  fmt::format("{} bytes (the profiling step's temporary KV cache)", profile_budget));
   {
     std::vector<std::vector<int32_t>> ids, blocks;
     int32_t next_block = 1;
@@ -238,13 +244,13 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
     mem_.utilization = o.gpu_memory_utilization;
     budget = gpu_kv_cache_budget(mem_);
   }
-  const std::string origin =
+  const std::string what =
       o.kv_cache_memory
-          ? std::string()
-          : fmt::format(" (= {:.0f} total x {} utilization - {} in use before loading - {} weights - {} activations)",
-                        static_cast<double>(mem_.total), mem_.utilization, mem_.in_use_before, mem_.weights,
-                        mem_.activations);
-  build_attention(budget, max_len, origin);
+          ? fmt::format("--kv-cache-memory {} bytes", budget)
+          : fmt::format("a KV cache budget of {} bytes (= {} bytes total x {} --gpu-memory-utilization - {} in use "
+                        "before loading - {} weights - {} activations)",
+                        budget, mem_.total, mem_.utilization, mem_.in_use_before, mem_.weights, mem_.activations);
+  build_attention(budget, max_len, what);
   mem_.kv_cache = plan_.total_bytes;
 }
 
@@ -261,7 +267,7 @@ void ModelRunner::Impl::release_attention() {
   num_logical_blocks_ = 0;
 }
 
-void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const std::string& budget_origin) {
+void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const std::string& budget_what) {
   const Options& o = opt_;
   const ArchTraits& traits = traits_;
   // ---- KV cache plan from the model's real layer specs ------------------------------------
@@ -294,9 +300,9 @@ void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const s
     // budget here).  Other plan errors (layout, block size) are the user's choices, as named.
     if (std::string_view(e.what()).find("--gpu-memory") == std::string_view::npos) throw;
     throw InvalidArgument(fmt::format(
-        "the KV cache cannot be planned with {} bytes{} and --max-model-len {}: {}. Raise {} or lower "
+        "the KV cache cannot be planned with {} and --max-model-len {}: {}. Raise {} or lower "
         "--max-model-len",
-        budget, budget_origin, mc.max_model_len, e.what(),
+        budget_what, mc.max_model_len, e.what(),
         o.device.is_cuda() && o.kv_cache_memory == 0 ? "--gpu-memory-utilization" : "--kv-cache-memory"));
   }
 

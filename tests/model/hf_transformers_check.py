@@ -14,8 +14,8 @@ matter), saves it with save_pretrained, adds a real tokenizer, and compares:
 * tokenization: kvattn's prompt_token_ids of a text corpus against the `tokenizers` library's
   encoding of the same tokenizer.json.
 
-kvattn runs the model on the CPU in float32 (its CUDA model compute is not built yet: `--device
-cuda` answers Unsupported); transformers runs on the GPU when there is one.
+kvattn runs the model on the CPU in float32 (`--device cpu --dtype float32`); transformers runs
+on the GPU when there is one.
 
 Greedy continuations may part where transformers' own top-2 logit gap is below the float32 noise
 (`--tie-gap`); such a divergence is reported as a tie, and the comparison stops there for that

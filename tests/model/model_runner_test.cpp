@@ -60,6 +60,7 @@ TEST(ModelRunnerOptions, CudaWithoutDeviceAndNonF32CpuComputeAreUnsupported) {
   o.device = Device::cuda(cuda::available() ? cuda::device_count() : 0);  // a device this machine lacks
   const std::string e = error_of<Unsupported>([&] { ModelRunner r(dir, o); });
   EXPECT_NE(e.find(cuda::built_with_cuda() ? "usable CUDA device" : "built without CUDA"), std::string::npos) << e;
+  EXPECT_NE(e.find("--device cpu"), std::string::npos) << e;
   o = opts();
   o.compute_dtype = DType::bf16;
   EXPECT_NE(error_of<Unsupported>([&] { ModelRunner r(dir, o); }).find("float32"), std::string::npos);
