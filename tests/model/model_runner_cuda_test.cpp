@@ -2,7 +2,8 @@
 // independent float64 NumPy reference (reference_forward.py), as forward_test.cpp and
 // llm_model_test.cpp check the CPU forward: batched prefill, chunked prefill + decode, NHD and
 // HND KV layouts, an fp8 KV cache, greedy generation batched, chunked and under preemption;
-// compute in f32, bf16 and f16.  Skipped without a CUDA device.
+// compute in f32, bf16 and f16, on the test models with head_dim 64.  Skipped without a CUDA
+// device.
 //
 // Tolerances.  f32 compute: max |Δlogit| <= 1e-3, as on the CPU (cuBLAS runs f32 GEMMs without
 // TF32).  bf16 compute rounds every activation and the residual stream to 8 significant bits
@@ -40,11 +41,17 @@ using testing::run_prompts;
 #define SKIP_WITHOUT_GPU() \
   if (!cuda::available()) GTEST_SKIP() << "no CUDA device"
 
+// The CPU tests' models with head_dim 64 (the CUDA attention kernels exist for head_dim 64,
+// 128, 256; the CPU tests use 16).  Qwen2 derives head_dim from hidden_size / 4 heads.
+std::string cuda_generator_args(const std::string& arch) {
+  return generator_args(arch) + (arch.starts_with("qwen2") ? " --hidden 256" : " --head-dim 64");
+}
+
 const ReferenceModel& model_for(const std::string& arch) {
   static std::map<std::string, ReferenceModel> cache;
   auto it = cache.find(arch);
   if (it == cache.end())
-    it = cache.emplace(arch, testing::reference_model(arch, generator_args(arch), kLengths, 4, 11)).first;
+    it = cache.emplace(arch, testing::reference_model(arch, cuda_generator_args(arch), kLengths, 4, 11)).first;
   return it->second;
 }
 
