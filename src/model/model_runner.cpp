@@ -308,7 +308,13 @@ void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const s
 
   // ---- backend -----------------------------------------------------------------------
   bc_.platform.device = o.device;
-  bc_.num_sms = o.device.is_cuda() ? cuda::multiprocessor_count(o.device.index) : std::max(1, cpu::num_threads());
+  if (o.device.is_cuda()) {
+    const int cc = cuda::compute_capability(o.device.index);
+    bc_.platform.capability = DeviceCapability{cc / 10, cc % 10};
+    bc_.num_sms = cuda::multiprocessor_count(o.device.index);
+  } else {
+    bc_.num_sms = std::max(1, cpu::num_threads());
+  }
   bc_.model_dtype = compute_dtype_;
   bc_.num_attention_heads = cfg_.num_attention_heads;
   bc_.num_kv_heads = cfg_.num_key_value_heads;
@@ -429,6 +435,7 @@ Tensor ModelRunner::Impl::execute(std::span<const StepRequest> reqs) {
   KVATTN_CHECK(total <= opt_.max_num_batched_tokens, "a step of {} tokens exceeds max_num_batched_tokens {}", total,
                opt_.max_num_batched_tokens);
   if (R == 0) return logits_.narrow(0, 0, 0);
+  if (opt_.device.is_cuda()) cuda::set_device(opt_.device.index);  // the caller's thread may be on another
 
   // Batch rows: every group holds the same rows (its own physical block ids), reordered
   // decode -> short extend -> long extend -> prefill by the same permutation.

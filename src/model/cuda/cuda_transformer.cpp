@@ -48,7 +48,7 @@ struct CudaTransformer::State {
   DType t = DType::bf16;
   int64_t H = 0, Hq = 0, Hk = 0, D = 0, I = 0, V = 0, max_tokens = 0, max_rows = 0;
   int64_t weight_bytes = 0, activation_bytes = 0;
-  gpu::Gemm gemm;
+  std::unique_ptr<gpu::Gemm> gemm;  // created on the device (its cuBLAS handle binds to it)
   // Weights in the compute dtype.
   Tensor embed, final_norm, lm_head;  // lm_head undefined when tied
   std::vector<DeviceLayer> layers;
@@ -134,7 +134,7 @@ struct CudaTransformer::State {
     const auto eps = static_cast<float>(cfg.rms_norm_eps);
     const int64_t QKV = (Hq + 2 * Hk) * D, qd = Hq * D, kd = Hk * D;
     gpu::rms_norm(x.data(), T, H, H, l.input_norm.data(), eps, p1, normed.data(), H, t);
-    gemm.linear(normed.data(), T, H, H, l.qkv_w.data(), QKV, l.qkv_b.defined() ? l.qkv_b.data() : nullptr,
+    gemm->linear(normed.data(), T, H, H, l.qkv_w.data(), QKV, l.qkv_b.defined() ? l.qkv_b.data() : nullptr,
                 qkv.data(), QKV, t, t);
     split_qkv(T);
     if (traits.qk_norm) {
@@ -145,7 +145,7 @@ struct CudaTransformer::State {
     gpu::rope_neox(q.data(), T, Hq, D, qd, D, pos, cos.data_ptr<float>(), sin.data_ptr<float>(), t);
     gpu::rope_neox(k.data(), T, Hk, D, kd, D, pos, cos.data_ptr<float>(), sin.data_ptr<float>(), t);
     attn.attend(layer, q.narrow(0, 0, T), k.narrow(0, 0, T), v.narrow(0, 0, T), o.narrow(0, 0, T));
-    gemm.linear(o.data(), T, qd, qd, l.o_w.data(), H, nullptr, proj.data(), H, t, t);
+    gemm->linear(o.data(), T, qd, qd, l.o_w.data(), H, nullptr, proj.data(), H, t, t);
     if (traits.sandwich_norms) gpu::rms_norm(proj.data(), T, H, H, l.post_attn_norm.data(), eps, p1, proj.data(), H, t);
     gpu::add_inplace(x.data(), proj.data(), T * H, t);
   }
@@ -156,11 +156,11 @@ struct CudaTransformer::State {
     const auto eps = static_cast<float>(cfg.rms_norm_eps);
     const Tensor& pre = traits.sandwich_norms ? l.pre_ff_norm : l.post_attn_norm;
     gpu::rms_norm(x.data(), T, H, H, pre.data(), eps, p1, normed.data(), H, t);
-    gemm.linear(normed.data(), T, H, H, l.gate_up_w.data(), 2 * I, nullptr, gate_up.data(), 2 * I, t, t);
+    gemm->linear(normed.data(), T, H, H, l.gate_up_w.data(), 2 * I, nullptr, gate_up.data(), 2 * I, t, t);
     gpu::act_mul(gate_up.data(), T, I,
                  traits.activation == Activation::silu ? gpu::GatedActivation::silu : gpu::GatedActivation::gelu_tanh,
                  act.data(), t);
-    gemm.linear(act.data(), T, I, I, l.down_w.data(), H, nullptr, proj.data(), H, t, t);
+    gemm->linear(act.data(), T, I, I, l.down_w.data(), H, nullptr, proj.data(), H, t, t);
     if (traits.sandwich_norms) gpu::rms_norm(proj.data(), T, H, H, l.post_ff_norm.data(), eps, p1, proj.data(), H, t);
     gpu::add_inplace(x.data(), proj.data(), T * H, t);
   }
@@ -190,6 +190,7 @@ CudaTransformer::CudaTransformer(const HfModelConfig& config, ArchTraits traits,
   s.V = config.vocab_size;
   s.max_tokens = max_tokens;
   s.max_rows = max_logit_rows;
+  s.gemm = std::make_unique<gpu::Gemm>();
   s.upload_weights(weights);
   const int64_t T = max_tokens, N = max_logit_rows;
   s.x = s.alloc({T, s.H}, dtype);
@@ -246,7 +247,7 @@ void CudaTransformer::forward(std::span<const int32_t> tokens, std::span<const i
   gpu::gather_rows(s.x.data(), s.H, s.rows.data_ptr<int64_t>(), N, s.gathered.data(), t);
   gpu::rms_norm(s.gathered.data(), N, s.H, s.H, s.final_norm.data(), static_cast<float>(s.cfg.rms_norm_eps),
                 s.traits.norm_plus_one, s.gathered.data(), s.H, t);
-  s.gemm.linear(s.gathered.data(), N, s.H, s.H, s.lm(), s.V, nullptr, s.logits.data(), s.V, t, DType::f32);
+  s.gemm->linear(s.gathered.data(), N, s.H, s.H, s.lm(), s.V, nullptr, s.logits.data(), s.V, t, DType::f32);
   if (s.traits.final_softcap)
     gpu::soft_cap(s.logits.data(), N * s.V, static_cast<float>(*s.traits.final_softcap), DType::f32);
   cuda::memcpy(logits, s.logits.data(), static_cast<size_t>(N * s.V) * sizeof(float));
