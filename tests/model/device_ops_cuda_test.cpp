@@ -7,8 +7,9 @@
 // Tolerances (per element, `ref` the CPU result rounded to the dtype):
 //   * f32: |got - ref| <= 1e-5 * max(|ref|, s), s the magnitude of the terms that cancel in
 //     the element (0 where nothing cancels), so the bound is relative to what was computed.
-//   * bf16 / f16: |got - ref| <= one ulp of the dtype at max(|got|, |ref|): both sides round
-//     an f32 value that agrees to a few f32 ulps, so they differ by at most one step.
+//   * bf16 / f16: |got - ref| <= one ulp of the dtype at max(|got|, |ref|) + 1e-5 * s: both
+//     sides round an f32 value that agrees to a few f32 ulps (of s where terms cancel), so
+//     they differ by at most one step of the dtype.
 // GEMMs: f32 (pedantic) against cpu::linear: 1e-5 * max(|ref|, sum |x w|); bf16 / f16 inputs
 // against a double reference of the rounded inputs: 1e-5 * sum |x w| (f32 accumulation), plus
 // one ulp of the output dtype when the output is bf16 / f16.
@@ -143,7 +144,7 @@ double ulp(double m, DType t) {
     } else {
       const double s = scale.empty() ? 0.0 : scale[i];
       const double tol = t == DType::f32 ? 1e-5 * std::max<double>(std::fabs(ref[i]), s)
-                                         : ulp(std::max(std::fabs(got[i]), std::fabs(ref[i])), t);
+                                         : ulp(std::max(std::fabs(got[i]), std::fabs(ref[i])), t) + 1e-5 * s;
       ok = std::fabs(double(got[i]) - double(ref[i])) <= tol;
     }
     if (!ok && bad++ == 0)
