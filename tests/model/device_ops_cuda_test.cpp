@@ -164,7 +164,9 @@ class CudaModelOps : public ::testing::Test {
 };
 
 const int64_t kRows[] = {1, 3, 37};
-const int64_t kDims[] = {64, 128, 96, 4544};
+// 37: rows that are no multiple of a 16-byte vector (the kernels' element-wise path)
+const int64_t kDims[] = {64, 128, 96, 4544, 37};
+const int64_t kHeadDims[] = {64, 128, 96, 4544};
 
 // ---- embedding -----------------------------------------------------------------------------
 
@@ -199,35 +201,36 @@ TEST_F(CudaModelOps, RmsNormMatchesCpuStridedAndInPlace) {
     for (int64_t rows : kRows)
       for (int64_t dim : kDims)
         for (bool plus_one : {false, true})
-          for (bool in_place : {false, true}) {
-            SCOPED_TRACE(::testing::Message() << dtype_name(t) << " rows " << rows << " dim " << dim << " plus_one "
-                                              << plus_one << " in_place " << in_place);
-            const int64_t xs = dim + 5, os = in_place ? xs : dim + 11;
-            const float eps = 1e-6f;
-            std::vector<float> x(size_t(rows * xs), kSentinel);
-            for (int64_t r = 0; r < rows; ++r) {
-              const auto v = uniform(size_t(dim), rng, -2, 2);
-              std::copy(v.begin(), v.end(), x.begin() + r * xs);
+          for (bool in_place : {false, true})
+            for (int64_t extra : {5, 8}) {  // 8: 16-byte aligned rows (the vector path)
+              SCOPED_TRACE(::testing::Message() << dtype_name(t) << " rows " << rows << " dim " << dim << " plus_one "
+                                                << plus_one << " in_place " << in_place << " stride +" << extra);
+              const int64_t xs = dim + extra, os = in_place ? xs : dim + 2 * extra + 1 + (extra == 8 ? 7 : 0);
+              const float eps = 1e-6f;
+              std::vector<float> x(size_t(rows * xs), kSentinel);
+              for (int64_t r = 0; r < rows; ++r) {
+                const auto v = uniform(size_t(dim), rng, -2, 2);
+                std::copy(v.begin(), v.end(), x.begin() + r * xs);
+              }
+              x = rounded(x, t);
+              const auto w = rounded(uniform(size_t(dim), rng, plus_one ? -0.5f : 0.5f, 1.5f), t);
+              Dev d_x = upload(x, t), d_w = upload(w, t);
+              Dev d_out(in_place ? 0 : size_t(rows * os * dtype_size(t)));
+              std::vector<float> ref;
+              if (in_place) {
+                ref = x;
+              } else {
+                ref.assign(size_t(rows * os), kNaN);
+                const auto poison = encode(ref, t);
+                cuda::memcpy(d_out.p, poison.data(), poison.size());
+              }
+              for (int64_t r = 0; r < rows; ++r)
+                cpu::rms_norm(x.data() + r * xs, 1, dim, dim, w.data(), eps, plus_one, ref.data() + r * os);
+              ref = rounded(ref, t);
+              void* out = in_place ? d_x.p : d_out.p;
+              gpu::rms_norm(d_x.p, rows, dim, xs, d_w.p, eps, plus_one, out, os, t);
+              EXPECT_TRUE(all_close(download(in_place ? d_x : d_out, ref.size(), t), ref, t));
             }
-            x = rounded(x, t);
-            const auto w = rounded(uniform(size_t(dim), rng, plus_one ? -0.5f : 0.5f, 1.5f), t);
-            Dev d_x = upload(x, t), d_w = upload(w, t);
-            Dev d_out(in_place ? 0 : size_t(rows * os * dtype_size(t)));
-            std::vector<float> ref;
-            if (in_place) {
-              ref = x;
-            } else {
-              ref.assign(size_t(rows * os), kNaN);
-              const auto poison = encode(ref, t);
-              cuda::memcpy(d_out.p, poison.data(), poison.size());
-            }
-            for (int64_t r = 0; r < rows; ++r)
-              cpu::rms_norm(x.data() + r * xs, 1, dim, dim, w.data(), eps, plus_one, ref.data() + r * os);
-            ref = rounded(ref, t);
-            void* out = in_place ? d_x.p : d_out.p;
-            gpu::rms_norm(d_x.p, rows, dim, xs, d_w.p, eps, plus_one, out, os, t);
-            EXPECT_TRUE(all_close(download(in_place ? d_x : d_out, ref.size(), t), ref, t));
-          }
 }
 
 TEST_F(CudaModelOps, AddRmsNormMatchesCpu) {
@@ -267,7 +270,7 @@ TEST_F(CudaModelOps, RopeNeoxMatchesCpuStrided) {
   std::mt19937 rng(4);
   for (DType t : kDTypes)
     for (int64_t tokens : kRows)
-      for (int64_t head_dim : kDims)
+      for (int64_t head_dim : kHeadDims)
         for (int64_t heads : {1, 3}) {
           SCOPED_TRACE(::testing::Message() << dtype_name(t) << " tokens " << tokens << " head_dim " << head_dim
                                             << " heads " << heads);
