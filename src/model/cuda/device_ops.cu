@@ -60,6 +60,27 @@ __device__ __forceinline__ float round_to(float v) {
   return ld<T>(&tmp, 0);
 }
 
+// V consecutive elements moved as one 16-byte (or narrower) access.  The launchers pick
+// V = 16 / sizeof(T) when every row start is 16-byte aligned and the row length a multiple of
+// V, else V = 1 (plain element loads); the arithmetic is the same either way.
+template <class T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <class T, int V>
+__device__ __forceinline__ void load_pack(const T* p, int64_t pack, float (&f)[V]) {
+  const Pack<T, V> pk = reinterpret_cast<const Pack<T, V>*>(p)[pack];
+#pragma unroll
+  for (int k = 0; k < V; ++k) f[k] = ld<T>(pk.v, k);
+}
+template <class T, int V>
+__device__ __forceinline__ void store_pack(T* p, int64_t pack, const float (&f)[V]) {
+  Pack<T, V> pk;
+#pragma unroll
+  for (int k = 0; k < V; ++k) st<T>(pk.v, k, f[k]);
+  reinterpret_cast<Pack<T, V>*>(p)[pack] = pk;
+}
+
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535LL * 16;  // grid-stride loops cover the rest
 
@@ -101,45 +122,63 @@ __global__ void embedding_kernel(const int32_t* __restrict__ ids, int64_t tokens
 
 // One block per row.  Each thread reads and writes the same elements in both passes, so
 // out == x is safe.
-template <class T>
+template <class T, int V>
 __global__ void rms_norm_kernel(const T* x, int64_t rows, int64_t dim, int64_t x_stride, const T* __restrict__ w,
                                 float eps, bool plus_one, T* out, int64_t out_stride) {
+  const int64_t packs = dim / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * x_stride;
     T* o = out + r * out_stride;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-      const float v = ld<T>(xr, i);
-      ss = __fmaf_rn(v, v, ss);
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      float f[V];
+      load_pack<T, V>(xr, p, f);
+#pragma unroll
+      for (int k = 0; k < V; ++k) ss = __fmaf_rn(f[k], f[k], ss);
     }
     ss = block_sum(ss);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-      const float wi = plus_one ? 1.0f + ld<T>(w, i) : ld<T>(w, i);
-      st<T>(o, i, __fmul_rn(__fmul_rn(ld<T>(xr, i), inv), wi));
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      float f[V], wv[V];
+      load_pack<T, V>(xr, p, f);
+      load_pack<T, V>(w, p, wv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) f[k] = __fmul_rn(__fmul_rn(f[k], inv), plus_one ? 1.0f + wv[k] : wv[k]);
+      store_pack<T, V>(o, p, f);
     }
     __syncthreads();  // block_sum's shared total is reused by the next row
   }
 }
 
-template <class T>
+template <class T, int V>
 __global__ void add_rms_norm_kernel(const T* x, T* residual, int64_t rows, int64_t dim, const T* __restrict__ w,
                                     float eps, bool plus_one, T* out) {
+  const int64_t packs = dim / V;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* xr = x + r * dim;
     T* res = residual + r * dim;
     T* o = out + r * dim;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-      const float v = round_to<T>(__fadd_rn(ld<T>(res, i), ld<T>(xr, i)));
-      st<T>(res, i, v);
-      ss = __fmaf_rn(v, v, ss);
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      float f[V], a[V];
+      load_pack<T, V>(res, p, f);
+      load_pack<T, V>(xr, p, a);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        f[k] = round_to<T>(__fadd_rn(f[k], a[k]));
+        ss = __fmaf_rn(f[k], f[k], ss);
+      }
+      store_pack<T, V>(res, p, f);
     }
     ss = block_sum(ss);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-      const float wi = plus_one ? 1.0f + ld<T>(w, i) : ld<T>(w, i);
-      st<T>(o, i, __fmul_rn(__fmul_rn(ld<T>(res, i), inv), wi));
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      float f[V], wv[V];
+      load_pack<T, V>(res, p, f);
+      load_pack<T, V>(w, p, wv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) f[k] = __fmul_rn(__fmul_rn(f[k], inv), plus_one ? 1.0f + wv[k] : wv[k]);
+      store_pack<T, V>(o, p, f);
     }
     __syncthreads();
   }
@@ -164,31 +203,46 @@ __global__ void rope_neox_kernel(T* x, int64_t tokens, int64_t heads, int64_t ha
   }
 }
 
-template <class T, GatedActivation kAct>
-__global__ void act_mul_kernel(const T* __restrict__ gate_up, int64_t tokens, int64_t inter, T* __restrict__ out) {
+template <GatedActivation kAct>
+__device__ __forceinline__ float activation(float v) {
   constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+  if constexpr (kAct == GatedActivation::silu) {
+    return __fdiv_rn(v, __fadd_rn(1.0f, expf(-v)));
+  } else {
+    const float v3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, v), v), v);
+    return __fmul_rn(__fmul_rn(0.5f, v), __fadd_rn(1.0f, tanhf(__fmul_rn(kC, __fadd_rn(v, v3)))));
+  }
+}
+
+template <class T, int V, GatedActivation kAct>
+__global__ void act_mul_kernel(const T* __restrict__ gate_up, int64_t tokens, int64_t inter, T* __restrict__ out) {
+  const int64_t packs = inter / V;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const T* g = gate_up + t * 2 * inter;
     const T* u = g + inter;
     T* o = out + t * inter;
-    for (int64_t i = threadIdx.x; i < inter; i += blockDim.x) {
-      const float v = ld<T>(g, i);
-      float a;
-      if constexpr (kAct == GatedActivation::silu) {
-        a = __fdiv_rn(v, __fadd_rn(1.0f, expf(-v)));
-      } else {
-        const float v3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, v), v), v);
-        a = __fmul_rn(__fmul_rn(0.5f, v), __fadd_rn(1.0f, tanhf(__fmul_rn(kC, __fadd_rn(v, v3)))));
-      }
-      st<T>(o, i, __fmul_rn(a, ld<T>(u, i)));
+    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      float gv[V], uv[V];
+      load_pack<T, V>(g, p, gv);
+      load_pack<T, V>(u, p, uv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv[k] = __fmul_rn(activation<kAct>(gv[k]), uv[k]);
+      store_pack<T, V>(o, p, gv);
     }
   }
 }
 
-template <class T>
+// n / V packs (n a multiple of V).
+template <class T, int V>
 __global__ void add_inplace_kernel(T* __restrict__ y, const T* __restrict__ x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    st<T>(y, i, __fadd_rn(ld<T>(y, i), ld<T>(x, i)));
+  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < n / V; p += int64_t(gridDim.x) * blockDim.x) {
+    float a[V], b[V];
+    load_pack<T, V>(y, p, a);
+    load_pack<T, V>(x, p, b);
+#pragma unroll
+    for (int k = 0; k < V; ++k) a[k] = __fadd_rn(a[k], b[k]);
+    store_pack<T, V>(y, p, a);
+  }
 }
 
 template <class T>
@@ -234,6 +288,8 @@ bool dispatch(DType t, F&& f) {
   }
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 int launched(bool dispatched) { return dispatched ? static_cast<int>(cudaGetLastError()) : int(cudaErrorInvalidValue); }
 
 }  // namespace
@@ -253,9 +309,14 @@ int rms_norm(const void* x, int64_t rows, int64_t dim, int64_t x_stride, const v
              void* out, int64_t out_stride, DType t) {
   return launched(dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    rms_norm_kernel<T><<<row_blocks(rows), kThreads>>>(static_cast<const T*>(x), rows, dim, x_stride,
-                                                       static_cast<const T*>(w), eps, plus_one, static_cast<T*>(out),
-                                                       out_stride);
+    constexpr int V = 16 / sizeof(T);
+    const auto* xp = static_cast<const T*>(x);
+    const auto* wp = static_cast<const T*>(w);
+    auto* op = static_cast<T*>(out);
+    if (aligned16(x) && aligned16(w) && aligned16(out) && dim % V == 0 && x_stride % V == 0 && out_stride % V == 0)
+      rms_norm_kernel<T, V><<<row_blocks(rows), kThreads>>>(xp, rows, dim, x_stride, wp, eps, plus_one, op, out_stride);
+    else
+      rms_norm_kernel<T, 1><<<row_blocks(rows), kThreads>>>(xp, rows, dim, x_stride, wp, eps, plus_one, op, out_stride);
   }));
 }
 
@@ -263,9 +324,15 @@ int add_rms_norm(const void* x, void* residual, int64_t rows, int64_t dim, const
                  void* out, DType t) {
   return launched(dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_rms_norm_kernel<T><<<row_blocks(rows), kThreads>>>(static_cast<const T*>(x), static_cast<T*>(residual), rows,
-                                                           dim, static_cast<const T*>(w), eps, plus_one,
-                                                           static_cast<T*>(out));
+    constexpr int V = 16 / sizeof(T);
+    const auto* xp = static_cast<const T*>(x);
+    auto* rp = static_cast<T*>(residual);
+    const auto* wp = static_cast<const T*>(w);
+    auto* op = static_cast<T*>(out);
+    if (aligned16(x) && aligned16(residual) && aligned16(w) && aligned16(out) && dim % V == 0)
+      add_rms_norm_kernel<T, V><<<row_blocks(rows), kThreads>>>(xp, rp, rows, dim, wp, eps, plus_one, op);
+    else
+      add_rms_norm_kernel<T, 1><<<row_blocks(rows), kThreads>>>(xp, rp, rows, dim, wp, eps, plus_one, op);
   }));
 }
 
@@ -281,19 +348,35 @@ int rope_neox(void* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t 
 int act_mul(const void* gate_up, int64_t tokens, int64_t inter, GatedActivation act, void* out, DType t) {
   return launched(dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
+    constexpr int V = 16 / sizeof(T);
     const auto* g = static_cast<const T*>(gate_up);
     auto* o = static_cast<T*>(out);
-    if (act == GatedActivation::silu)
-      act_mul_kernel<T, GatedActivation::silu><<<row_blocks(tokens), kThreads>>>(g, tokens, inter, o);
-    else
-      act_mul_kernel<T, GatedActivation::gelu_tanh><<<row_blocks(tokens), kThreads>>>(g, tokens, inter, o);
+    const int blocks = row_blocks(tokens);
+    const bool vec = aligned16(gate_up) && aligned16(out) && inter % V == 0;
+    if (act == GatedActivation::silu) {
+      if (vec)
+        act_mul_kernel<T, V, GatedActivation::silu><<<blocks, kThreads>>>(g, tokens, inter, o);
+      else
+        act_mul_kernel<T, 1, GatedActivation::silu><<<blocks, kThreads>>>(g, tokens, inter, o);
+    } else {
+      if (vec)
+        act_mul_kernel<T, V, GatedActivation::gelu_tanh><<<blocks, kThreads>>>(g, tokens, inter, o);
+      else
+        act_mul_kernel<T, 1, GatedActivation::gelu_tanh><<<blocks, kThreads>>>(g, tokens, inter, o);
+    }
   }));
 }
 
 int add_inplace(void* y, const void* x, int64_t n, DType t) {
   return launched(dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    add_inplace_kernel<T><<<blocks_for(n, kThreads), kThreads>>>(static_cast<T*>(y), static_cast<const T*>(x), n);
+    constexpr int V = 16 / sizeof(T);
+    auto* yp = static_cast<T*>(y);
+    const auto* xp = static_cast<const T*>(x);
+    if (aligned16(y) && aligned16(x) && n % V == 0)
+      add_inplace_kernel<T, V><<<blocks_for(n / V, kThreads), kThreads>>>(yp, xp, n);
+    else
+      add_inplace_kernel<T, 1><<<blocks_for(n, kThreads), kThreads>>>(yp, xp, n);
   }));
 }
 
