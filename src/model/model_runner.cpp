@@ -1,6 +1,7 @@
 #include "kvattn/model/model_runner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -192,7 +193,14 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
                                            "cuda:0..cuda:{} or --device cpu",
                                            o.device.str(), n, n - 1));
   }
-  const DeviceMemoryInfo before = device_memory_info(o.device);
+  const DeviceMemoryInfo before = device_memory_info(o.device);  // Unsupported in builds without CUDA
+  {
+    const AttentionBackendPtr be = AttentionBackendRegistry::global().get("FLASHINFER");
+    if (!be->supports_head_size(cfg_.head_dim))
+      throw Unsupported(fmt::format("--device {}: the model's head_dim {} has no CUDA attention kernel (head sizes "
+                                    "{}); run it with --device cpu",
+                                    o.device.str(), cfg_.head_dim, fmt::join(be->get_supported_head_sizes(), ", ")));
+  }
   mem_.total = before.total;
   mem_.in_use_before = before.total - before.free;
   cuda_model_ = std::make_unique<CudaTransformer>(cfg_, traits_, dir.weights, o.device, compute_dtype_,

@@ -341,6 +341,23 @@ TEST_P(CudaArchTest, GreedyGenerationBatchedChunkedAndPreempted) {
   }
 }
 
+// head_dim 16 (the CPU tests' models) has no CUDA attention kernel: refused before loading.
+TEST(CudaModelRunner, HeadDimWithoutKernelIsUnsupported) {
+  SKIP_WITHOUT_GPU();
+  namespace fs = std::filesystem;
+  const fs::path dir = testing::data_dir() / ("head16-" + std::to_string(::getpid()));
+  testing::run("/usr/bin/python3 " + (testing::source_dir() / "tests" / "model" / "make_test_model.py").string() +
+               " --arch llama --tokenizer none --out " + dir.string() + " > /dev/null");
+  const ModelDir md = open_model_dir(dir, false);
+  try {
+    ModelRunner r(md, options(DType::bf16));
+    ADD_FAILURE() << "head_dim 16 was accepted on CUDA";
+  } catch (const Unsupported& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 16"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaArchTest,
                          ::testing::Values("llama", "mistral", "qwen2", "qwen3", "gemma2", "qwen2_window"),
                          [](const auto& info) { return info.param; });
