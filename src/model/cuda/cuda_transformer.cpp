@@ -17,7 +17,7 @@ namespace kvattn::model {
 namespace {
 
 void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(ErrorKind::Internal, fmt::format("{}: {}", what, cudaGetErrorString(e)));
+  if (e != cudaSuccess) throw InternalError(fmt::format("{}: CUDA error {}", what, cudaGetErrorString(e)));
 }
 
 // A value as the compute dtype stores it (transformers rounds Gemma's embedding scale so).
@@ -56,9 +56,10 @@ struct CudaTransformer::State {
   Tensor x, normed, qkv, q, k, v, o, proj, gate_up, act, gathered, logits;  // logits: f32
   Tensor ids, positions, rows, cos, sin;
 
-  Tensor alloc(const Dims& shape, DType dt, bool activation = true) {
+  // A step buffer (counted in activation_bytes).
+  Tensor alloc(const Dims& shape, DType dt) {
     Tensor r = Tensor::empty(shape, dt, device);
-    if (activation) activation_bytes += r.numel() * dtype_size(dt);
+    activation_bytes += r.numel() * dtype_size(dt);
     return r;
   }
   const void* lm() const { return lm_head.defined() ? lm_head.data() : embed.data(); }
