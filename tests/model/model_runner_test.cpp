@@ -121,6 +121,25 @@ TEST(ModelRunnerOptions, GpuMemoryUtilizationAndBudget) {
   EXPECT_NE(e.find("--gpu-memory-utilization"), std::string::npos) << e;
 }
 
+// On CPU the memory plan has the f32 weights and the KV cache (no device figures).
+TEST(ModelRunnerOptions, CpuMemoryPlan) {
+  const ModelDir dir = open_model_dir(tiny("llama").dir, false);
+  ModelRunner r(dir, opts());
+  const ModelRunner::MemoryPlan& m = r.memory_plan();
+  const HfModelConfig& c = dir.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t per_layer = 2 * H + (c.num_attention_heads + 2 * c.num_key_value_heads) * D * H +
+                            H * c.num_attention_heads * D + 3 * H * I;
+  EXPECT_EQ(m.weights, 4 * (V * H * (c.tie_word_embeddings ? 1 : 2) + H + c.num_hidden_layers * per_layer));
+  EXPECT_EQ(r.weight_bytes(), m.weights);
+  EXPECT_GT(m.kv_cache, 0);
+  EXPECT_LE(m.kv_cache, opts().kv_cache_memory);
+  EXPECT_EQ(r.kv_cache_bytes(), m.kv_cache);
+  EXPECT_EQ(m.total, 0);
+  EXPECT_EQ(m.activations, 0);
+  EXPECT_EQ(m.utilization, 0);
+}
+
 TEST(ModelRunnerOptions, ParseDtypeOption) {
   EXPECT_FALSE(ModelRunner::parse_dtype_option("auto").has_value());
   EXPECT_EQ(ModelRunner::parse_dtype_option("bfloat16"), DType::bf16);
