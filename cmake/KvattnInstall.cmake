@@ -36,7 +36,11 @@ if(TARGET kvattn_model)
 endif()
 set(KVATTN_PC_LIBS "${kvattn_pc_libs}")
 if(KVATTN_WITH_CUDA)
-  string(APPEND KVATTN_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+  string(APPEND KVATTN_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR}")
+  if(TARGET kvattn_model)
+    string(APPEND KVATTN_PC_LIBS " -lcublas")
+  endif()
+  string(APPEND KVATTN_PC_LIBS " -lcudart")
 endif()
 # Relocatable: the prefix is found from the .pc file's own place (<prefix>/<libdir>/pkgconfig), so
 # `cmake --install --prefix P` and a moved install tree both work.

@@ -12,6 +12,7 @@
 
 #include "command_registry.h"
 #include "kvattn/core/error.h"
+#include "kvattn/kv/kv_cache_layout.h"
 #include "kvattn/kv/model_config.h"
 #include "kvattn/model/llm.h"
 
@@ -133,6 +134,29 @@ std::string one_line(std::string s, size_t max) {
   return s;
 }
 
+std::string human_bytes(int64_t b) {
+  const double v = static_cast<double>(b);
+  if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", v / (1024.0 * 1024 * 1024));
+  return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
+}
+
+// "kvattn generate: cuda:0, bfloat16 compute, KV cache bfloat16 LBNHC, 4096 blocks; memory: ..."
+std::string memory_line(model::LLM& llm) {
+  const model::ModelRunner* r = llm.executor().runner();
+  if (!r) return "kvattn generate: model loaded";
+  const model::ModelRunner::MemoryPlan& m = r->memory_plan();
+  std::string s = fmt::format("kvattn generate: {} compute, KV cache {} {}, {} blocks of {} tokens; memory: weights {}",
+                              dtype_name(r->compute_dtype()), dtype_name(r->kv_cache_dtype()), layout_name(r->layout()),
+                              r->num_kv_blocks() - 1, r->block_size(), human_bytes(m.weights));
+  if (m.total > 0) s += fmt::format(", activations {}", human_bytes(m.activations));
+  s += fmt::format(", KV cache {}", human_bytes(m.kv_cache));
+  if (m.total > 0) {
+    s += fmt::format(" (device {}, {} in use before loading", human_bytes(m.total), human_bytes(m.in_use_before));
+    s += m.utilization > 0 ? fmt::format(", --gpu-memory-utilization {})", m.utilization) : ", --kv-cache-memory)";
+  }
+  return s;
+}
+
 std::function<int()> setup_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateArgs>();
   app.option_defaults()->always_capture_default();
@@ -158,14 +182,19 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--logprobs", o->logprobs, "top log-probabilities per generated token (with --json), [0, 20]");
   app.add_option("--logprobs-mode", o->logprobs_mode, "raw_logprobs (the model's logits) or processed_logprobs");
   app.add_option("--seed", o->seed, "engine seed: requests are sampled reproducibly from it");
-  app.add_option("--device", o->device, "cpu, cuda or cuda:N");
-  app.add_option("--dtype", o->dtype, "compute dtype: auto, float32, bfloat16, float16");
+  app.add_option("--device", o->device,
+                 "cpu, cuda or cuda:N (CUDA: weights, activations and KV cache on the device; sampling on the host)");
+  app.add_option("--dtype", o->dtype,
+                 "compute dtype: auto, float32, bfloat16, float16 (CPU: float32 only; CUDA auto: the checkpoint's "
+                 "torch_dtype, float32 checkpoints in bfloat16)");
   app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2");
   app.add_option("--layout", o->layout, "KV cache layout: auto or a layout name (LBNHC, NHD, HND, ...)");
   app.add_option("--kv-cache-memory", o->kv_cache_memory,
                  "KV cache size, e.g. 64MiB (default: on CPU room for 8 requests of --max-model-len, at most 4GiB; "
                  "on CUDA --gpu-memory-utilization)");
-  app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "fraction of device memory for the model + KV cache");
+  app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                 "CUDA: fraction of the device's total memory for weights + activations + KV cache, in (0, 1]; the KV "
+                 "cache gets what is left after loading and a profiling step (memory other processes use counts)");
   app.add_option("--max-model-len", o->max_model_len, "maximum prompt + output length (0: the model's)");
   app.add_option("--max-num-seqs", o->max_num_seqs, "requests running at once");
   app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "tokens per step (prefill is chunked to fit)");
@@ -210,6 +239,7 @@ std::function<int()> setup_generate(CLI::App& app) {
     lc.max_model_len = o->max_model_len;
     lc.block_size = o->block_size;
     model::LLM llm = model::LLM::open(o->model_dir, lc, eo);
+    if (!o->json) fmt::print(stderr, "{}\n", memory_line(llm));
 
     std::vector<model::RequestOutput> outs;
     const bool single = !o->prompt.empty();
@@ -244,6 +274,17 @@ std::function<int()> setup_generate(CLI::App& app) {
     if (o->json) {
       nlohmann::json j;
       j["model_dir"] = o->model_dir;
+      if (const model::ModelRunner* r = llm.executor().runner()) {
+        const model::ModelRunner::MemoryPlan& m = r->memory_plan();
+        j["memory"] = {{"compute_dtype", dtype_name(r->compute_dtype())},
+                       {"kv_cache_dtype", dtype_name(r->kv_cache_dtype())},
+                       {"weights_bytes", m.weights},
+                       {"activations_bytes", m.activations},
+                       {"kv_cache_bytes", m.kv_cache},
+                       {"device_total_bytes", m.total},
+                       {"in_use_before_bytes", m.in_use_before},
+                       {"gpu_memory_utilization", m.utilization}};
+      }
       j["outputs"] = nlohmann::json::array();
       for (const auto& r : outs) j["outputs"].push_back(output_json(r, sp.logprobs > 0));
       j["stats"] = {{"steps", st.num_steps},

@@ -36,7 +36,10 @@ class LLM:
     ``max_num_batched_tokens``, ``gpu_memory_utilization``, ``seed``, ``block_size``,
     ``logprobs_mode`` and ``skip_tokenizer_init`` (token-id prompts only, no text); kvattn
     adds ``device`` ("cpu", "cuda:N"), ``kv_cache_memory`` (bytes or "64MiB") and ``layout``
-    (the KV cache layout).
+    (the KV cache layout).  On CPU the compute is float32; on CUDA ``dtype="auto"`` is the
+    checkpoint's torch_dtype (float32 checkpoints in bfloat16) and the KV cache gets
+    ``gpu_memory_utilization`` of the device's memory minus what is in use before loading, the
+    weights and a profiling step's activations, unless ``kv_cache_memory`` is given.
     """
 
     def __init__(self, model: str, *, device: str = "cpu", dtype: str = "auto",

@@ -14,11 +14,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MODEL_TESTS = os.path.join(ROOT, "tests", "model")
 
 
-def make_model(tmp_path_factory, tokenizer):
+def make_model(tmp_path_factory, tokenizer, extra=()):
     d = tmp_path_factory.mktemp("llm") / "qwen3"
     subprocess.run([sys.executable, os.path.join(MODEL_TESTS, "make_test_model.py"), "--arch", "qwen3",
                     "--out", str(d), "--tokenizer", tokenizer, "--std", "0.15", "--seed", "5",
-                    "--vocab-size", "512"],
+                    "--vocab-size", "512", *extra],
                    check=True, stdout=subprocess.DEVNULL)
     return str(d)
 
@@ -116,6 +116,40 @@ def test_bad_prompts_are_clear_errors(llm):
         llm.generate("text needs a tokenizer")
     with pytest.raises(ValueError, match="stop strings but the model was loaded without a tokenizer"):
         llm.generate([{"prompt_token_ids": [1]}], kvattn.SamplingParams(stop=["x"]))
+
+
+def test_gpu_memory_utilization_is_range_checked(model_dir):
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match=r"--gpu-memory-utilization .* is outside \(0, 1\]"):
+            kvattn.LLM(model_dir, gpu_memory_utilization=bad, skip_tokenizer_init=True)
+
+
+@pytest.mark.skipif(not kvattn.cuda_available(), reason="no CUDA device, or kvattn built without CUDA")
+def test_cuda_bf16_greedy_generation_matches_the_numpy_reference(tmp_path_factory, tmp_path):
+    # head_dim 64: the CUDA attention kernels exist for head_dim 64, 128 and 256.
+    model_dir = make_model(tmp_path_factory, "none", ("--head-dim", "64"))
+    ids = [3, 17, 42, 99, 7, 250, 31]
+    llm = kvattn.LLM(model_dir, device="cuda", dtype="bfloat16", max_model_len=128, kv_cache_memory="4MiB",
+                     skip_tokenizer_init=True)
+    out = llm.generate([{"prompt_token_ids": ids}],
+                       kvattn.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0].outputs[0]
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps({"prompts": [ids], "positions": [[len(ids) - 1]]}))
+    ref, exact, rounded = tmp_path / "greedy.json", tmp_path / "exact.bin", tmp_path / "bf16.bin"
+    script = os.path.join(MODEL_TESTS, "reference_forward.py")
+    subprocess.run([sys.executable, script, model_dir, str(prompts), str(ref), "--greedy", "10"], check=True)
+    subprocess.run([sys.executable, script, model_dir, str(prompts), str(exact)], check=True)
+    subprocess.run([sys.executable, script, model_dir, str(prompts), str(rounded), "--round", "bf16"], check=True)
+    import numpy as np
+    # bf16 compute: twice what rounding the reference's activations to bf16 moves its logits.
+    deviation = np.abs(np.fromfile(rounded, dtype=np.float64) - np.fromfile(exact, dtype=np.float64)).max()
+    bound = 2 * float(deviation) + 1e-3
+    want = json.loads(ref.read_text())
+    for t, (got, exp, margin) in enumerate(zip(out.token_ids, want["tokens"][0], want["margins"][0])):
+        if margin < 2 * bound:
+            break
+        assert got == exp, f"token {t}: {got} != {exp} (margin {margin}, bound {bound})"
+    assert len(out.token_ids) == 10 and out.finish_reason == "length"
 
 
 def test_text_prompts_and_stop_strings(tmp_path_factory):

@@ -111,12 +111,13 @@ std::vector<double> rope_inv_freq(const HfModelConfig& c) {
 
 namespace {
 
-class Loader {
+// Collects the checkpoint tensors an architecture reads, validating each, and remembers which
+// names were read.
+class Checker {
  public:
-  Loader(const WeightStore& w) : w_(w) {}
+  explicit Checker(const WeightStore& w) : w_(w) {}
 
-  // Appends tensor `name` (shape `shape`) converted to f32.
-  void append(const std::string& name, std::initializer_list<int64_t> shape, std::vector<float>& dst) {
+  Tensor get(const std::string& name, std::initializer_list<int64_t> shape) {
     used_.insert(name);
     if (!w_.has(name))
       throw InvalidArgument(fmt::format("the checkpoint has no tensor '{}', which this architecture needs; the "
@@ -129,26 +130,7 @@ class Loader {
                                         t.shape().str(), want.str()));
     KVATTN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 || t.dtype() == DType::f16,
                  "checkpoint tensor '{}' has dtype {}; valid: float32, bfloat16, float16", name, dtype_name(t.dtype()));
-    const size_t off = dst.size();
-    const auto n = static_cast<size_t>(t.numel());
-    dst.resize(off + n);
-    float* out = dst.data() + off;
-    const Tensor c = t.contiguous();  // checkpoint tensors are contiguous: a view, no copy
-    if (c.dtype() == DType::f32) {
-      std::memcpy(out, c.data(), n * sizeof(float));
-    } else {
-      const auto* in = static_cast<const uint16_t*>(c.data());
-      if (c.dtype() == DType::bf16) {
-        for (size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(in[i]);
-      } else {
-        for (size_t i = 0; i < n; ++i) out[i] = f16_bits_to_f32(in[i]);
-      }
-    }
-  }
-  std::vector<float> get(const std::string& name, std::initializer_list<int64_t> shape) {
-    std::vector<float> v;
-    append(name, shape, v);
-    return v;
+    return t.contiguous();  // checkpoint tensors are contiguous: a view, no copy
   }
 
   // A checkpoint tensor the architecture does not read (an MLP bias, an o_proj bias, another
@@ -171,47 +153,111 @@ class Loader {
 
 }  // namespace
 
-ModelWeights load_weights(const ArchTraits& t, const HfModelConfig& c, const WeightStore& store) {
-  Loader ld(store);
+int64_t WeightEntry::numel() const {
+  int64_t n = 0;
+  for (const Tensor& p : parts) n += p.numel();
+  return n;
+}
+
+std::vector<WeightEntry> plan_weights(const ArchTraits& t, const HfModelConfig& c, const WeightStore& store) {
+  Checker ck(store);
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hk = c.num_key_value_heads,
                 I = c.intermediate_size, V = c.vocab_size;
-  ModelWeights w;
-  w.embed = ld.get("model.embed_tokens.weight", {V, H});
-  w.final_norm = ld.get("model.norm.weight", {H});
+  std::vector<WeightEntry> out;
+  auto add = [&](int64_t layer, WeightId id, std::vector<Tensor> parts) {
+    out.push_back(WeightEntry{layer, id, std::move(parts)});
+  };
+  add(-1, WeightId::embed, {ck.get("model.embed_tokens.weight", {V, H})});
+  add(-1, WeightId::final_norm, {ck.get("model.norm.weight", {H})});
   if (!c.tie_word_embeddings) {
     if (!store.has("lm_head.weight"))
       throw InvalidArgument("the checkpoint has no tensor 'lm_head.weight' while config.json says "
                             "tie_word_embeddings = false; add the tensor or set tie_word_embeddings");
-    w.lm_head = ld.get("lm_head.weight", {V, H});
+    add(-1, WeightId::lm_head, {ck.get("lm_head.weight", {V, H})});
   }
-  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
     const std::string p = fmt::format("model.layers.{}.", i);
-    l.input_norm = ld.get(p + "input_layernorm.weight", {H});
-    l.post_attn_norm = ld.get(p + "post_attention_layernorm.weight", {H});
+    add(i, WeightId::input_norm, {ck.get(p + "input_layernorm.weight", {H})});
+    add(i, WeightId::post_attn_norm, {ck.get(p + "post_attention_layernorm.weight", {H})});
     if (t.sandwich_norms) {
-      l.pre_ff_norm = ld.get(p + "pre_feedforward_layernorm.weight", {H});
-      l.post_ff_norm = ld.get(p + "post_feedforward_layernorm.weight", {H});
+      add(i, WeightId::pre_ff_norm, {ck.get(p + "pre_feedforward_layernorm.weight", {H})});
+      add(i, WeightId::post_ff_norm, {ck.get(p + "post_feedforward_layernorm.weight", {H})});
     }
     if (t.qk_norm) {
-      l.q_norm = ld.get(p + "self_attn.q_norm.weight", {D});
-      l.k_norm = ld.get(p + "self_attn.k_norm.weight", {D});
+      add(i, WeightId::q_norm, {ck.get(p + "self_attn.q_norm.weight", {D})});
+      add(i, WeightId::k_norm, {ck.get(p + "self_attn.k_norm.weight", {D})});
     }
-    ld.append(p + "self_attn.q_proj.weight", {Hq * D, H}, l.qkv_w);
-    ld.append(p + "self_attn.k_proj.weight", {Hk * D, H}, l.qkv_w);
-    ld.append(p + "self_attn.v_proj.weight", {Hk * D, H}, l.qkv_w);
-    if (t.qkv_bias) {
-      ld.append(p + "self_attn.q_proj.bias", {Hq * D}, l.qkv_b);
-      ld.append(p + "self_attn.k_proj.bias", {Hk * D}, l.qkv_b);
-      ld.append(p + "self_attn.v_proj.bias", {Hk * D}, l.qkv_b);
-    }
-    l.o_w = ld.get(p + "self_attn.o_proj.weight", {H, Hq * D});
-    ld.append(p + "mlp.gate_proj.weight", {I, H}, l.gate_up_w);
-    ld.append(p + "mlp.up_proj.weight", {I, H}, l.gate_up_w);
-    l.down_w = ld.get(p + "mlp.down_proj.weight", {H, I});
+    add(i, WeightId::qkv_w,
+        {ck.get(p + "self_attn.q_proj.weight", {Hq * D, H}), ck.get(p + "self_attn.k_proj.weight", {Hk * D, H}),
+         ck.get(p + "self_attn.v_proj.weight", {Hk * D, H})});
+    if (t.qkv_bias)
+      add(i, WeightId::qkv_b,
+          {ck.get(p + "self_attn.q_proj.bias", {Hq * D}), ck.get(p + "self_attn.k_proj.bias", {Hk * D}),
+           ck.get(p + "self_attn.v_proj.bias", {Hk * D})});
+    add(i, WeightId::o_w, {ck.get(p + "self_attn.o_proj.weight", {H, Hq * D})});
+    add(i, WeightId::gate_up_w, {ck.get(p + "mlp.gate_proj.weight", {I, H}), ck.get(p + "mlp.up_proj.weight", {I, H})});
+    add(i, WeightId::down_w, {ck.get(p + "mlp.down_proj.weight", {H, I})});
   }
-  ld.check_all_used(c.architecture, c.tie_word_embeddings);
+  ck.check_all_used(c.architecture, c.tie_word_embeddings);
+  return out;
+}
+
+void convert_weight(const WeightEntry& e, DType to, void* dst) {
+  auto* out = static_cast<char*>(dst);
+  for (const Tensor& p : e.parts) {
+    const auto n = static_cast<size_t>(p.numel());
+    if (p.dtype() == to) {
+      std::memcpy(out, p.data(), n * static_cast<size_t>(dtype_size(to)));
+    } else {
+      const auto* in16 = static_cast<const uint16_t*>(p.data());
+      const auto* in32 = static_cast<const float*>(p.data());
+      auto load = [&](size_t i) {
+        return p.dtype() == DType::f32 ? in32[i] : p.dtype() == DType::bf16 ? bf16_bits_to_f32(in16[i])
+                                                                            : f16_bits_to_f32(in16[i]);
+      };
+      if (to == DType::f32) {
+        auto* o = reinterpret_cast<float*>(out);
+        for (size_t i = 0; i < n; ++i) o[i] = load(i);
+      } else if (to == DType::bf16) {
+        auto* o = reinterpret_cast<uint16_t*>(out);
+        for (size_t i = 0; i < n; ++i) o[i] = f32_to_bf16_bits(load(i));
+      } else {
+        KVATTN_CHECK(to == DType::f16, "convert_weight: compute dtype {} is not float32, bfloat16 or float16",
+                     dtype_name(to));
+        auto* o = reinterpret_cast<uint16_t*>(out);
+        for (size_t i = 0; i < n; ++i) o[i] = f32_to_f16_bits(load(i));
+      }
+    }
+    out += n * static_cast<size_t>(dtype_size(to));
+  }
+}
+
+ModelWeights load_weights(const ArchTraits& t, const HfModelConfig& c, const WeightStore& store) {
+  const std::vector<WeightEntry> entries = plan_weights(t, c, store);
+  ModelWeights w;
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (const WeightEntry& e : entries) {
+    std::vector<float>* dst = nullptr;
+    LayerWeights* l = e.layer >= 0 ? &w.layers[static_cast<size_t>(e.layer)] : nullptr;
+    switch (e.id) {
+      case WeightId::embed: dst = &w.embed; break;
+      case WeightId::final_norm: dst = &w.final_norm; break;
+      case WeightId::lm_head: dst = &w.lm_head; break;
+      case WeightId::input_norm: dst = &l->input_norm; break;
+      case WeightId::post_attn_norm: dst = &l->post_attn_norm; break;
+      case WeightId::pre_ff_norm: dst = &l->pre_ff_norm; break;
+      case WeightId::post_ff_norm: dst = &l->post_ff_norm; break;
+      case WeightId::q_norm: dst = &l->q_norm; break;
+      case WeightId::k_norm: dst = &l->k_norm; break;
+      case WeightId::qkv_w: dst = &l->qkv_w; break;
+      case WeightId::qkv_b: dst = &l->qkv_b; break;
+      case WeightId::o_w: dst = &l->o_w; break;
+      case WeightId::gate_up_w: dst = &l->gate_up_w; break;
+      case WeightId::down_w: dst = &l->down_w; break;
+    }
+    dst->resize(static_cast<size_t>(e.numel()));
+    convert_weight(e, DType::f32, dst->data());
+  }
   return w;
 }
 

@@ -10,8 +10,9 @@
 // AttentionRunner: kvattn's backend), o projection, residual, norm, gated MLP, residual] ->
 // final norm -> lm_head (tied or not) -> final soft cap.
 //
-// Compute is f32 on the host: checkpoint tensors (bf16/f16/f32) are converted once at load;
-// every activation buffer is sized at construction for max_num_batched_tokens tokens.
+// CpuTransformer computes in f32 on the host: checkpoint tensors (bf16/f16/f32) are converted
+// once at load; every activation buffer is sized at construction for max_num_batched_tokens
+// tokens.  The CUDA forward over the same traits and weight list is cuda/cuda_transformer.h.
 #pragma once
 
 #include <cstdint>
@@ -82,12 +83,40 @@ struct ModelWeights {
   const float* lm_head_ptr() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
 };
 
-// Reads and converts every tensor the architecture needs; InvalidArgument naming the tensor
-// for a missing one or a shape that contradicts the config.
+// The weights an architecture reads, shared by the CPU and CUDA loaders: `layer` (-1 for the
+// model-level ones), which weight, and the checkpoint tensors (views of the mapping, nothing
+// copied) whose rows are concatenated into it — q, k, v rows for the fused QKV projection,
+// gate then up rows for the fused gate-up projection, one tensor otherwise.
+enum class WeightId {
+  embed, final_norm, lm_head,
+  input_norm, post_attn_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm,
+  qkv_w, qkv_b, o_w, gate_up_w, down_w,
+};
+struct WeightEntry {
+  int64_t layer = -1;
+  WeightId id = WeightId::embed;
+  std::vector<Tensor> parts;
+  int64_t numel() const;  // of the fused weight
+};
+
+// Validates the checkpoint against the architecture before anything is converted: a missing
+// tensor, a shape that contradicts config.json or a dtype other than f32/bf16/f16 is an
+// InvalidArgument naming the tensor; a tensor the architecture does not read is Unsupported
+// naming it.  Returns the weights in load order.
+std::vector<WeightEntry> plan_weights(const ArchTraits& t, const HfModelConfig& c, const WeightStore& w);
+
+// Writes the fused weight `e` converted to `to` (f32, bf16 or f16; round to nearest even) to
+// `dst` (e.numel() elements of `to`, host memory).
+void convert_weight(const WeightEntry& e, DType to, void* dst);
+
+// Reads and converts every tensor the architecture needs to f32 host arrays (plan_weights'
+// checks, then convert_weight).
 ModelWeights load_weights(const ArchTraits& t, const HfModelConfig& c, const WeightStore& w);
 
 // The attention of one layer, provided by the model runner: q [T, Hq, D], k/v [T, Hk, D],
-// out [T, Hq, D], all f32 contiguous on the host, tokens in the step's batch order.
+// out [T, Hq, D], contiguous tensors on the runner's device in the compute dtype (the CPU
+// forward: f32 host tensors; the CUDA forward: device tensors in f32, bf16 or f16), tokens in
+// the step's batch order.
 class AttentionRunner {
  public:
   virtual ~AttentionRunner() = default;

@@ -57,6 +57,7 @@ class RunnerExecutor final : public StepExecutor {
   int64_t max_model_len() const override { return runner_.max_model_len(); }
   int64_t vocab_size() const override { return runner_.vocab_size(); }
   Tensor execute(std::span<const StepRequest> reqs) override { return runner_.execute(reqs); }
+  const ModelRunner* runner() const override { return &runner_; }
   const ModelDir& dir() const noexcept { return *dir_; }
 
  private:
@@ -171,8 +172,7 @@ LLM LLM::open(const std::filesystem::path& model_dir, const ModelLoadConfig& loa
   if (load.layout != "auto") ro.layout = layout_from_name(load.layout);
   KVATTN_CHECK(load.kv_cache_memory >= 0, "kv_cache_memory must be >= 0 bytes, got {}", load.kv_cache_memory);
   ro.kv_cache_memory = load.kv_cache_memory;
-  KVATTN_CHECK(load.gpu_memory_utilization > 0 && load.gpu_memory_utilization <= 1,
-               "gpu_memory_utilization must be in (0, 1], got {}", load.gpu_memory_utilization);
+  ModelRunner::check_gpu_memory_utilization(load.gpu_memory_utilization);
   ro.gpu_memory_utilization = load.gpu_memory_utilization;
   KVATTN_CHECK(load.max_model_len >= 0, "max_model_len must be >= 0 (0: the model's), got {}", load.max_model_len);
   ro.max_model_len = load.max_model_len;

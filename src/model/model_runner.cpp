@@ -1,6 +1,7 @@
 #include "kvattn/model/model_runner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +19,9 @@
 #include "kvattn/kv/block_size.h"
 #include "kvattn/kv/model_config.h"
 #include "kvattn/model/model_dir.h"
+#include "kvattn/core/cuda_runtime_api.h"
 #include "layers.h"
+#include "model/cuda/cuda_transformer.h"
 
 namespace kvattn::model {
 
@@ -41,11 +44,52 @@ std::optional<DType> ModelRunner::parse_dtype_option(std::string_view n) {
   throw InvalidArgument(fmt::format("--dtype '{}' is not a compute dtype; valid: auto, bfloat16, float16, float32", n));
 }
 
+DType ModelRunner::resolve_compute_dtype(std::optional<DType> requested, DType torch_dtype, Device device) {
+  if (!device.is_cuda()) {
+    if (requested && *requested != DType::f32)
+      throw Unsupported(fmt::format("--dtype {}: on CPU kvattn computes models in float32 only; use --dtype float32 "
+                                    "or auto (bf16/f16 checkpoints are converted to f32 at load)",
+                                    dtype_name(*requested)));
+    return DType::f32;
+  }
+  if (requested) {
+    KVATTN_CHECK(*requested == DType::f32 || *requested == DType::bf16 || *requested == DType::f16,
+                 "--dtype {} is not a compute dtype; valid: auto, bfloat16, float16, float32", dtype_name(*requested));
+    return *requested;
+  }
+  // vLLM's "auto": the checkpoint's dtype, except that float32 checkpoints run in bfloat16.
+  return torch_dtype == DType::f32 ? DType::bf16 : torch_dtype;
+}
+
+void ModelRunner::check_gpu_memory_utilization(double u) {
+  KVATTN_CHECK(u > 0 && u <= 1,
+               "--gpu-memory-utilization {} is outside (0, 1]; it is the fraction of the device's total memory "
+               "kvattn may use (weights, activations and KV cache), e.g. 0.9",
+               u);
+}
+
+int64_t ModelRunner::gpu_kv_cache_budget(const MemoryPlan& m) {
+  const auto allowed = static_cast<int64_t>(static_cast<double>(m.total) * m.utilization);
+  const int64_t budget = allowed - m.in_use_before - m.weights - m.activations;
+  KVATTN_CHECK(budget > 0,
+               "no device memory is left for the KV cache: {} bytes total x {} utilization = {} allowed, but {} "
+               "were in use before loading (other processes, the CUDA context), the weights take {} and the "
+               "activations (the profiling step's buffers and workspaces) {}; raise --gpu-memory-utilization, lower --max-num-batched-tokens, "
+               "free the device or give --kv-cache-memory",
+               m.total, m.utilization, allowed, m.in_use_before, m.weights, m.activations);
+  return budget;
+}
+
 class ModelRunner::Impl final : public AttentionRunner {
  public:
   Impl(const ModelDir& dir, const Options& o);
 
   Tensor execute(std::span<const StepRequest> reqs);
+  // Plans and allocates the KV cache for `budget` bytes and requests of up to `max_len`
+  // tokens, with the backend's layers, builders, batches and preparers; release_attention()
+  // frees all of it (the CUDA profiling step's temporary cache).
+  void build_attention(int64_t budget, int64_t max_len, const std::string& budget_what);
+  void release_attention();
   void attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) override;
 
   struct Group {
@@ -69,7 +113,11 @@ class ModelRunner::Impl final : public AttentionRunner {
   std::vector<Tensor> kv_cache_;        // per model layer: its [B, H, N, C] view
   std::vector<int32_t> group_of_layer_;
   std::vector<Group> groups_;
-  std::unique_ptr<CpuTransformer> model_;
+  ArchTraits traits_;
+  std::string model_name_;
+  std::unique_ptr<CpuTransformer> cpu_model_;
+  std::unique_ptr<CudaTransformer> cuda_model_;
+  MemoryPlan mem_;
   int32_t reorder_threshold_ = 1;
   int64_t num_logical_blocks_ = 0;
   // Step buffers (sized at construction).
@@ -83,16 +131,8 @@ class ModelRunner::Impl final : public AttentionRunner {
 
 ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config), opt_(o) {
   // ---- options -----------------------------------------------------------------------
-  if (o.device.is_cuda())
-    throw Unsupported(fmt::format(
-        "--device {}: CUDA model compute is not built yet; kvattn runs models on the CPU (--device cpu). The "
-        "attention layer itself runs on CUDA (kvattn run)",
-        o.device.str()));
-  if (o.compute_dtype && *o.compute_dtype != DType::f32)
-    throw Unsupported(fmt::format("--dtype {}: on CPU kvattn computes models in float32 only; use --dtype float32 "
-                                  "or auto (bf16/f16 checkpoints are converted to f32 at load)",
-                                  dtype_name(*o.compute_dtype)));
-  compute_dtype_ = DType::f32;
+  compute_dtype_ = resolve_compute_dtype(o.compute_dtype, cfg_.torch_dtype, o.device);
+  check_gpu_memory_utilization(o.gpu_memory_utilization);
   KVATTN_CHECK(o.block_size > 0, "--block-size must be positive, got {}", o.block_size);
   KVATTN_CHECK(o.max_num_seqs > 0 && o.max_num_seqs <= (1 << 20), "max_num_seqs {} must be in [1, {}]",
                o.max_num_seqs, 1 << 20);
@@ -105,20 +145,148 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
                o.max_model_len, cfg_.max_position_embeddings, cfg_.max_position_embeddings);
   KVATTN_CHECK(o.num_threads >= 0, "num_threads must be >= 0 (0: OpenBLAS's default), got {}", o.num_threads);
   if (o.num_threads > 0) cpu::set_num_threads(o.num_threads);
-  const ArchTraits traits = arch_traits(cfg_);
+  KVATTN_CHECK(static_cast<int64_t>(cfg_.layer_is_sliding.size()) == cfg_.num_hidden_layers,
+               "config: {} per-layer sliding flags for {} layers", cfg_.layer_is_sliding.size(),
+               cfg_.num_hidden_layers);
+  traits_ = arch_traits(cfg_);
+  model_name_ = dir.path.string();
+  const int64_t max_len = o.max_model_len > 0 ? o.max_model_len : cfg_.max_position_embeddings;
+  const DType kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, compute_dtype_);  // names the choices
 
+  for (int64_t i = 0; i < o.max_num_seqs; ++i) id_strings_.push_back(std::to_string(i));
+  tokens_.resize(static_cast<size_t>(o.max_num_batched_tokens));
+  positions_.resize(static_cast<size_t>(o.max_num_batched_tokens));
+  logit_rows_.reserve(static_cast<size_t>(o.max_num_seqs));
+  offset_of_req_.resize(static_cast<size_t>(o.max_num_seqs));
+  logits_ = Tensor::empty({o.max_num_seqs, cfg_.vocab_size}, DType::f32);
+
+  if (!o.device.is_cuda()) {
+    // ---- CPU: f32 weights, KV budget from --kv-cache-memory or the CPU default ------------
+    int64_t budget = o.kv_cache_memory;
+    if (budget == 0) {
+      const int64_t per_token =
+          cfg_.num_hidden_layers * 2 * cfg_.num_key_value_heads * cfg_.head_dim * dtype_size(kv_dtype);
+      const int64_t blocks = kCpuDefaultRequests * ((max_len + o.block_size - 1) / o.block_size) + 2;
+      budget = std::min(kCpuDefaultKvMax, blocks * o.block_size * per_token);
+    }
+    build_attention(budget, max_len,
+                    fmt::format("--kv-cache-memory {} bytes{}", budget, o.kv_cache_memory ? "" : " (the CPU default)"));
+    ModelWeights w = load_weights(traits_, cfg_, dir.weights);
+    mem_.weights = 0;
+    for (const auto* v : {&w.embed, &w.final_norm, &w.lm_head}) mem_.weights += static_cast<int64_t>(v->size()) * 4;
+    for (const LayerWeights& l : w.layers)
+      for (const auto* v : {&l.input_norm, &l.post_attn_norm, &l.pre_ff_norm, &l.post_ff_norm, &l.q_norm, &l.k_norm,
+                            &l.qkv_w, &l.qkv_b, &l.o_w, &l.gate_up_w, &l.down_w})
+        mem_.weights += static_cast<int64_t>(v->size()) * 4;
+    cpu_model_ = std::make_unique<CpuTransformer>(cfg_, traits_, std::move(w), o.max_num_batched_tokens,
+                                                  o.max_num_seqs);
+    mem_.kv_cache = plan_.total_bytes;
+    return;
+  }
+
+  // ---- CUDA: weights, then a profiling step, then the KV cache from what is left ---------
+  if (cuda::built_with_cuda() && o.device.index >= cuda::device_count()) {
+    const int n = cuda::device_count();
+    throw Unsupported(n == 0 ? fmt::format("--device {}: this machine has no usable CUDA device; use --device cpu",
+                                           o.device.str())
+                             : fmt::format("--device {}: this machine has {} usable CUDA device(s); use one of "
+                                           "cuda:0..cuda:{} or --device cpu",
+                                           o.device.str(), n, n - 1));
+  }
+  const DeviceMemoryInfo before = device_memory_info(o.device);  // Unsupported in builds without CUDA
+  {
+    const AttentionBackendPtr be = AttentionBackendRegistry::global().get("FLASHINFER");
+    if (!be->supports_head_size(cfg_.head_dim))
+      throw Unsupported(fmt::format("--device {}: the model's head_dim {} has no CUDA attention kernel (head sizes "
+                                    "{}); run it with --device cpu",
+                                    o.device.str(), cfg_.head_dim, fmt::join(be->get_supported_head_sizes(), ", ")));
+  }
+  mem_.total = before.total;
+  mem_.in_use_before = before.total - before.free;
+  cuda_model_ = std::make_unique<CudaTransformer>(cfg_, traits_, dir.weights, o.device, compute_dtype_,
+                                                  o.max_num_batched_tokens, o.max_num_seqs, max_len);
+  mem_.weights = cuda_model_->weight_bytes();
+  // Profiling: one step of max_num_batched_tokens tokens (requests of at most max_model_len
+  // tokens, at most max_num_seqs of them) through a temporary KV cache just large enough, so
+  // that every buffer a full step needs (cuBLAS and attention workspaces) exists when measured.
+  const int64_t bs = o.block_size;
+  const int64_t profile_len = std::min(o.max_num_batched_tokens, max_len);
+  std::vector<int64_t> lens;
+  for (int64_t left = o.max_num_batched_tokens; left > 0 && static_cast<int64_t>(lens.size()) < o.max_num_seqs;
+       left -= profile_len)
+    lens.push_back(std::min(left, profile_len));
+  int64_t profile_blocks = 0;
+  for (int64_t n : lens) profile_blocks += (n + bs - 1) / bs;
+  const int64_t per_token_all_layers =
+      cfg_.num_hidden_layers * 2 * cfg_.num_key_value_heads * cfg_.head_dim * dtype_size(kv_dtype);
+  // With G groups a logical block costs about bs * per_token_all_layers (G physical blocks of
+  // 1/G of the layers each); twice that covers group padding and alignment.
+  const int64_t profile_budget = 2 * (profile_blocks + 2) * bs * per_token_all_layers + (1 << 20);
+  build_attention(profile_budget, profile_len,
+                  fmt::format("{} bytes (the profiling step's temporary KV cache)", profile_budget));
+  {
+    std::vector<std::vector<int32_t>> ids, blocks;
+    int32_t next_block = 1;
+    for (int64_t n : lens) {
+      ids.emplace_back(static_cast<size_t>(n), 0);
+      std::vector<int32_t> b;
+      for (int64_t k = 0; k < (n + bs - 1) / bs; ++k) b.push_back(next_block++);
+      blocks.push_back(std::move(b));
+    }
+    std::vector<StepRequest> reqs(lens.size());
+    for (size_t i = 0; i < lens.size(); ++i) {
+      reqs[i].request_id = static_cast<int64_t>(i);
+      reqs[i].token_ids = ids[i];
+      reqs[i].block_ids = blocks[i];
+      reqs[i].wants_logits = true;
+    }
+    execute(reqs);
+  }
+  cuda::synchronize();
+  const DeviceMemoryInfo after = device_memory_info(o.device);
+  const int64_t profile_kv = plan_.total_bytes;
+  mem_.activations = std::max<int64_t>(0, (before.free - after.free) - mem_.weights - profile_kv);
+  release_attention();
+  int64_t budget = o.kv_cache_memory;
+  if (budget == 0) {
+    mem_.utilization = o.gpu_memory_utilization;
+    budget = gpu_kv_cache_budget(mem_);
+  }
+  const std::string what =
+      o.kv_cache_memory
+          ? fmt::format("--kv-cache-memory {} bytes", budget)
+          : fmt::format("a KV cache budget of {} bytes (= {} bytes total x {} --gpu-memory-utilization - {} in use "
+                        "before loading - {} weights - {} activations)",
+                        budget, mem_.total, mem_.utilization, mem_.in_use_before, mem_.weights, mem_.activations);
+  build_attention(budget, max_len, what);
+  mem_.kv_cache = plan_.total_bytes;
+}
+
+void ModelRunner::Impl::release_attention() {
+  groups_.clear();
+  layers_.clear();
+  kv_cache_.clear();
+  group_of_layer_.clear();
+  views_.clear();
+  registry_ = LayerRegistry{};
+  backend_.reset();
+  plan_ = KVPlan{};
+  reorder_threshold_ = 1;
+  num_logical_blocks_ = 0;
+}
+
+void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const std::string& budget_what) {
+  const Options& o = opt_;
+  const ArchTraits& traits = traits_;
   // ---- KV cache plan from the model's real layer specs ------------------------------------
   ModelConfig mc;
-  mc.name = dir.path.string();
+  mc.name = model_name_;
   mc.num_hidden_layers = cfg_.num_hidden_layers;
   mc.num_attention_heads = cfg_.num_attention_heads;
   mc.num_key_value_heads = cfg_.num_key_value_heads;
   mc.head_dim = cfg_.head_dim;
   mc.dtype = compute_dtype_;
-  mc.max_model_len = o.max_model_len > 0 ? o.max_model_len : cfg_.max_position_embeddings;
-  KVATTN_CHECK(static_cast<int64_t>(cfg_.layer_is_sliding.size()) == cfg_.num_hidden_layers,
-               "config: {} per-layer sliding flags for {} layers", cfg_.layer_is_sliding.size(),
-               cfg_.num_hidden_layers);
+  mc.max_model_len = max_len;
   for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) {
     const bool sliding = cfg_.layer_is_sliding[static_cast<size_t>(i)];
     KVATTN_CHECK(!sliding || (cfg_.sliding_window && *cfg_.sliding_window > 0),
@@ -132,14 +300,6 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
   po.kv_cache_dtype = o.kv_cache_dtype;
   po.layout = o.layout ? layout_name(*o.layout) : "auto";
   po.max_num_batched_tokens = o.max_num_batched_tokens;
-  const DType kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, compute_dtype_);  // names the choices
-  int64_t budget = o.kv_cache_memory;
-  if (budget == 0) {
-    const int64_t per_token =
-        cfg_.num_hidden_layers * 2 * cfg_.num_key_value_heads * cfg_.head_dim * dtype_size(kv_dtype);
-    const int64_t blocks = kCpuDefaultRequests * ((mc.max_model_len + o.block_size - 1) / o.block_size) + 2;
-    budget = std::min(kCpuDefaultKvMax, blocks * o.block_size * per_token);
-  }
   po.gpu_memory = budget;
   try {
     plan_ = plan_kv_cache(mc, po);
@@ -148,14 +308,21 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
     // budget here).  Other plan errors (layout, block size) are the user's choices, as named.
     if (std::string_view(e.what()).find("--gpu-memory") == std::string_view::npos) throw;
     throw InvalidArgument(fmt::format(
-        "the KV cache cannot be planned with --kv-cache-memory {} bytes{} and --max-model-len {}: {}. Raise "
-        "--kv-cache-memory or lower --max-model-len",
-        budget, o.kv_cache_memory ? "" : " (the CPU default)", mc.max_model_len, e.what()));
+        "the KV cache cannot be planned with {} and --max-model-len {}: {}. Raise {} or lower "
+        "--max-model-len",
+        budget_what, mc.max_model_len, e.what(),
+        o.device.is_cuda() && o.kv_cache_memory == 0 ? "--gpu-memory-utilization" : "--kv-cache-memory"));
   }
 
   // ---- backend -----------------------------------------------------------------------
   bc_.platform.device = o.device;
-  bc_.num_sms = std::max(1, cpu::num_threads());
+  if (o.device.is_cuda()) {
+    const int cc = cuda::compute_capability(o.device.index);
+    bc_.platform.capability = DeviceCapability{cc / 10, cc % 10};
+    bc_.num_sms = cuda::multiprocessor_count(o.device.index);
+  } else {
+    bc_.num_sms = std::max(1, cpu::num_threads());
+  }
   bc_.model_dtype = compute_dtype_;
   bc_.num_attention_heads = cfg_.num_attention_heads;
   bc_.num_kv_heads = cfg_.num_key_value_heads;
@@ -233,17 +400,7 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
     KVATTN_ASSERT(group_of_layer_[i] >= 0, "layer {} is in no KV cache group", layers_[i].name);
   const auto G = static_cast<int64_t>(groups_.size());
   num_logical_blocks_ = 1 + (plan_.config.num_blocks - 1) / G;
-
-  // ---- weights and compute ---------------------------------------------------------------
-  model_ = std::make_unique<CpuTransformer>(cfg_, traits, load_weights(traits, cfg_, dir.weights),
-                                            o.max_num_batched_tokens, o.max_num_seqs);
-  for (int64_t i = 0; i < o.max_num_seqs; ++i) id_strings_.push_back(std::to_string(i));
   scratch_.block_ids.reserve(static_cast<size_t>(plan_.model.max_model_len / o.block_size + 2));
-  tokens_.resize(static_cast<size_t>(o.max_num_batched_tokens));
-  positions_.resize(static_cast<size_t>(o.max_num_batched_tokens));
-  logit_rows_.reserve(static_cast<size_t>(o.max_num_seqs));
-  offset_of_req_.resize(static_cast<size_t>(o.max_num_seqs));
-  logits_ = Tensor::empty({o.max_num_seqs, cfg_.vocab_size}, DType::f32);
 }
 
 void ModelRunner::Impl::attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out) {
@@ -286,6 +443,7 @@ Tensor ModelRunner::Impl::execute(std::span<const StepRequest> reqs) {
   KVATTN_CHECK(total <= opt_.max_num_batched_tokens, "a step of {} tokens exceeds max_num_batched_tokens {}", total,
                opt_.max_num_batched_tokens);
   if (R == 0) return logits_.narrow(0, 0, 0);
+  if (opt_.device.is_cuda()) cuda::set_device(opt_.device.index);  // the caller's thread may be on another
 
   // Batch rows: every group holds the same rows (its own physical block ids), reordered
   // decode -> short extend -> long extend -> prefill by the same permutation.
@@ -336,9 +494,12 @@ Tensor ModelRunner::Impl::execute(std::span<const StepRequest> reqs) {
     g.md = &g.builders->build_metadata(*g.cm, 0, 0);
   }
   const auto N = static_cast<int64_t>(logit_rows_.size());
-  model_->forward(std::span<const int32_t>(tokens_.data(), static_cast<size_t>(t)),
-                  std::span<const int64_t>(positions_.data(), static_cast<size_t>(t)), *this, logit_rows_,
-                  logits_.data_ptr<float>());
+  const std::span<const int32_t> tok(tokens_.data(), static_cast<size_t>(t));
+  const std::span<const int64_t> pos(positions_.data(), static_cast<size_t>(t));
+  if (cuda_model_)
+    cuda_model_->forward(tok, pos, *this, logit_rows_, logits_.data_ptr<float>());
+  else
+    cpu_model_->forward(tok, pos, *this, logit_rows_, logits_.data_ptr<float>());
   return logits_.narrow(0, 0, N);
 }
 
@@ -353,6 +514,10 @@ int64_t ModelRunner::vocab_size() const { return impl_->cfg_.vocab_size; }
 DType ModelRunner::compute_dtype() const { return impl_->compute_dtype_; }
 DType ModelRunner::kv_cache_dtype() const { return impl_->plan_.kv_dtype; }
 KVCacheLayout ModelRunner::layout() const { return impl_->plan_.layout; }
+const ModelRunner::MemoryPlan& ModelRunner::memory_plan() const { return impl_->mem_; }
+int64_t ModelRunner::weight_bytes() const { return impl_->mem_.weights; }
+int64_t ModelRunner::activation_bytes() const { return impl_->mem_.activations; }
+int64_t ModelRunner::kv_cache_bytes() const { return impl_->mem_.kv_cache; }
 int64_t ModelRunner::num_kv_cache_groups() const { return static_cast<int64_t>(impl_->groups_.size()); }
 Tensor ModelRunner::execute(std::span<const StepRequest> reqs) { return impl_->execute(reqs); }
 

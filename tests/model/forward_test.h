@@ -4,6 +4,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -11,12 +13,17 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "kvattn/model/model_runner.h"
 
 namespace kvattn::model::testing {
 
@@ -175,6 +182,75 @@ inline ReferenceModel reference_model(const std::string& arch, const std::string
   m.greedy = g.at("tokens").get<std::vector<std::vector<int32_t>>>();
   m.greedy_margins = g.at("margins").get<std::vector<std::vector<double>>>();
   return m;
+}
+
+// The largest |logit difference| of a run and what it compared.
+struct Outcome {
+  double max_err = 0;
+  double max_ref = 0;
+  int64_t compared_rows = 0;
+  int64_t steps = 0;
+};
+
+// Runs every prompt of `m` through `runner`, all requests in the same steps: a prompt's first
+// len - decode_tail tokens in chunks of `chunk` (0: whole), then one token per step.  Compares
+// the logits of every step whose last position has a reference row.
+// `reverse_blocks`: the same block ids handed out in reverse (request 0 gets the highest ids,
+// each table descending): block tables need not be ordered or contiguous, and blocks a
+// previous run wrote hold stale K/V that must not leak in.
+inline Outcome run_prompts(ModelRunner& runner, const ReferenceModel& m, int chunk, int decode_tail,
+                    bool fp8_reference = false, bool reverse_blocks = false) {
+  const auto& reference = fp8_reference ? m.logits_fp8 : m.logits;
+  const auto R = m.prompts.ids.size();
+  const int64_t bs = runner.block_size();
+  const int64_t max_blocks = (256 + bs - 1) / bs;
+  std::vector<std::vector<int32_t>> blocks(R);
+  for (size_t i = 0; i < R; ++i)
+    for (int64_t b = 0; b < max_blocks; ++b) {
+      const int64_t k = static_cast<int64_t>(i) * max_blocks + b;
+      blocks[i].push_back(static_cast<int32_t>(reverse_blocks ? static_cast<int64_t>(R) * max_blocks - k : 1 + k));
+    }
+  std::vector<int64_t> cur(R, 0);
+  Outcome out;
+  while (true) {
+    std::vector<StepRequest> reqs;
+    std::vector<std::pair<size_t, int64_t>> expect;  // (prompt, position) per logits row
+    for (size_t i = 0; i < R; ++i) {
+      const auto L = static_cast<int64_t>(m.prompts.ids[i].size());
+      if (cur[i] >= L) continue;
+      const int64_t P = std::max<int64_t>(1, L - decode_tail);
+      int64_t n = cur[i] < P ? P - cur[i] : 1;
+      if (cur[i] < P && chunk > 0) n = std::min<int64_t>(n, chunk);
+      StepRequest r;
+      r.request_id = static_cast<int64_t>(i);
+      r.token_ids = std::span<const int32_t>(m.prompts.ids[i].data() + cur[i], static_cast<size_t>(n));
+      r.start_pos = cur[i];
+      r.block_ids = blocks[i];
+      const int64_t last = cur[i] + n - 1;
+      r.wants_logits = last >= L - static_cast<int64_t>(m.prompts.positions[i].size());
+      if (r.wants_logits) expect.emplace_back(i, last);
+      reqs.push_back(r);
+      cur[i] += n;
+    }
+    if (reqs.empty()) break;
+    const Tensor logits = runner.execute(reqs);
+    ++out.steps;
+    EXPECT_EQ(logits.size(0), static_cast<int64_t>(expect.size()));
+    EXPECT_EQ(logits.size(1), m.vocab);
+    for (size_t row = 0; row < expect.size(); ++row) {
+      const auto [i, pos] = expect[row];
+      const auto L = static_cast<int64_t>(m.prompts.ids[i].size());
+      const auto& ref = reference[i][static_cast<size_t>(pos - (L - static_cast<int64_t>(m.prompts.positions[i].size())))];
+      const float* got = logits.data_ptr<float>() + static_cast<int64_t>(row) * m.vocab;
+      for (int64_t v = 0; v < m.vocab; ++v) {
+        const double e = std::fabs(static_cast<double>(got[v]) - ref[static_cast<size_t>(v)]);
+        if (!(e <= out.max_err)) out.max_err = e;  // NaN-propagating
+        out.max_ref = std::max(out.max_ref, std::fabs(ref[static_cast<size_t>(v)]));
+      }
+      ++out.compared_rows;
+    }
+  }
+  return out;
 }
 
 }  // namespace kvattn::model::testing

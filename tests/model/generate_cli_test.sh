@@ -22,6 +22,8 @@ roomy=(--kv-cache-memory 4MiB)
 "$kvattn" generate "$tmp/m" --prompt "Hello, world! 123" --max-tokens 12 "${common[@]}" "${roomy[@]}" >"$tmp/out" 2>"$tmp/err" \
   || fail "generate --prompt: $(cat "$tmp/err")"
 grep -q "12 generated tokens (length)" "$tmp/err" || fail "summary line: $(cat "$tmp/err")"
+grep -q "float32 compute, KV cache float32 .*; memory: weights .*, KV cache " "$tmp/err" \
+  || fail "memory plan line: $(cat "$tmp/err")"
 "$kvattn" generate "$tmp/m" --prompt "Hello, world! 123" --max-tokens 12 --logprobs 2 --json "${common[@]}" "${roomy[@]}" \
   >"$tmp/one.json" 2>"$tmp/err" || fail "generate --json: $(cat "$tmp/err")"
 $py - "$tmp/one.json" "$tmp/out" <<'PY' || fail "--json output"
@@ -91,10 +93,13 @@ grep -q "token 2 is id 999999999, which is not in the model's vocabulary" "$tmp/
 "$kvattn" generate "$tmp/m" --prompt "x" --top-p 0 "${common[@]}" "${roomy[@]}" >/dev/null 2>"$tmp/err"
 [ $? -eq 2 ] || fail "bad top_p: expected exit code 2"
 grep -q "top_p must be in (0, 1], got 0" "$tmp/err" || fail "top_p message: $(cat "$tmp/err")"
+"$kvattn" generate "$tmp/m" --prompt "x" --gpu-memory-utilization 1.5 "${common[@]}" >/dev/null 2>"$tmp/err"
+[ $? -eq 2 ] || fail "bad --gpu-memory-utilization: expected exit code 2"
+grep -q -- "--gpu-memory-utilization 1.5 is outside (0, 1\]" "$tmp/err" || fail "utilization message: $(cat "$tmp/err")"
 "$kvattn" generate "$tmp/nonexistent" --prompt "x" >/dev/null 2>"$tmp/err"
 [ $? -eq 2 ] || fail "missing model dir: expected exit code 2"
 
 "$kvattn" generate --help >"$tmp/help" || fail "--help"
 grep -q -- "--temperature FLOAT=1 " "$tmp/help" || fail "--help lacks the temperature's type/default: $(cat "$tmp/help")"
 grep -q -- "--max-tokens INT=16 " "$tmp/help" || fail "--help lacks max-tokens' default"
-echo "generate cli tests: 7 passed, 0 failed"
+echo "generate cli tests: 8 passed, 0 failed"

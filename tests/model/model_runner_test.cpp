@@ -11,6 +11,7 @@
 
 #include "forward_test.h"
 #include "kvattn/core/error.h"
+#include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/model/model_dir.h"
 #include "kvattn/model/model_runner.h"
 #include "model/layers.h"
@@ -53,12 +54,13 @@ std::string error_of(F&& f) {
   return {};
 }
 
-TEST(ModelRunnerOptions, CudaAndNonF32ComputeAreUnsupported) {
+TEST(ModelRunnerOptions, CudaWithoutDeviceAndNonF32CpuComputeAreUnsupported) {
   const ModelDir dir = open_model_dir(tiny("llama").dir, false);
   ModelRunner::Options o = opts();
-  o.device = Device::cuda(0);
-  EXPECT_NE(error_of<Unsupported>([&] { ModelRunner r(dir, o); }).find("CUDA model compute is not built yet"),
-            std::string::npos);
+  o.device = Device::cuda(cuda::available() ? cuda::device_count() : 0);  // a device this machine lacks
+  const std::string e = error_of<Unsupported>([&] { ModelRunner r(dir, o); });
+  EXPECT_NE(e.find(cuda::built_with_cuda() ? "usable CUDA device" : "built without CUDA"), std::string::npos) << e;
+  EXPECT_NE(e.find("--device cpu"), std::string::npos) << e;
   o = opts();
   o.compute_dtype = DType::bf16;
   EXPECT_NE(error_of<Unsupported>([&] { ModelRunner r(dir, o); }).find("float32"), std::string::npos);
@@ -66,6 +68,76 @@ TEST(ModelRunnerOptions, CudaAndNonF32ComputeAreUnsupported) {
   ModelRunner r(dir, o);
   EXPECT_EQ(r.compute_dtype(), DType::f32);
   EXPECT_EQ(r.kv_cache_dtype(), DType::f32);  // "auto" follows the compute dtype
+}
+
+// vLLM's dtype "auto" on CUDA: the checkpoint's torch_dtype, float32 computed in bfloat16;
+// explicit choices are honoured.  On CPU everything is f32 and bf16/f16 requests are refused.
+TEST(ModelRunnerOptions, ComputeDtypeAutoRule) {
+  const Device gpu = Device::cuda(0), cpu = Device::cpu();
+  EXPECT_EQ(ModelRunner::resolve_compute_dtype(std::nullopt, DType::bf16, gpu), DType::bf16);
+  EXPECT_EQ(ModelRunner::resolve_compute_dtype(std::nullopt, DType::f16, gpu), DType::f16);
+  EXPECT_EQ(ModelRunner::resolve_compute_dtype(std::nullopt, DType::f32, gpu), DType::bf16);
+  EXPECT_EQ(ModelRunner::resolve_compute_dtype(DType::f32, DType::bf16, gpu), DType::f32);
+  EXPECT_EQ(ModelRunner::resolve_compute_dtype(DType::f16, DType::f32, gpu), DType::f16);
+  EXPECT_EQ(ModelRunner::resolve_compute_dtype(DType::bf16, DType::f16, gpu), DType::bf16);
+  EXPECT_NE(error_of<InvalidArgument>([&] { ModelRunner::resolve_compute_dtype(DType::fp8_e4m3, DType::bf16, gpu); })
+                .find("valid: auto, bfloat16, float16, float32"),
+            std::string::npos);
+  for (DType ckpt : {DType::f32, DType::bf16, DType::f16}) {
+    EXPECT_EQ(ModelRunner::resolve_compute_dtype(std::nullopt, ckpt, cpu), DType::f32);
+    EXPECT_EQ(ModelRunner::resolve_compute_dtype(DType::f32, ckpt, cpu), DType::f32);
+  }
+  EXPECT_NE(error_of<Unsupported>([&] { ModelRunner::resolve_compute_dtype(DType::f16, DType::bf16, cpu); })
+                .find("on CPU kvattn computes models in float32 only"),
+            std::string::npos);
+}
+
+TEST(ModelRunnerOptions, GpuMemoryUtilizationAndBudget) {
+  for (double bad : {0.0, -0.5, 1.0000001, 2.0, std::nan("")}) {
+    const std::string e = error_of<InvalidArgument>([&] { ModelRunner::check_gpu_memory_utilization(bad); });
+    EXPECT_NE(e.find("--gpu-memory-utilization"), std::string::npos) << e;
+    EXPECT_NE(e.find("(0, 1]"), std::string::npos) << e;
+  }
+  EXPECT_NO_THROW(ModelRunner::check_gpu_memory_utilization(1.0));
+  EXPECT_NO_THROW(ModelRunner::check_gpu_memory_utilization(0.01));
+  // The runner checks it on every device, before anything is loaded.
+  const ModelDir dir = open_model_dir(tiny("llama").dir, false);
+  ModelRunner::Options o = opts();
+  o.gpu_memory_utilization = 1.5;
+  EXPECT_NE(error_of<InvalidArgument>([&] { ModelRunner r(dir, o); }).find("1.5"), std::string::npos);
+
+  // budget = total * utilization - in use before - weights - activations
+  ModelRunner::MemoryPlan m;
+  m.total = 80'000'000'000;
+  m.utilization = 0.9;
+  m.in_use_before = 1'000'000'000;
+  m.weights = 16'000'000'000;
+  m.activations = 3'000'000'000;
+  EXPECT_EQ(ModelRunner::gpu_kv_cache_budget(m), 72'000'000'000 - 20'000'000'000);
+  m.weights = 70'000'000'000;
+  const std::string e = error_of<InvalidArgument>([&] { ModelRunner::gpu_kv_cache_budget(m); });
+  for (const char* figure : {"80000000000", "0.9", "72000000000", "1000000000", "70000000000", "3000000000"})
+    EXPECT_NE(e.find(figure), std::string::npos) << figure << " missing from: " << e;
+  EXPECT_NE(e.find("--gpu-memory-utilization"), std::string::npos) << e;
+}
+
+// On CPU the memory plan has the f32 weights and the KV cache (no device figures).
+TEST(ModelRunnerOptions, CpuMemoryPlan) {
+  const ModelDir dir = open_model_dir(tiny("llama").dir, false);
+  ModelRunner r(dir, opts());
+  const ModelRunner::MemoryPlan& m = r.memory_plan();
+  const HfModelConfig& c = dir.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size, V = c.vocab_size;
+  const int64_t per_layer = 2 * H + (c.num_attention_heads + 2 * c.num_key_value_heads) * D * H +
+                            H * c.num_attention_heads * D + 3 * H * I;
+  EXPECT_EQ(m.weights, 4 * (V * H * (c.tie_word_embeddings ? 1 : 2) + H + c.num_hidden_layers * per_layer));
+  EXPECT_EQ(r.weight_bytes(), m.weights);
+  EXPECT_GT(m.kv_cache, 0);
+  EXPECT_LE(m.kv_cache, opts().kv_cache_memory);
+  EXPECT_EQ(r.kv_cache_bytes(), m.kv_cache);
+  EXPECT_EQ(m.total, 0);
+  EXPECT_EQ(m.activations, 0);
+  EXPECT_EQ(m.utilization, 0);
 }
 
 TEST(ModelRunnerOptions, ParseDtypeOption) {

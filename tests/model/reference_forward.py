@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """An independent reference forward pass of a Hugging Face model directory, in float64 NumPy.
 
-    reference_forward.py MODEL_DIR PROMPTS_JSON OUT_BIN [--kv-fp8]
-    reference_forward.py MODEL_DIR PROMPTS_JSON OUT_JSON --greedy N [--kv-fp8]
+    reference_forward.py MODEL_DIR PROMPTS_JSON OUT_BIN [--kv-fp8] [--round bf16|f16]
+    reference_forward.py MODEL_DIR PROMPTS_JSON OUT_JSON --greedy N [--kv-fp8] [--round bf16|f16]
 
 PROMPTS_JSON: {"prompts": [[token ids], ...], "positions": [[positions to emit], ...]}.
 OUT_BIN: the logits of every requested position, prompt after prompt, as little-endian f64
 rows of vocab_size values.  --kv-fp8: keys and values are rounded to fp8 e4m3 (scale 1,
 round to nearest even, saturating at 448) before attention, as an fp8 KV cache stores them.
+--round bf16|f16: every activation a 16-bit forward stores (embeddings, norm outputs,
+projections, q/k after norm and rotary, attention probabilities and output, the residual
+stream after each add, the MLP's activation) is rounded to that dtype (round to nearest even);
+logits stay unrounded.  Not an oracle: it measures how far 16-bit rounding alone moves the
+logits, from which the CUDA tests' bf16 / f16 bounds are derived.
 --greedy N: for every prompt, the N tokens greedy decoding produces (argmax, lowest id on a
 tie), written as JSON {"tokens": [[ids]...], "margins": [[top1 - top2 logit per step]...]}:
 the oracle for token-for-token generation checks (a step whose margin is below the compared
@@ -106,6 +111,22 @@ def round_e4m3(x):
     return np.sign(x) * np.minimum(q, 448.0)
 
 
+def round_bf16(x):
+    a = np.asarray(x, dtype=np.float32)
+    b = a.reshape(-1).view(np.uint32).astype(np.uint64)
+    sh = np.uint64(16)
+    b = ((b + np.uint64(0x7FFF) + ((b >> sh) & np.uint64(1))) >> sh) << sh
+    return b.astype(np.uint32).view(np.float32).astype(np.float64).reshape(a.shape)
+
+
+def round_f16(x):
+    return np.asarray(x, dtype=np.float16).astype(np.float64)
+
+
+def no_round(x):
+    return x
+
+
 def sliding_layers(c):
     L = c["num_hidden_layers"]
     mt = c["model_type"]
@@ -120,7 +141,7 @@ def sliding_layers(c):
     return [False] * L
 
 
-def forward(c, w, ids, kv_fp8=False):
+def forward(c, w, ids, kv_fp8=False, r=no_round):
     mt = c["model_type"]
     gemma = mt == "gemma2"
     H, L = c["hidden_size"], c["num_hidden_layers"]
@@ -137,14 +158,14 @@ def forward(c, w, ids, kv_fp8=False):
     pos = np.arange(n, dtype=np.float64)
     freqs = inv_freq(c, D)
 
-    x = w["model.embed_tokens.weight"][ids]
+    x = r(w["model.embed_tokens.weight"][ids])
     if gemma:
-        x = x * math.sqrt(H)
+        x = r(x * r(math.sqrt(H)))
     qi = np.arange(n)[:, None]
     kj = np.arange(n)[None, :]
     for i in range(L):
         p = f"model.layers.{i}."
-        h = rms_norm(x, w[p + "input_layernorm.weight"], eps, gemma)
+        h = r(rms_norm(x, w[p + "input_layernorm.weight"], eps, gemma))
         q = h @ w[p + "self_attn.q_proj.weight"].T
         k = h @ w[p + "self_attn.k_proj.weight"].T
         v = h @ w[p + "self_attn.v_proj.weight"].T
@@ -152,11 +173,12 @@ def forward(c, w, ids, kv_fp8=False):
             q = q + w[p + "self_attn.q_proj.bias"]
             k = k + w[p + "self_attn.k_proj.bias"]
             v = v + w[p + "self_attn.v_proj.bias"]
+        q, k, v = r(q), r(k), r(v)
         q, k, v = q.reshape(n, Hq, D), k.reshape(n, Hk, D), v.reshape(n, Hk, D)
         if mt == "qwen3":
-            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, False)
-            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, False)
-        q, k = rope(q, pos, freqs), rope(k, pos, freqs)
+            q = r(rms_norm(q, w[p + "self_attn.q_norm.weight"], eps, False))
+            k = r(rms_norm(k, w[p + "self_attn.k_norm.weight"], eps, False))
+        q, k = r(rope(q, pos, freqs)), r(rope(k, pos, freqs))
         if kv_fp8:
             k, v = round_e4m3(k), round_e4m3(v)
         mask = kj <= qi
@@ -171,24 +193,24 @@ def forward(c, w, ids, kv_fp8=False):
             s = np.where(mask, s, -np.inf)
             s = np.exp(s - s.max(-1, keepdims=True))
             s /= s.sum(-1, keepdims=True)
-            o[:, hh, :] = s @ v[:, kv, :]
-        a = o.reshape(n, Hq * D) @ w[p + "self_attn.o_proj.weight"].T
+            o[:, hh, :] = r(s) @ v[:, kv, :]
+        a = r(r(o).reshape(n, Hq * D) @ w[p + "self_attn.o_proj.weight"].T)
         if gemma:
-            a = rms_norm(a, w[p + "post_attention_layernorm.weight"], eps, True)
-        x = x + a
-        h = rms_norm(x, w[p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")],
-                     eps, gemma)
-        g = h @ w[p + "mlp.gate_proj.weight"].T
-        u = h @ w[p + "mlp.up_proj.weight"].T
+            a = r(rms_norm(a, w[p + "post_attention_layernorm.weight"], eps, True))
+        x = r(x + a)
+        h = r(rms_norm(x, w[p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")],
+                       eps, gemma))
+        g = r(h @ w[p + "mlp.gate_proj.weight"].T)
+        u = r(h @ w[p + "mlp.up_proj.weight"].T)
         if act in ("gelu_pytorch_tanh", "gelu_tanh"):
             g = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g ** 3)))
         else:
             g = g / (1 + np.exp(-g))
-        m = (g * u) @ w[p + "mlp.down_proj.weight"].T
+        m = r(r(g * u) @ w[p + "mlp.down_proj.weight"].T)
         if gemma:
-            m = rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps, True)
-        x = x + m
-    x = rms_norm(x, w["model.norm.weight"], eps, gemma)
+            m = r(rms_norm(m, w[p + "post_feedforward_layernorm.weight"], eps, True))
+        x = r(x + m)
+    x = r(rms_norm(x, w["model.norm.weight"], eps, gemma))
     return x
 
 
@@ -198,6 +220,11 @@ def main():
     if "--greedy" in argv:
         k = argv.index("--greedy")
         greedy = int(argv[k + 1])
+        del argv[k:k + 2]
+    rnd = no_round
+    if "--round" in argv:
+        k = argv.index("--round")
+        rnd = {"bf16": round_bf16, "f16": round_f16}[argv[k + 1]]
         del argv[k:k + 2]
     args = [a for a in argv if a != "--kv-fp8"]
     if len(args) != 3:
@@ -217,7 +244,7 @@ def main():
         for ids in spec["prompts"]:
             seq, toks, margins = list(ids), [], []
             for _ in range(greedy):
-                x = forward(c, w, np.asarray(seq, dtype=np.int64), kv_fp8)
+                x = forward(c, w, np.asarray(seq, dtype=np.int64), kv_fp8, rnd)
                 logits = x[-1] @ lm.T
                 if final_cap:
                     logits = final_cap * np.tanh(logits / final_cap)
@@ -232,7 +259,7 @@ def main():
         return
     rows = []
     for ids, positions in zip(spec["prompts"], spec["positions"]):
-        x = forward(c, w, np.asarray(ids, dtype=np.int64), kv_fp8)
+        x = forward(c, w, np.asarray(ids, dtype=np.int64), kv_fp8, rnd)
         logits = x[np.asarray(positions, dtype=np.int64)] @ lm.T
         if final_cap:
             logits = final_cap * np.tanh(logits / final_cap)

@@ -48,6 +48,8 @@ class StepExecutor {
   virtual int64_t max_model_len() const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual Tensor execute(std::span<const StepRequest> reqs) = 0;
+  // The ModelRunner behind it, when there is one (for its dtype and memory plan).
+  virtual const ModelRunner* runner() const { return nullptr; }
 };
 
 // Streaming detokenization of one request's output.
