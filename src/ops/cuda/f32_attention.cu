@@ -13,7 +13,8 @@
 // visibility (the full rule of paged_attention.h: causal, window, PrefixLM range, XQA mask) and
 // K / V byte offsets once; the block is then consumed 4 keys at a time (offsets by shuffle, all 8
 // row loads issued before the dot products, one 5-step butterfly per key), with an online
-// softmax (running max m, running sum l, accumulator rescaled when m grows).  Chunks with no
+// softmax (running max m, running sum l, accumulator rescaled when m grows; each 32-key block
+// sums into its own l / accumulator first, added to the row's at the block's end).  Chunks with no
 // visible key are skipped; an invisible key inside a chunk re-reads a visible key's rows (valid
 // memory) and gets weight 0, so no load depends on a branch.  The sink term joins at the end, as
 // in the reference.  Rows of no request (>= qo_indptr[batch]) are not touched; a row that sees
@@ -116,9 +117,16 @@ __global__ void __launch_bounds__(kWarps * 32) f32_attn_kernel(const AttnParams 
   const char* kbase = static_cast<const char*>(p.k) + int64_t(kh) * p.k_sh;
   const char* vbase = static_cast<const char*>(p.v) + int64_t(kh) * p.v_sh;
   const Idx& pages = page_index(p);
+  // m: running max of the scores so far.  l, acc: the sums of the finished 32-key blocks,
+  // relative to m; lb, ab: the current block's, added at its end (two-level sums keep the
+  // rounding error of long rows near that of 32 + L / 32 additions instead of L)
   float m = -INFINITY, l = 0.f;
 
   for (int64_t j0 = jlo; j0 < jhi; j0 += 32) {
+    float lb = 0.f, ab[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) ab[i] = 0.f;
+    const float m_prev = m;
     // lane i: key j0 + i's visibility and row offsets
     const int64_t j = j0 + lane;
     const bool vis = j < jhi && visible(p, R, j);
@@ -179,24 +187,30 @@ __global__ void __launch_bounds__(kWarps * 32) f32_attn_kernel(const AttnParams 
       const float mn = fmaxf(m, cmax);
       const float corr = expf(m - mn);  // 0 while m is -inf
       m = mn;
-      l *= corr;
+      lb *= corr;
       float w[kChunk];
 #pragma unroll
       for (int u = 0; u < kChunk; ++u) {
         w[u] = ((cm >> u) & 1u) ? expf(s[u] - mn) : 0.f;
-        l += w[u];
+        lb += w[u];
       }
 #pragma unroll
-      for (int i = 0; i < NPL; ++i) acc[i] *= corr;
+      for (int i = 0; i < NPL; ++i) ab[i] *= corr;
 #pragma unroll
       for (int u = 0; u < kChunk; ++u) {
         const float* vp = reinterpret_cast<const float*>(vbase + vo[u]);
 #pragma unroll
         for (int i = 0; i < NPL; ++i) {
           const int d = lane + 32 * i;
-          if (NPL * 32 == D || d < D) acc[i] = fmaf(w[u], vp[d], acc[i]);
+          if (NPL * 32 == D || d < D) ab[i] = fmaf(w[u], vp[d], ab[i]);
         }
       }
+    }
+    if (m != -INFINITY) {  // the block into the row's sums (warp-uniform)
+      const float f = expf(m_prev - m);  // 0 while m_prev is -inf
+      l = fmaf(l, f, lb);
+#pragma unroll
+      for (int i = 0; i < NPL; ++i) acc[i] = fmaf(acc[i], f, ab[i]);
     }
   }
 
