@@ -131,7 +131,9 @@ TEST(BackendE2ECuda, Float32ModelMatchesCpuBackend) {
       E2EOptions gpu = v.o;
       gpu.device = Device::cuda(0);
       const E2EResult g = expect_matches_oracle(gpu, spec);
-      if (v.o.common_prefix_len > 0) EXPECT_EQ(g.kernel_path, "cascade");
+      if (v.o.common_prefix_len > 0) {
+        EXPECT_EQ(g.kernel_path, "cascade");
+      }
       const E2EResult c = expect_matches_oracle(v.o, spec);
       EXPECT_LE(max_output_diff(g, c), 1e-5) << "GPU f32 output differs from the CPU backend's";
     }

@@ -57,21 +57,21 @@ TEST_F(CudaF32Attention, GqaHeadDimsDecodePrefillMixed) {
   uint32_t seed = 1000;
   for (int64_t dim : {64, 128, 256}) {
     for (int64_t group : {1, 4, 8}) {
-      AttnCase c = f32_case("dim " + std::to_string(dim) + " group " + std::to_string(group));
+      const std::string name = "dim " + std::to_string(dim) + " group " + std::to_string(group);
+      AttnCase c = f32_case(name + " decode");
       c.dim = dim;
       c.hkv = 2;
       c.hq = 2 * group;
       c.q_lens = {1, 1, 1, 1};  // decode, odd lengths, an empty request
       c.kv_lens = {1, 7, 300, 0};
-      c.name += " decode";
       run(c, seed++);
+      c.name = name + " prefill";
       c.q_lens = {7, 33, 1};  // prefill (a whole request, a chunk after context) and a 1-row one
       c.kv_lens = {7, 70, 1};
-      c.name += " prefill";
       run(c, seed++);
+      c.name = name + " mixed";
       c.q_lens = {1, 5, 0, 1, 33, 1};  // mixed, with a zero-query request
       c.kv_lens = {300, 5, 9, 0, 33, 1};
-      c.name += " mixed";
       run(c, seed++);
     }
   }

@@ -18,7 +18,8 @@
 // visible key are skipped; an invisible key inside a chunk re-reads a visible key's rows (valid
 // memory) and gets weight 0, so no load depends on a branch.  The sink term joins at the end, as
 // in the reference.  Rows of no request (>= qo_indptr[batch]) are not touched; a row that sees
-// no key writes 0 and LSE -inf (or the sink's LSE).
+// no key writes 0 and LSE -inf (or the sink's LSE).  Page ids outside [0, num_pages) (device
+// index tensors are not range-checked by the host) skip their keys: never read.
 //
 // Cost, per row with L visible keys and head dim D: 4·D·L FLOPs (Q·K 2·D·L, P·V 2·D·L) plus ~6·L
 // for the softmax (scale, cap, max, exp, sum); 8·D·L bytes of K and V rows read (f32), of which
@@ -129,15 +130,22 @@ __global__ void __launch_bounds__(kWarps * 32) f32_attn_kernel(const AttnParams 
     const float m_prev = m;
     // lane i: key j0 + i's visibility and row offsets
     const int64_t j = j0 + lane;
-    const bool vis = j < jhi && visible(p, R, j);
+    bool vis = j < jhi && visible(p, R, j);
     int64_t koff = 0, voff = 0;
     if (vis) {
       const int64_t blk = j / p.page_size, slot = j - blk * p.page_size;
-      const int64_t e = page_elem(p, b.page_base, r, static_cast<int>(blk));
-      const int64_t page = pages.is64 ? static_cast<const int64_t*>(pages.ptr)[e]
-                                      : int64_t(static_cast<const int32_t*>(pages.ptr)[e]);
-      koff = page * p.k_sb + slot * p.k_so;
-      voff = page * p.v_sb + slot * p.v_so;
+      // device-resident index tensors are not range-checked by the host: a page-list entry past
+      // kv_indices or a page id outside [0, num_pages) makes the key skipped, never read
+      if (p.paged_form && (b.page_base + blk < 0 || b.page_base + blk >= p.kv_entries)) {
+        vis = false;
+      } else {
+        const int64_t e = page_elem(p, b.page_base, r, static_cast<int>(blk));
+        const int64_t page = pages.is64 ? static_cast<const int64_t*>(pages.ptr)[e]
+                                        : int64_t(static_cast<const int32_t*>(pages.ptr)[e]);
+        vis = page >= 0 && page < p.num_pages;
+        koff = vis ? page * p.k_sb + slot * p.k_so : 0;
+        voff = vis ? page * p.v_sb + slot * p.v_so : 0;
+      }
     }
     const unsigned mask = __ballot_sync(kFull, vis);
     for (int c = 0; c < 32; c += kChunk) {
