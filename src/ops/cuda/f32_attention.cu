@@ -22,12 +22,14 @@
 // index tensors are not range-checked by the host) skip their keys: never read.
 //
 // Cost, per row with L visible keys and head dim D: 4·D·L FLOPs (Q·K 2·D·L, P·V 2·D·L) plus ~6·L
-// for the softmax (scale, cap, max, exp, sum); 8·D·L bytes of K and V rows read (f32), of which
-// HBM sees one copy per (token, KV head) when the group's rows hit L1/L2, i.e. 8·D·L·hkv per
-// token of the call at best, hq / hkv times that at worst.  0.5 FLOP per byte loaded: the kernel
-// is bound by load latency / L1-L2 bandwidth (and the per-key shuffles), not by arithmetic.
-// Roughly 10-30x slower than the 16-bit tensor-core paths on the same shapes: a correctness path
-// for float32 models, not a fast path.
+// for the softmax (scale, cap, max, exp, sum) and 5 shuffles per key; 8·D·L bytes of K and V rows
+// loaded (f32).  The rows of a GQA group (one token, adjacent heads, mostly one CTA) and the query
+// rows of one request load the same K/V rows, which L1/L2 serve: HBM reads between one copy of
+// each request's K/V per KV head and hq/hkv times the loads above.  About 0.5 FLOP per byte
+// loaded: bound by load latency and L1/L2 bandwidth, not by arithmetic.  E.g. decode of 64
+// requests x 4096 keys, 32 query / 8 KV heads, D 128: 8.6 GB loaded by the warps, 2.1 GB of it
+// distinct (what the tensor-core paths read once, in half the bytes for bf16).  A correctness path
+// for float32 models, not a fast path (not tuned, not timed).
 #include "ops/cuda/f32_attention.h"
 
 #include <atomic>
