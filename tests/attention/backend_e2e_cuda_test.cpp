@@ -80,5 +80,65 @@ TEST(BackendE2ECuda, CascadeSplittingAndGraphPadding) {
   expect_matches_oracle(g, make_batch("padded_decode", {40, 70, 33}, {1, 1, 1}));
 }
 
+// A float32 model (kv_cache_dtype "auto" = float32 caches): build() -> do_kv_cache_update ->
+// forward on the GPU (the f32 attention kernel, the f32 cache write, the f32 cascade merge)
+// against the oracle and against the same steps on the CPU backend (max |GPU - CPU| <= 1e-5).
+TEST(BackendE2ECuda, Float32ModelMatchesCpuBackend) {
+  REQUIRE_GPU();
+  struct Variant {
+    const char* name;
+    E2EOptions o;
+    bool mixed_only = false;  // the layout sweep: one batch each
+  };
+  std::vector<Variant> variants;
+  {
+    E2EOptions o;
+    o.dtype = DType::f32;
+    o.num_layers = 2;
+    variants.push_back({"plain", o});
+    for (KVCacheLayout layout : kAllKVCacheLayouts) {
+      E2EOptions l = o;
+      l.layout = layout;
+      l.num_layers = 1;
+      variants.push_back({layout_name(layout), l, true});
+    }
+    o.layout = KVCacheLayout::LBHNC;
+    o.sinks = true;
+    o.soft_cap = 8.0;
+    o.sliding_window = 32;
+    o.num_q_heads = 8;
+    o.head_size = 128;
+    variants.push_back({"HND, sinks, soft cap, window, GQA 4, D 128", o});
+    E2EOptions c;
+    c.dtype = DType::f32;
+    c.common_prefix_len = 32;
+    variants.push_back({"cascade", c});
+    E2EOptions g;
+    g.dtype = DType::f32;
+    g.cudagraph = true;
+    g.num_reqs_padded = 8;
+    variants.push_back({"padded decode", g});
+  }
+  const std::vector<BatchSpec> specs = {make_batch("f32_mixed", {1, 7, 33, 300}, {1, 7, 33, 1}),
+                                        make_batch("f32_decode", {300, 41, 1}, {1, 1, 1}),
+                                        make_batch("f32_prefix", {60, 75, 48, 90}, {1, 1, 5, 12})};
+  for (const Variant& v : variants) {
+    for (const BatchSpec& spec : specs) {
+      if (v.o.common_prefix_len > 0 && spec.name != "f32_prefix") continue;  // cascade needs the shared prefix
+      if (v.o.cudagraph && spec.name != "f32_decode") continue;              // a pure decode batch
+      if (v.mixed_only && spec.name != "f32_mixed") continue;
+      SCOPED_TRACE(std::string(v.name) + " / " + spec.name);
+      E2EOptions gpu = v.o;
+      gpu.device = Device::cuda(0);
+      const E2EResult g = expect_matches_oracle(gpu, spec);
+      if (v.o.common_prefix_len > 0) {
+        EXPECT_EQ(g.kernel_path, "cascade");
+      }
+      const E2EResult c = expect_matches_oracle(v.o, spec);
+      EXPECT_LE(max_output_diff(g, c), 1e-5) << "GPU f32 output differs from the CPU backend's";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvattn::test

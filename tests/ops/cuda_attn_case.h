@@ -61,9 +61,11 @@ struct AttnCase {
   bool idx_strided = false;
   bool xqa_random_bits = true;  // clear some mask bits below the diagonal at random
   double out_tol = 0;           // > 0: the output tolerance instead of tol_for()
+  double lse_tol = 2e-2;        // largest |LSE - reference LSE| accepted
   KvLengthsHint kv_hint = KvLengthsHint::unknown;  // PagedAttentionArgs::kv_lengths of the GPU call
   int64_t max_q_len = -1;  // PagedAttentionArgs::max_query_len of both calls (the CPU one checks it)
   bool keep_plan = false;  // the GPU calls share one PagedAttentionPlan (the repeats reuse it)
+  bool plan_unused = false;  // with keep_plan: the path takes no plan (it must neither plan nor reuse)
   // the slots of each request's last page at or past its kv_len hold NaN in K and V: keys that do
   // not exist must not reach the output (a kernel that copies whole pages must mask them and keep
   // their V out of P V, where 0 x NaN would still be NaN)
@@ -106,9 +108,9 @@ class CudaV6DecodeTest : public ::testing::Test {
 
 // The GPU call's output (and LSE when defined) against the CPU reference's: rows past `used`
 // (no request) still NaN (untouched), relative error of the rest under `tol`, every LSE written,
-// infinities equal and finite ones within 2e-2.
+// infinities equal and finite ones within lse_tol.
 inline void expect_matches_reference(const Tensor& out_dev, const Tensor& lse_dev, const Tensor& out_ref,
-                                     const Tensor& lse_ref, int64_t used, double tol) {
+                                     const Tensor& lse_ref, int64_t used, double tol, double lse_tol = 2e-2) {
   const Tensor out_gpu = out_dev.to(Device::cpu());
   for (int64_t t = used; t < out_gpu.size(0); ++t)
     EXPECT_TRUE(std::isnan(out_gpu.get({t, 0, 0}))) << "padding row " << t << " was written";
@@ -129,7 +131,7 @@ inline void expect_matches_reference(const Tensor& out_dev, const Tensor& lse_de
     }
     worst = std::max(worst, std::abs(x[i] - y[i]));
   }
-  EXPECT_LT(worst, 2e-2) << "lse";
+  EXPECT_LT(worst, lse_tol) << "lse";
 }
 
 // Runs one case on the GPU and the CPU reference and compares; returns how many calls reached
@@ -250,7 +252,7 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
     for (int rep = 0; rep < c.repeats; ++rep) {
       SCOPED_TRACE(::testing::Message() << "back-to-back call " << rep);
       expect_matches_reference(outs[static_cast<size_t>(rep)], lses[static_cast<size_t>(rep)], out_ref, lse_ref,
-                               b.qo_indptr.to_vector<int32_t>().back(), c.out_tol > 0 ? c.out_tol : tol_for(c));
+                               b.qo_indptr.to_vector<int32_t>().back(), c.out_tol > 0 ? c.out_tol : tol_for(c), c.lse_tol);
     }
   }
   for (int rep = 0; c.sync_each && rep < c.repeats; ++rep) {
@@ -262,9 +264,12 @@ inline int64_t run_attn_case(const AttnCase& c, uint32_t seed) {
   paged_attention(g);
   kvattn::cuda::synchronize();
   expect_matches_reference(g.out, c.lse ? g.lse : Tensor(), out_ref, lse_ref,
-                           b.qo_indptr.to_vector<int32_t>().back(), c.out_tol > 0 ? c.out_tol : tol_for(c));
+                           b.qo_indptr.to_vector<int32_t>().back(), c.out_tol > 0 ? c.out_tol : tol_for(c), c.lse_tol);
   }
-  if (c.keep_plan) {
+  if (c.keep_plan && c.plan_unused) {
+    EXPECT_EQ(plan.plans(), 0) << "a path without a plan planned";
+    EXPECT_EQ(plan.reuses(), 0) << "a path without a plan reused one";
+  } else if (c.keep_plan) {
     EXPECT_EQ(plan.plans(), 1) << "the kept plan was planned again";
     EXPECT_EQ(plan.reuses(), c.repeats - 1);
   }

@@ -77,7 +77,8 @@ KvLengthsHint classify_kv_lengths(std::span<const int32_t> kv_lens) noexcept;
 // Copies share one plan (a handle).  Thread-safe; a plan is for one stream of calls (kvattn's
 // kernels run on the device's default stream).  CPU tensors ignore it (the CPU kernels plan
 // inline, at no cost worth keeping); so do the one-launch small-batch decode path (it plans
-// inside its attention launch) and builds without CUDA.
+// inside its attention launch), calls over float32 caches (one SIMT launch, nothing to plan) and
+// builds without CUDA.
 class PagedAttentionPlan {
  public:
   PagedAttentionPlan();

@@ -14,6 +14,7 @@
 #include "kvattn/core/cuda_runtime_api.h"
 #include "ops/common.h"
 #include "ops/cuda/dcp_kernels.h"
+#include "ops/cuda/f32_attention.h"
 #include "ops/cuda/hopper_prefill.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/page_decode.h"
@@ -220,9 +221,11 @@ void paged_attention(const PagedAttentionArgs& a) {
   p.kv_t = elt_of(a.k_cache.dtype(), op, "k_cache");
   const int64_t es = a.k_cache.element_size();
   for (const auto& [t, name] : {std::pair{&a.k_cache, "k_cache"}, std::pair{&a.v_cache, "v_cache"}}) {
-    const bool ok = t->stride(3) == 1 && (reinterpret_cast<uintptr_t>(t->data()) % 16) == 0 &&
+    // float32 caches go to the SIMT kernel (f32_attention.cu), which reads rows element by element
+    const bool f32_rows = p.kv_t == k::Elt::f32 && t->stride(3) == 1;
+    const bool ok = f32_rows || (t->stride(3) == 1 && (reinterpret_cast<uintptr_t>(t->data()) % 16) == 0 &&
                     (t->stride(0) * es) % 16 == 0 && (t->stride(1) * es) % 16 == 0 && (t->stride(2) * es) % 16 == 0 &&
-                    (d.head_dim * es) % 16 == 0;
+                    (d.head_dim * es) % 16 == 0);
     if (!ok)
       throw Unsupported(fmt::format(
           "{}: the CUDA kernel streams 16-byte rows, so `{}` needs head_dim contiguous (stride 1) and 16-byte "
@@ -294,6 +297,11 @@ void paged_attention(const PagedAttentionArgs& a) {
   }
   if (p.batch == 0 || p.num_tokens == 0) return;
   const int dev = a.query.device().index;
+  if (p.kv_t == k::Elt::f32) {  // float32 caches: the SIMT f32 kernel, one launch, no plan or workspace
+    std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
+    check_launch(k::launch_f32_attention(p), op);
+    return;
+  }
   if (k::prefill_eligible(p, sm_count(dev))) {  // many rows per request: prefill_kernel.cu
     std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
     const int64_t bytes = k::prefill_workspace_bytes(p);
