@@ -634,8 +634,8 @@ int run(const Opts& o) {
         for (const Shape sh : {Shape{8, 2048, -1, true, "465"}, Shape{1, 8192, -1, true, "517"}, Shape{4, 4096, -1, true, "487"},
                                Shape{16, 1024, -1, true, "367"}, Shape{32, 512, -1, true, "248"},
                                Shape{8, 4096, 512, true, "538"}, Shape{8, 2048, -1, false, "509"}}) {
-          // force under each consumer schedule (serial, overlap, pingpong), then off
-          for (const int variant : {0, 1, 2, -1}) {
+          // force under each consumer schedule (serial, overlap, pingpong, turns), then off
+          for (const int variant : {0, 1, 2, 3, -1}) {
             const int hm = variant >= 0 ? 2 : 1;
             k::set_hopper_prefill_mode(hm);
             if (variant >= 0) k::set_hopper_prefill_sched(variant);

@@ -420,7 +420,7 @@ class HopperMode {
 };
 
 // Sets the wgmma kernel's consumer schedule for one test (0 serial, 1 overlap, 2 pingpong; the
-// value of KVATTN_PREFILL_HOPPER_SCHED is read again afterwards).  Nothing in a build without CUDA.
+// value of KVATTN_PREFILL_HOPPER_SCHED is read again afterwards; 3 turns).  Nothing in a build without CUDA.
 class HopperSched {
  public:
   explicit HopperSched(int sched) {
@@ -439,7 +439,9 @@ class HopperSched {
   HopperSched& operator=(const HopperSched&) = delete;
 };
 
-const char* sched_label(int sched) { return sched == 0 ? "serial" : sched == 1 ? "overlap" : "pingpong"; }
+const char* sched_label(int sched) {
+  return sched == 0 ? "serial" : sched == 1 ? "overlap" : sched == 2 ? "pingpong" : "turns";
+}
 
 // The wgmma kernel (TMA page gathers, wgmma, mbarrier ring) on the cases it covers, under one
 // consumer schedule: GQA 1/4/8/16, causal and not, chunked prefill, odd lengths ending inside a
@@ -566,6 +568,7 @@ void run_hopper_matrix(int sched, uint32_t seed) {
 TEST_F(CudaPrefill, HopperWgmmaSerial) { run_hopper_matrix(0, 11000); }
 TEST_F(CudaPrefill, HopperWgmmaOverlap) { run_hopper_matrix(1, 11000); }
 TEST_F(CudaPrefill, HopperWgmmaPingpong) { run_hopper_matrix(2, 11000); }
+TEST_F(CudaPrefill, HopperWgmmaTurns) { run_hopper_matrix(3, 11000); }
 
 // The calls the wgmma kernel leaves to the mma.sync kernel, with the reason (head_dim 64, f16,
 // f32 output), and the kernel turned off.
@@ -613,7 +616,7 @@ TEST_F(CudaPrefill, HopperWgmma) {
 // e, soft cap, a window skipping tiles, several units per CTA, a kept plan.
 TEST_F(CudaPrefill, HopperWgmmaSmall) {
   const HopperMode forced(2);
-  for (int sched = 0; sched < 3; ++sched) {
+  for (int sched = 0; sched < 4; ++sched) {
     const HopperSched schedule(sched);
     const std::string tag = std::string("wgmma small ") + sched_label(sched) + " ";
     uint32_t seed = 12000;

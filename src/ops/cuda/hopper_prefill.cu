@@ -33,6 +33,7 @@
 //            (named barriers 3 + c: bar.sync on one's own, bar.arrive on the other's, 256
 //            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
 //            under the other's GEMMs.  The default.
+//   turns    serial, with the pingpong turns around each tile's S (P V issued outside them).
 // Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
 // Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ...
 // (heaviest first, no counter: the producer and consumers walk the same list independently).
@@ -185,7 +186,7 @@ template <int kSched>
 __global__ void __launch_bounds__(kThreads, 1)
     hp_prefill_kernel(const AttnParams p, const HopperPlanTables plan, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v) {
-  constexpr bool kOverlap = kSched >= 1, kPing = kSched == 2;
+  constexpr bool kOverlap = kSched == 1 || kSched == 2, kPing = kSched >= 2;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -634,13 +635,14 @@ PrefillChoice g_last_choice{PrefillPath::mma_sync, "no prefill call yet"};
 
 int mode_now() { return knob(g_mode, "KVATTN_PREFILL_HOPPER", off_or_force); }
 
-// The consumer schedule (KVATTN_PREFILL_HOPPER_SCHED): 0 serial, 1 overlap, 2 pingpong; unset or
-// anything else: kDefaultSched.
+// The consumer schedule (KVATTN_PREFILL_HOPPER_SCHED): 0 serial, 1 overlap, 2 pingpong, 3 turns;
+// unset or anything else: kDefaultSched.
 constexpr int kDefaultSched = 2;
+constexpr int kNumSched = 4;
 std::atomic<int> g_sched{-1};
 int parse_sched(const char* e) {
   if (e != nullptr) {
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < kNumSched; ++i)
       if (std::strcmp(e, hopper_prefill_sched_name(i)) == 0) return i;
   }
   return kDefaultSched;
@@ -710,7 +712,7 @@ bool stride_ok(int64_t s) { return s > 0 && s % 16 == 0 && s < (int64_t(1) << 40
 
 void set_hopper_prefill_mode(int mode) { g_mode.store(mode, std::memory_order_relaxed); }
 void set_hopper_prefill_sched(int sched) {
-  g_sched.store(sched >= 0 && sched <= 2 ? sched : -1, std::memory_order_relaxed);
+  g_sched.store(sched >= 0 && sched < kNumSched ? sched : -1, std::memory_order_relaxed);
 }
 int hopper_prefill_sched() { return sched_now(); }
 const char* hopper_prefill_sched_name(int sched) {
@@ -718,6 +720,7 @@ const char* hopper_prefill_sched_name(int sched) {
     case 0: return "serial";
     case 1: return "overlap";
     case 2: return "pingpong";
+    case 3: return "turns";
     default: return "unknown";
   }
 }
@@ -796,7 +799,10 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
   static int attr_set[64] = {};  // per device: bit i = schedule i's shared-memory limit raised
   int dev = 0;
   cudaGetDevice(&dev);
-  auto kernel = sched == 0 ? hp_prefill_kernel<0> : sched == 1 ? hp_prefill_kernel<1> : hp_prefill_kernel<2>;
+  auto kernel = sched == 0   ? hp_prefill_kernel<0>
+                : sched == 1 ? hp_prefill_kernel<1>
+                : sched == 2 ? hp_prefill_kernel<2>
+                             : hp_prefill_kernel<3>;
   if (!(attr_set[dev & 63] & (1 << sched))) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) return static_cast<int>(e);
