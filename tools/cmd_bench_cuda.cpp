@@ -634,18 +634,23 @@ int run(const Opts& o) {
         for (const Shape sh : {Shape{8, 2048, -1, true, "465"}, Shape{1, 8192, -1, true, "517"}, Shape{4, 4096, -1, true, "487"},
                                Shape{16, 1024, -1, true, "367"}, Shape{32, 512, -1, true, "248"},
                                Shape{8, 4096, 512, true, "538"}, Shape{8, 2048, -1, false, "509"}}) {
-          for (const int hm : {2, 1}) {  // force, off
+          // force under each consumer schedule (serial, overlap, pingpong, turns), then off
+          for (const int variant : {0, 1, 2, 3, -1}) {
+            const int hm = variant >= 0 ? 2 : 1;
             k::set_hopper_prefill_mode(hm);
+            if (variant >= 0) k::set_hopper_prefill_sched(variant);
             const std::string shape = sh.Lq > 0 ? fmt::format("{}x(q {}, kv {})", sh.B, sh.Lq, sh.L) : fmt::format("{}x{}", sh.B, sh.L);
             Row r = bench_prefill(fmt::format("prefill {} bf16 {} [plan kept]", sh.causal ? "causal" : "non-causal", shape),
                                   pool, sh.B, sh.L, sh.causal, "", o.quick, true, sh.Lq);
             const k::PrefillChoice ch = k::last_prefill_choice();
-            r.name += ch.path == k::PrefillPath::wgmma ? " [wgmma]" : " [mma.sync]";
+            r.name += ch.path == k::PrefillPath::wgmma ? fmt::format(" [wgmma {}]", k::hopper_prefill_sched_name(variant))
+                                                       : std::string(" [mma.sync]");
             r.target = fmt::format("(FA3 paged {}){}", sh.fa3, hm == 2 && ch.path != k::PrefillPath::wgmma ? std::string(" ") + ch.reason : "");
             print_row(r);
           }
         }
         k::set_hopper_prefill_mode(hm0);
+        k::set_hopper_prefill_sched(-1);
       }
       // the same shapes on attn_kernel, then the prefill kernel again (run-to-run spread)
       const k::PrefillMode m0 = k::prefill_mode();

@@ -5,10 +5,10 @@
 // head sizes 64/128/256, causal and not, chunked prefill (query after cached context), LSE in
 // both bases, soft cap, sliding window, sinks, q/k/v scales, f32/f16/bf16 query and output.
 // The routing test checks which calls reach the kernel: fp8 pages, PrefixLM ranges and XQA masks
-// stay on attn_kernel, as do decode-like calls in automatic mode.  HopperWgmma / HopperWgmmaSmall
-// force the sm_90a wgmma kernel (src/ops/cuda/hopper_prefill.cu) and check which kernel served each
-// call (the wgmma kernel exactly where it covers the case on an sm_90 device).  Skips when no GPU
-// is present.
+// stay on attn_kernel, as do decode-like calls in automatic mode.  HopperWgmma* force the sm_90a
+// wgmma kernel (src/ops/cuda/hopper_prefill.cu), under each of its consumer schedules (serial,
+// overlap, pingpong), and check which kernel served each call (the wgmma kernel exactly where it
+// covers the case on an sm_90 device).  Skips when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <initializer_list>
@@ -17,6 +17,9 @@
 
 #include "kvattn/core/cuda_runtime_api.h"
 #include "cuda_attn_case.h"
+#if defined(KVATTN_WITH_CUDA)
+#include "ops/cuda/hopper_prefill.h"
+#endif
 
 namespace kvattn::ops {
 namespace {
@@ -387,11 +390,11 @@ TEST_F(CudaPrefill, ManyUnitsPerCta) {
 
 // Whether the wgmma prefill kernel (src/ops/cuda/hopper_prefill.cu) should serve a case on this
 // device: an sm_90 device (the CUDA build holds sm_90a code), bf16 query / cache / output,
-// head_dim 128, no window / soft cap / PrefixLM / XQA, pages dividing the 128-key tile.
+// head_dim 128, no PrefixLM / XQA, pages dividing the 128-key tile (soft cap and sliding window
+// included).
 bool hopper_covers(const Case& c) {
   return kvattn::cuda::compute_capability(0) == 90 && c.dim == 128 && c.q_dt == DType::bf16 &&
-         c.kv_dt == DType::bf16 && c.out_dt == DType::bf16 && c.window_left < 0 && c.soft_cap <= 0 && !c.mm &&
-         !c.xqa && c.page >= 8 && 128 % c.page == 0;
+         c.kv_dt == DType::bf16 && c.out_dt == DType::bf16 && !c.mm && !c.xqa && c.page >= 8 && 128 % c.page == 0;
 }
 
 // run_case, then checks which prefill kernel served the call: the wgmma kernel exactly when
@@ -404,11 +407,6 @@ void run_checked(const Case& c, uint32_t seed) {
   EXPECT_EQ(cuda_impl::prefill_hopper_launches() - hopper_before, want ? c.repeats : 0) << c.name;
 }
 
-// The wgmma kernel (TMA page gathers, wgmma, mbarrier ring) on the cases it covers, next to the
-// ones it leaves to the mma.sync kernel: GQA 1/4/8/16, causal and not, chunked prefill, odd
-// lengths ending inside a page and inside a 128-key tile (V rows past the end zeroed), every
-// layout and both page forms with pages of 8/16/32/64, LSE in both bases, sinks, scales, many
-// units per CTA, permuted pages with page 0 NaN, poisoned outputs (run_attn_case).
 // Sets the wgmma kernel's routing mode for one test (restored when it goes out of scope).
 class HopperMode {
  public:
@@ -421,13 +419,44 @@ class HopperMode {
   int saved_;
 };
 
-TEST_F(CudaPrefill, HopperWgmma) {
+// Sets the wgmma kernel's consumer schedule for one test (0 serial, 1 overlap, 2 pingpong; the
+// value of KVATTN_PREFILL_HOPPER_SCHED is read again afterwards; 3 turns).  Nothing in a build without CUDA.
+class HopperSched {
+ public:
+  explicit HopperSched(int sched) {
+#if defined(KVATTN_WITH_CUDA)
+    cuda_impl::k::set_hopper_prefill_sched(sched);
+#else
+    (void)sched;
+#endif
+  }
+  ~HopperSched() {
+#if defined(KVATTN_WITH_CUDA)
+    cuda_impl::k::set_hopper_prefill_sched(-1);
+#endif
+  }
+  HopperSched(const HopperSched&) = delete;
+  HopperSched& operator=(const HopperSched&) = delete;
+};
+
+const char* sched_label(int sched) {
+  return sched == 0 ? "serial" : sched == 1 ? "overlap" : sched == 2 ? "pingpong" : "turns";
+}
+
+// The wgmma kernel (TMA page gathers, wgmma, mbarrier ring) on the cases it covers, under one
+// consumer schedule: GQA 1/4/8/16, causal and not, chunked prefill, odd lengths ending inside a
+// page and inside a 128-key tile (V rows past the end zeroed), every layout and both page forms
+// with pages of 8/16/32/64, LSE in both bases, sinks, scales, soft cap, sliding windows (0, 1,
+// tile-sized, wider than the context; causal and not; tiles left of the window skipped), many
+// units per CTA, permuted pages with page 0 NaN, poisoned outputs (run_attn_case).
+void run_hopper_matrix(int sched, uint32_t seed) {
   const HopperMode forced(2);
-  uint32_t seed = 11000;
+  const HopperSched schedule(sched);
+  const std::string tag = std::string("wgmma ") + sched_label(sched) + " ";
   for (int64_t group : {1, 4, 8, 16}) {
     for (bool causal : {true, false}) {
       Case c;
-      c.name = "wgmma gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
+      c.name = tag + "gqa " + std::to_string(group) + (causal ? " causal" : " non-causal");
       c.hkv = group >= 8 ? 1 : 2;
       c.hq = c.hkv * group;
       c.causal = causal;
@@ -438,7 +467,7 @@ TEST_F(CudaPrefill, HopperWgmma) {
   }
   for (int layout = 0; layout < kNumLayouts; ++layout) {
     Case c;
-    c.name = std::string("wgmma layout ") + layout_name(layout);
+    c.name = tag + "layout " + layout_name(layout);
     c.layout = layout;
     c.paged_form = layout % 2 == 1;
     c.page = layout % 4 == 0 ? 16 : (layout % 4 == 1 ? 8 : (layout % 4 == 2 ? 32 : 64));
@@ -455,12 +484,55 @@ TEST_F(CudaPrefill, HopperWgmma) {
     c.causal = variant != 2;
     c.base = variant % 2 ? LseBase::E : LseBase::Two;
     c.k_scale = 0.8; c.v_scale = 1.25;
-    c.name = std::string("wgmma sinks/scales/lse variant ") + std::to_string(variant);
+    c.name = tag + "sinks/scales/lse variant " + std::to_string(variant);
+    run_checked(c, seed++);
+  }
+  // logit soft cap: tanh on the scaled scores (a strong cap of 5 and a mild one of 30)
+  for (int variant = 0; variant < 4; ++variant) {
+    Case c;
+    c.hq = 8; c.hkv = 2;
+    c.causal = variant % 2 == 0;
+    c.soft_cap = variant < 2 ? 5.0 : 30.0;
+    c.paged_form = variant >= 2;
+    c.layout = variant % kNumLayouts;
+    c.q_lens = {1, 130, 17, 300};
+    c.kv_lens = {9, 130, 400, 333};
+    c.name = tag + "soft cap " + std::to_string(c.soft_cap) + (c.causal ? " causal" : " non-causal");
+    run_checked(c, seed++);
+  }
+  // sliding window: keys below query position - window_left hidden; with context before the
+  // query, whole 128-key tiles left of a warpgroup's window are skipped
+  for (int64_t w : {0, 1, 50, 127, 128, 300, 5000}) {
+    for (bool causal : {true, false}) {
+      Case c;
+      c.hq = 8; c.hkv = 2;
+      c.causal = causal;
+      c.window_left = w;
+      c.paged_form = w % 2 == 0;
+      c.page = w == 50 ? 8 : (w == 300 ? 64 : 16);
+      c.q_lens = {1, 200, 17, 700, 129};
+      c.kv_lens = {1, 200, 1500, 900, 1029};
+      c.name = tag + "window " + std::to_string(w) + (causal ? " causal" : " non-causal");
+      run_checked(c, seed++);
+    }
+  }
+  {
+    Case c;  // everything at once: window, soft cap, sinks, LSE base e, GQA 16, a strided layout
+    c.name = tag + "window 90 + soft cap 20 + sinks + lse e, gqa 16";
+    c.hq = 16; c.hkv = 1;
+    c.window_left = 90;
+    c.soft_cap = 20.0;
+    c.sinks = true;
+    c.base = LseBase::E;
+    c.layout = kNumLayouts - 1;
+    c.paged_form = (kNumLayouts - 1) % 2 == 1;
+    c.q_lens = {300, 45, 1};
+    c.kv_lens = {800, 45, 257};
     run_checked(c, seed++);
   }
   {
     Case c;
-    c.name = "wgmma causal 1025 + 300 + 100 (block table)";
+    c.name = tag + "causal 1025 + 300 + 100 (block table)";
     c.hq = 4; c.hkv = 1;
     c.paged_form = false;
     c.q_lens = {1025, 300, 100};
@@ -470,7 +542,7 @@ TEST_F(CudaPrefill, HopperWgmma) {
   {
     std::mt19937 rng(4848);
     Case c;  // many short units per CTA (the producer and consumers walk the same unit list)
-    c.name = "wgmma group 8, 300 short requests with context";
+    c.name = tag + "group 8, 300 short requests with context";
     c.hq = 8; c.hkv = 1;
     for (int r = 0; r < 300; ++r) {
       const int64_t ql = 1 + static_cast<int64_t>(rng() % 40);
@@ -478,32 +550,40 @@ TEST_F(CudaPrefill, HopperWgmma) {
       c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % 300));
     }
     run_checked(c, seed++);
+    c.name = tag + "group 8, 300 short requests with context, window 37";
+    c.window_left = 37;
+    run_checked(c, seed++);
   }
   {  // the kept plan is shared with the mma.sync kernel (same tiles): repeated calls on one plan
     Case c;
-    c.name = "wgmma kept plan, 3 repeats";
+    c.name = tag + "kept plan, 3 repeats";
     c.q_lens = {300, 77};
     c.kv_lens = {400, 77};
     c.keep_plan = true;
     c.repeats = 3;
     run_checked(c, seed++);
   }
-  // left to the mma.sync kernel, with the reason: window, soft cap, head_dim 64, f16, f32 output
+}
+
+TEST_F(CudaPrefill, HopperWgmmaSerial) { run_hopper_matrix(0, 11000); }
+TEST_F(CudaPrefill, HopperWgmmaOverlap) { run_hopper_matrix(1, 11000); }
+TEST_F(CudaPrefill, HopperWgmmaPingpong) { run_hopper_matrix(2, 11000); }
+TEST_F(CudaPrefill, HopperWgmmaTurns) { run_hopper_matrix(3, 11000); }
+
+// The calls the wgmma kernel leaves to the mma.sync kernel, with the reason (head_dim 64, f16,
+// f32 output), and the kernel turned off.
+TEST_F(CudaPrefill, HopperWgmma) {
+  uint32_t seed = 11500;
   {
+    const HopperMode forced(2);
     Case c;
     c.q_lens = {150, 33};
     c.kv_lens = {170, 33};
-    c.name = "window -> mma.sync";
-    c.window_left = 50;
-    run_checked(c, seed++);
-    c.window_left = -1;
-    c.name = "soft cap -> mma.sync";
-    c.soft_cap = 20;
-    run_checked(c, seed++);
-    c.soft_cap = 0;
     c.name = "head_dim 64 -> mma.sync";
     c.dim = 64;
     run_checked(c, seed++);
+    EXPECT_NE(std::string(cuda_impl::last_prefill_kernel_reason()).find("head_dim"), std::string::npos)
+        << cuda_impl::last_prefill_kernel_reason();
     c.dim = 128;
     c.name = "f16 -> mma.sync";
     c.kv_dt = c.q_dt = c.out_dt = DType::f16;
@@ -511,6 +591,11 @@ TEST_F(CudaPrefill, HopperWgmma) {
     c.kv_dt = c.q_dt = DType::bf16;
     c.out_dt = DType::f32;
     c.name = "f32 output -> mma.sync";
+    run_checked(c, seed++);
+    c.out_dt = DType::bf16;
+    c.name = "window + soft cap -> wgmma";
+    c.window_left = 20;
+    c.soft_cap = 10.0;
     run_checked(c, seed++);
   }
   // turned off: the mma.sync kernel serves the call
@@ -525,34 +610,41 @@ TEST_F(CudaPrefill, HopperWgmma) {
       << cuda_impl::last_prefill_kernel_reason();
 }
 
-// A small subset of HopperWgmma for the sanitizers (memcheck, racecheck: every launch is slow
-// under them): tile and page edges (V rows past the end zeroed, out-of-range boxes), pages of 8
-// and 64, GQA 1 / 8, causal and not, sinks with LSE base e, several units per CTA, a kept plan.
+// A small subset of the wgmma matrix for the sanitizers (memcheck, racecheck: every launch is
+// slow under them), under each consumer schedule: tile and page edges (V rows past the end
+// zeroed, out-of-range boxes), pages of 8 and 64, GQA 1 / 8, causal and not, sinks with LSE base
+// e, soft cap, a window skipping tiles, several units per CTA, a kept plan.
 TEST_F(CudaPrefill, HopperWgmmaSmall) {
   const HopperMode forced(2);
-  uint32_t seed = 12000;
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int sched = 0; sched < 4; ++sched) {
+    const HopperSched schedule(sched);
+    const std::string tag = std::string("wgmma small ") + sched_label(sched) + " ";
+    uint32_t seed = 12000;
+    for (int variant = 0; variant < 5; ++variant) {
+      Case c;
+      c.hkv = 1;
+      c.hq = variant % 2 ? 8 : 1;
+      c.causal = variant != 1;
+      c.page = variant == 2 ? 8 : (variant == 3 ? 64 : 16);
+      c.paged_form = variant % 2 == 0;
+      c.sinks = variant == 3;
+      c.base = variant == 3 ? LseBase::E : LseBase::Two;
+      c.soft_cap = variant == 1 ? 8.0 : 0.0;
+      c.window_left = variant == 4 ? 60 : -1;
+      c.q_lens = {1, 17, 130, 0, 40};
+      c.kv_lens = {1, 17, 257, 5, 300};
+      c.name = tag + "variant " + std::to_string(variant);
+      run_checked(c, seed++);
+    }
     Case c;
-    c.hkv = 1;
-    c.hq = variant % 2 ? 8 : 1;
-    c.causal = variant != 1;
-    c.page = variant == 2 ? 8 : (variant == 3 ? 64 : 16);
-    c.paged_form = variant % 2 == 0;
-    c.sinks = variant == 3;
-    c.base = variant == 3 ? LseBase::E : LseBase::Two;
-    c.q_lens = {1, 17, 130, 0, 40};
-    c.kv_lens = {1, 17, 257, 5, 300};
-    c.name = "wgmma small variant " + std::to_string(variant);
+    c.name = tag + "kept plan, 2 repeats";
+    c.hq = 4; c.hkv = 1;
+    c.q_lens = {70, 129};
+    c.kv_lens = {70, 200};
+    c.keep_plan = true;
+    c.repeats = 2;
     run_checked(c, seed++);
   }
-  Case c;
-  c.name = "wgmma small kept plan, 2 repeats";
-  c.hq = 4; c.hkv = 1;
-  c.q_lens = {70, 129};
-  c.kv_lens = {70, 200};
-  c.keep_plan = true;
-  c.repeats = 2;
-  run_checked(c, seed++);
 }
 
 // Which calls reach the prefill kernel.  Everything it does not implement goes to attn_kernel

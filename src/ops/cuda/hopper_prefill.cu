@@ -1,9 +1,10 @@
 // src/ops/cuda/hopper_prefill.cu — paged PREFILL attention for sm_90a: TMA page gathers by a
 // producer warp, wgmma in two consumer warpgroups, an mbarrier ring of two K/V stages.
 //
-// Covers: bf16 query / K / V / output (16-byte rows), head_dim 128, GQA, causal or not, pages of
-// 8..128 tokens (a divisor of the 128-key tile) through either page form, LSE (both bases),
-// sinks, q/k/v scales.  Everything else stays on the mma.sync kernel (prefill_kernel.cu), which
+// Covers: bf16 query / K / V / output (16-byte rows), head_dim 128, GQA, causal or not, sliding
+// window, logit soft cap, pages of 8..128 tokens (a divisor of the 128-key tile) through either
+// page form, LSE (both bases), sinks, q/k/v scales.  Everything else (fp8 KV, head dims 64 / 256,
+// f16, f32 query or output, PrefixLM / XQA masks) stays on the mma.sync kernel (prefill_kernel.cu), which
 // also builds the plan this kernel reads (same 128-row tiles; hopper_prefill_choice() says which
 // kernel serves a call and why).
 //
@@ -18,8 +19,22 @@
 // head, as prefill_kernel.cu).  Q rows are gathered with cp.async into the swizzled layout;
 // S = Q K^T by wgmma m64n128k16 from shared memory; mask only on diagonal / tail tiles; online
 // softmax in base 2 (lazy rescale, as prefill_kernel.cu); P converted to bf16 A fragments in
-// registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  Tiles above the
-// warpgroup's causal diagonal are skipped (the stage is still released).
+// registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  A warpgroup's
+// visible tiles are one contiguous range: those above its causal diagonal and left of its window
+// are only waited for and released (a unit's key range already starts at its first row's window).
+// Soft cap: s -> cap * tanh(s * sm_scale / cap) before the mask, as prefill_kernel.cu.
+// Consumer schedule, a template parameter chosen per launch (KVATTN_PREFILL_HOPPER_SCHED):
+//   serial   per tile: S, wait, softmax, P V, wait.
+//   overlap  per tile t: S(t) and P(t-1) V(t-1) issued back to back, wait_group 1 (S(t) done),
+//            softmax of t while P V runs on the tensor cores, wait_group 0, stage of t-1
+//            released, O rescaled, P(t) formed (FA3's intra-warpgroup pipelining; one more
+//            64-float accumulator live: no spills under setmaxnreg 240).
+//   pingpong overlap, and the two consumer warpgroups take turns at issuing each tile's GEMMs
+//            (named barriers 3 + c: bar.sync on one's own, bar.arrive on the other's, 256
+//            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
+//            under the other's GEMMs.  The default.
+//   turns    serial, with the pingpong turns around each tile's S (P V issued outside them).
+// Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
 // Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ...
 // (heaviest first, no counter: the producer and consumers walk the same list independently).
 #include <cuda.h>
@@ -32,6 +47,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 
 namespace kvattn::ops::cuda_impl::k {
@@ -90,6 +106,10 @@ __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sy
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&r)[N]) {
 #pragma unroll
@@ -132,9 +152,10 @@ __device__ __forceinline__ void wgmma_rs_m64n64_tb(float (&d)[32], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
-// The unit's key range: [0, hi) in n_tiles tiles (causal: up to the last row's position).
+// The unit's key range: [lo, hi) (causal: up to the last row's position; sliding window: from
+// the first row's window start), in n_tiles tiles from tile t0 (keys t0 * 128 ...).
 struct HpUnit {
-  int r, tile, hk, q_start, q_len, kv_len, rows, row0, ctx, hi, n_tiles;
+  int r, tile, hk, q_start, q_len, kv_len, rows, row0, ctx, hi, t0, n_tiles;
   int64_t pbase;
 };
 __device__ __forceinline__ HpUnit hp_unit(const AttnParams& p, const HopperPlanTables& plan, int w) {
@@ -153,14 +174,19 @@ __device__ __forceinline__ HpUnit hp_unit(const AttnParams& p, const HopperPlanT
   const int last_row = min(u.rows, u.row0 + kRows) - 1;
   u.hi = u.kv_len;
   if (p.causal) u.hi = min(u.hi, u.ctx + last_row / p.group + 1);
-  u.n_tiles = u.hi > 0 ? (u.hi + kKeys - 1) / kKeys : 0;
+  int lo = 0;
+  if (p.window_left >= 0) lo = static_cast<int>(max(int64_t(0), int64_t(u.ctx + u.row0 / p.group) - p.window_left));
+  u.t0 = lo / kKeys;
+  u.n_tiles = u.hi > lo ? (u.hi - u.t0 * kKeys + kKeys - 1) / kKeys : 0;
   u.pbase = plan.page_base[it.x];
   return u;
 }
 
+template <int kSched>
 __global__ void __launch_bounds__(kThreads, 1)
     hp_prefill_kernel(const AttnParams p, const HopperPlanTables plan, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v) {
+  constexpr bool kOverlap = kSched == 1 || kSched == 2, kPing = kSched >= 2;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -203,7 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int t = 0; t < u.n_tiles; ++t, ++it) {
         const int s = it % kStages;
         const uint32_t ph = (it / kStages) & 1;
-        const int kt0 = t * kKeys;
+        const int kt0 = (u.t0 + t) * kKeys;
         int pg = -1;
         const int j0 = kt0 + lane * P;
         if (lane < ppt && j0 < u.kv_len) {
@@ -252,11 +278,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tw = tid & 127, wq = tw >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int rl = c * 64 + wq * 16 + g;  // this thread's rows rl, rl + 8 (CTA-local)
-  const bool softcap = false;
-  (void)softcap;
-  const float c_exp = p.sm_scale * kLog2e;
+  const bool softcap = p.soft_cap > 0.f;
+  // log2-domain factor of the exp2 FFMA: sm_scale * log2e, or 1 after the soft cap
+  // (s -> soft_cap * log2e * tanh(s * sm_scale / soft_cap), as prefill_kernel.cu)
+  const float c_exp = softcap ? 1.f : p.sm_scale * kLog2e;
+  const float cap_in = softcap ? p.sm_scale / p.soft_cap : 0.f;
+  const float cap_out = p.soft_cap * kLog2e;
   const int bar_id = 1 + c;
   int it = 0;
+  // ping-pong: barrier 3 + c opens warpgroup c's turn (256 = both warpgroups: one syncs, the
+  // other arrives); warpgroup 0 goes first
+  if constexpr (kPing) {
+    if (c == 1) named_arrive(3, 256);
+  }
   for (int w = blockIdx.x; w < total; w += gridDim.x) {
     const HpUnit u = hp_unit(p, plan, w);
     named_sync(bar_id, 128);  // the previous unit's Q and row-table reads are done
@@ -291,6 +325,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int qp0 = s_pos[rl], qp1 = s_pos[rl + 8];
     const int wg_first = s_pos[c * 64], wg_last = s_pos[c * 64 + 63];
     const bool wg_valid = u.row0 + c * 64 < u.rows;
+    // The warpgroup's visible tiles [vb, ve): tiles above its causal diagonal (a suffix) and left
+    // of its window (a prefix) are only waited for and released.  Warp-uniform as the compiler
+    // sees it (shuffled from lane 0): a wgmma on a path it cannot prove uniform is serialised.
+    int vb = 0, ve = u.n_tiles;
+    if (p.window_left >= 0) {
+      const int64_t x = int64_t(wg_first) - p.window_left - (kKeys - 1);  // first visible key tile start >= x
+      if (x > int64_t(u.t0) * kKeys) vb = static_cast<int>(min(int64_t(u.n_tiles), (x + kKeys - 1) / kKeys - u.t0));
+    }
+    if (p.causal) ve = min(ve, max(0, wg_last / kKeys - u.t0 + 1));
+    if (!wg_valid || ve < vb) ve = vb;
+    vb = __shfl_sync(0xffffffffu, vb, 0);
+    ve = __shfl_sync(0xffffffffu, ve, 0);
 
     float o[2][32];
 #pragma unroll
@@ -298,22 +344,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 32; ++i) o[h][i] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    bool fresh = true;
-
-    for (int t = 0; t < u.n_tiles; ++t, ++it) {
-      const int s = it % kStages;
-      const uint32_t ph = (it / kStages) & 1;
-      const int kt0 = t * kKeys;
-      if (!wg_valid || (p.causal && kt0 > wg_last)) {
-        // nothing visible to this warpgroup: wait for the fill, release it
-        mbar_wait(full_k(s), ph);
-        mbar_wait(full_v(s), ph);
-        mbar_arrive(empty(s));
-        continue;
-      }
-      float sacc[64];
-      mbar_wait(full_k(s), ph);
-      wg_fence();
+    uint32_t pa[8][4];  // P of the last softmax (bf16 A fragments)
+    float sacc[64];     // sacc[4j + e]: row rl + 8 * (e >> 1), key kt0 + 8j + 2 t4 + (e & 1)
+    auto issue_s = [&](int s) {
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const uint32_t off = (ks >> 2) * kHalf + (ks & 3) * 32;
@@ -322,10 +355,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_ss_m64n128(sacc, da, db, ks > 0);
       }
       wg_commit();
-      wg_wait0();
-      reg_fence(sacc);
-      // sacc[4j + e]: row rl + 8 * (e >> 1), key kt0 + 8j + 2 t4 + (e & 1)
-      const bool need_mask = kt0 + kKeys > u.kv_len || (p.causal && kt0 + kKeys - 1 > wg_first);
+    };
+    auto issue_pv = [&](int s) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint64_t dv = desc_sw128(sV(s) + h * kHalf + kk * 16 * 128, 16, 1024);
+          wgmma_rs_m64n64_tb(o[h], pa[kk], dv);
+        }
+      wg_commit();
+    };
+    // soft cap, mask, online softmax of sacc (tile at key kt0); alpha = the O rescale factors
+    auto softmax = [&](int kt0, float (&alpha)[2]) -> bool {
+      if (softcap) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) sacc[i] = cap_out * tanhf(sacc[i] * cap_in);
+      }
+      const bool need_mask = kt0 + kKeys > u.kv_len || (p.causal && kt0 + kKeys - 1 > wg_first) ||
+                             (p.window_left >= 0 && int64_t(kt0) < int64_t(wg_last) - p.window_left);
       if (need_mask) {
 #pragma unroll
         for (int j = 0; j < 16; ++j)
@@ -333,13 +381,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int e = 0; e < 4; ++e) {
             const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
             const int q = (e >> 1) ? qp1 : qp0;
-            bool vis = key < u.kv_len;
-            if (p.causal && key > q) vis = false;
-            if (!vis) sacc[4 * j + e] = -INFINITY;
+            bool visible = key < u.kv_len;
+            if (p.causal && key > q) visible = false;
+            if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) visible = false;
+            if (!visible) sacc[4 * j + e] = -INFINITY;
           }
       }
       bool moved = false;
-      float alpha[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float mx = -INFINITY;
@@ -364,43 +412,126 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         l_r[h] = l_r[h] * alpha[h] + sum;
       }
-      if (!fresh && moved) {
+      return moved;
+    };
+    auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
+      for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            o[hh][4 * j + 0] *= alpha[0];
-            o[hh][4 * j + 1] *= alpha[0];
-            o[hh][4 * j + 2] *= alpha[1];
-            o[hh][4 * j + 3] *= alpha[1];
-          }
-      }
-      fresh = false;
-      uint32_t a[8][4];
+        for (int j = 0; j < 8; ++j) {
+          o[hh][4 * j + 0] *= alpha[0];
+          o[hh][4 * j + 1] *= alpha[0];
+          o[hh][4 * j + 2] *= alpha[1];
+          o[hh][4 * j + 3] *= alpha[1];
+        }
+    };
+    auto convert_p = [&] {
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        a[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-        a[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-        a[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-        a[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+        pa[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
       }
+    };
+    // a tile with nothing visible to this warpgroup: wait for the fill, release it (ping-pong:
+    // the turn is still taken and passed, so both warpgroups count the same turns)
+    auto skip_tile = [&](int s, uint32_t ph) {
+      if constexpr (kPing) {
+        named_sync(3 + c, 256);
+        named_arrive(3 + (1 - c), 256);
+      }
+      mbar_wait(full_k(s), ph);
       mbar_wait(full_v(s), ph);
+      mbar_arrive(empty(s));
+    };
+
+    int t = 0;
+    for (; t < vb; ++t, ++it) skip_tile(it % kStages, (it / kStages) & 1);
+    if constexpr (!kOverlap) {
+      bool fresh = true;
+      for (; t < ve; ++t, ++it) {
+        const int s = it % kStages;
+        const uint32_t ph = (it / kStages) & 1;
+        if constexpr (kPing) named_sync(3 + c, 256);
+        mbar_wait(full_k(s), ph);
+        wg_fence();
+        issue_s(s);
+        if constexpr (kPing) named_arrive(3 + (1 - c), 256);
+        wg_wait0();
+        reg_fence(sacc);
+        float alpha[2];
+        const bool moved = softmax((u.t0 + t) * kKeys, alpha);
+        if (!fresh && moved) rescale_o(alpha);
+        fresh = false;
+        convert_p();
+        mbar_wait(full_v(s), ph);
+        reg_fence(o[0]);
+        reg_fence(o[1]);
+        wg_fence();
+        issue_pv(s);
+        wg_wait0();
+        reg_fence(o[0]);
+        reg_fence(o[1]);
+        mbar_arrive(empty(s));
+      }
+    } else if (t < ve) {
+      // Tile t's S = Q K^T is issued before the softmax of tile t - 1's... (FA3's intra-warpgroup
+      // pipelining): per tile, S(t) and then O += P(t-1) V(t-1) are issued, S(t) is waited for
+      // (wait_group 1), its softmax runs while P V runs, then P V is waited for (wait_group 0),
+      // its stage released, O rescaled and P(t) formed.
+      int ps = it % kStages;
+      uint32_t pph = (it / kStages) & 1;
+      {
+        if constexpr (kPing) named_sync(3 + c, 256);
+        mbar_wait(full_k(ps), pph);
+        wg_fence();
+        issue_s(ps);
+        if constexpr (kPing) named_arrive(3 + (1 - c), 256);
+        wg_wait0();
+        reg_fence(sacc);
+        float alpha[2];
+        softmax((u.t0 + t) * kKeys, alpha);  // O is zero: nothing to rescale
+        convert_p();
+        ++t;
+        ++it;
+      }
+      for (; t < ve; ++t, ++it) {
+        const int s = it % kStages;
+        const uint32_t ph = (it / kStages) & 1;
+        if constexpr (kPing) named_sync(3 + c, 256);
+        mbar_wait(full_k(s), ph);
+        mbar_wait(full_v(ps), pph);
+        reg_fence(o[0]);
+        reg_fence(o[1]);
+        wg_fence();
+        issue_s(s);
+        issue_pv(ps);
+        if constexpr (kPing) named_arrive(3 + (1 - c), 256);
+        wg_wait1();
+        reg_fence(sacc);
+        float alpha[2];
+        const bool moved = softmax((u.t0 + t) * kKeys, alpha);
+        wg_wait0();
+        reg_fence(o[0]);
+        reg_fence(o[1]);
+        mbar_arrive(empty(ps));
+        if (moved) rescale_o(alpha);
+        convert_p();
+        ps = s;
+        pph = ph;
+      }
+      mbar_wait(full_v(ps), pph);
       reg_fence(o[0]);
       reg_fence(o[1]);
       wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint64_t dv = desc_sw128(sV(s) + h * kHalf + kk * 16 * 128, 16, 1024);
-          wgmma_rs_m64n64_tb(o[h], a[kk], dv);
-        }
-      wg_commit();
+      issue_pv(ps);
       wg_wait0();
       reg_fence(o[0]);
       reg_fence(o[1]);
-      mbar_arrive(empty(s));
+      mbar_arrive(empty(ps));
     }
+    for (; t < u.n_tiles; ++t, ++it) skip_tile(it % kStages, (it / kStages) & 1);
 
     // ---- epilogue: sinks, LSE, O ----
     float sc[2];
@@ -441,6 +572,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) =
               pack_bf16(o[hh][4 * j + 2 * h] * sc[h], o[hh][4 * j + 2 * h + 1] * sc[h]);
     }
+  }
+  // ping-pong: warpgroup 1 arrived once more on barrier 3 than warpgroup 0 synced (the opening
+  // turn); this sync completes that last phase
+  if constexpr (kPing) {
+    if (c == 0) named_sync(3, 256);
   }
 }
 
@@ -484,6 +620,7 @@ __global__ void __launch_bounds__(256, 1) hp_wgmma_rate_kernel(int iters, float*
   if (s == 12345.f) sink[0] = s;  // keeps the work
 }
 #else
+template <int kSched>
 __global__ void __launch_bounds__(kThreads, 1)
     hp_prefill_kernel(const AttnParams, const HopperPlanTables, const __grid_constant__ CUtensorMap,
                       const __grid_constant__ CUtensorMap) {}
@@ -497,6 +634,20 @@ std::mutex g_choice_mu;
 PrefillChoice g_last_choice{PrefillPath::mma_sync, "no prefill call yet"};
 
 int mode_now() { return knob(g_mode, "KVATTN_PREFILL_HOPPER", off_or_force); }
+
+// The consumer schedule (KVATTN_PREFILL_HOPPER_SCHED): 0 serial, 1 overlap, 2 pingpong, 3 turns;
+// unset or anything else: kDefaultSched.
+constexpr int kDefaultSched = 2;
+constexpr int kNumSched = 4;
+std::atomic<int> g_sched{-1};
+int parse_sched(const char* e) {
+  if (e != nullptr) {
+    for (int i = 0; i < kNumSched; ++i)
+      if (std::strcmp(e, hopper_prefill_sched_name(i)) == 0) return i;
+  }
+  return kDefaultSched;
+}
+int sched_now() { return knob(g_sched, "KVATTN_PREFILL_HOPPER_SCHED", parse_sched); }
 
 // Whether automatic mode selects the wgmma kernel for the calls it covers (its test matrix passes
 // on an H200 and CudaPrefill.HopperWgmmaSmall runs clean under compute-sanitizer memcheck and
@@ -560,6 +711,19 @@ bool stride_ok(int64_t s) { return s > 0 && s % 16 == 0 && s < (int64_t(1) << 40
 }  // namespace
 
 void set_hopper_prefill_mode(int mode) { g_mode.store(mode, std::memory_order_relaxed); }
+void set_hopper_prefill_sched(int sched) {
+  g_sched.store(sched >= 0 && sched < kNumSched ? sched : -1, std::memory_order_relaxed);
+}
+int hopper_prefill_sched() { return sched_now(); }
+const char* hopper_prefill_sched_name(int sched) {
+  switch (sched) {
+    case 0: return "serial";
+    case 1: return "overlap";
+    case 2: return "pingpong";
+    case 3: return "turns";
+    default: return "unknown";
+  }
+}
 int hopper_prefill_mode() { return mode_now(); }
 int64_t hopper_prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 PrefillChoice last_prefill_choice() {
@@ -582,8 +746,6 @@ PrefillChoice hopper_prefill_choice(const AttnParams& p) {
   if (p.kv_t != Elt::bf16) return no("K/V cache is not bf16");
   if (p.q_t != Elt::bf16 || !p.q_vec) return no("query is not bf16 with 16-byte aligned contiguous rows");
   if (p.out_t != Elt::bf16 || !p.o_vec) return no("output is not bf16 with 16-byte aligned contiguous rows");
-  if (p.window_left >= 0) return no("sliding window");
-  if (p.soft_cap > 0.f) return no("logit soft cap");
   if (p.xqa != nullptr || p.mm != nullptr) return no("XQA / PrefixLM mask");
   if (p.page_size < 8 || p.page_size > kKeys || kKeys % p.page_size != 0)
     return no("page size is not a divisor of 128 of at least 8");
@@ -593,7 +755,7 @@ PrefillChoice hopper_prefill_choice(const AttnParams& p) {
   if (!stride_ok(p.k_sb) || !stride_ok(p.k_so) || !stride_ok(p.k_sh) || !stride_ok(p.v_sb) || !stride_ok(p.v_so) ||
       !stride_ok(p.v_sh))
     return no("K/V strides not positive multiples of 16 bytes");
-  return PrefillChoice{PrefillPath::wgmma, "bf16, head_dim 128, no window / soft cap / masks: wgmma kernel"};
+  return PrefillChoice{PrefillPath::wgmma, "bf16, head_dim 128, no XQA / PrefixLM mask: wgmma kernel"};
 }
 
 double measure_wgmma_tflops() {
@@ -633,19 +795,24 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
   CUtensorMap mk, mv;
   if (!encode_cache_map(&mk, p.k, p, p.k_sb, p.k_so, p.k_sh) || !encode_cache_map(&mv, p.v, p, p.v_sb, p.v_so, p.v_sh))
     return -1;
-  static int attr_set[64] = {};
+  const int sched = sched_now();
+  static int attr_set[64] = {};  // per device: bit i = schedule i's shared-memory limit raised
   int dev = 0;
   cudaGetDevice(&dev);
-  if (!attr_set[dev & 63]) {
-    const cudaError_t e = cudaFuncSetAttribute(hp_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  auto kernel = sched == 0   ? hp_prefill_kernel<0>
+                : sched == 1 ? hp_prefill_kernel<1>
+                : sched == 2 ? hp_prefill_kernel<2>
+                             : hp_prefill_kernel<3>;
+  if (!(attr_set[dev & 63] & (1 << sched))) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (e != cudaSuccess) return static_cast<int>(e);
-    attr_set[dev & 63] = 1;
+    attr_set[dev & 63] |= 1 << sched;
   }
   // units bound: every item is at most one 128-row tile (the plan's max_items for head_dim 128)
   const int64_t max_items = (p.num_tokens * p.group + kRows - 1) / kRows + p.batch;
   const int64_t units = max_items * p.hkv;
   const int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
-  hp_prefill_kernel<<<grid, kThreads, kSmem>>>(p, plan, mk, mv);
+  kernel<<<grid, kThreads, kSmem>>>(p, plan, mk, mv);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
 }

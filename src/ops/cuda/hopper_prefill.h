@@ -34,6 +34,16 @@ struct PrefillChoice {
 void set_hopper_prefill_mode(int mode);
 int hopper_prefill_mode();
 
+// The consumer warpgroups' schedule: 0 serial (S = Q K^T, wait, softmax, O += P V, wait),
+// 1 overlap (S of tile j+1 issued before the softmax of tile j, P V of tile j after it, each
+// waited only when its result is needed), 2 pingpong (overlap, and the two warpgroups take turns
+// at issuing their GEMMs, so one's softmax runs under the other's GEMMs; the default), 3 turns
+// (serial, with the pingpong turns around each tile's S).  Initial value from
+// KVATTN_PREFILL_HOPPER_SCHED (serial|overlap|pingpong|turns); set -1 to re-read it.
+void set_hopper_prefill_sched(int sched);
+int hopper_prefill_sched();
+const char* hopper_prefill_sched_name(int sched);
+
 // The choice for a call the prefill kernel serves (host only, no device sync).  Rows per CTA
 // tile: 128, as prefill_kernel.cu's plan for head_dim 128.
 PrefillChoice hopper_prefill_choice(const AttnParams& p);
