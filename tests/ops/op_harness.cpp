@@ -68,7 +68,8 @@ const std::vector<Line> kRegistry = {
      kCausal | kScales | kSinks | kCap30 | kWin8},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, kDecodePaths, Shape::mtp3_gqa4, kCausal | kBlockTable | kLnLse},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, {Path::decode}, Shape::mtp3_gqa4, kCausal | kXqa},
-    {Op::paged_attention, kBf16, kSame, kNhd, kCuda, {Path::page_decode}, Shape::decode_gqa4, kCausal | kStrided},
+    {Op::paged_attention, kBf16, kSame, kNhd, kCuda, {Path::decode, Path::small_decode}, Shape::decode_gqa4,
+     kCausal | kStrided},
     // ---- paged_attention on CUDA: every prefill path x dtype x layout ----------------------------
     {Op::paged_attention, kHalf, kSame, kLayouts, kCuda, {Path::prefill_mma}, Shape::prefill_gqa4, kCausal},
     {Op::paged_attention, kBf16, kSame, kLayouts, kCuda, {Path::prefill_wgmma}, Shape::prefill_gqa4, kCausal},
@@ -84,7 +85,8 @@ const std::vector<Line> kRegistry = {
     {Op::reshape_and_cache_flash, kFloat, kSame, kLayouts, kCpu, kNoPath, Shape::cpu_cache, 0},
     {Op::reshape_and_cache_flash, kFloat, kFp8, kLayouts, kCpu, kNoPath, Shape::cpu_cache, kScales},
     {Op::reshape_and_cache_flash, kFloat, kSameAndFp8, kLayouts, kCuda, kNoPath, Shape::gpu_cache, kScales},
-    {Op::reshape_and_cache_flash, kBf16, {Kv::fp8_e4m3}, kNhd, kBoth, kNoPath, Shape::cpu_cache, kStrided},
+    {Op::reshape_and_cache_flash, kBf16, {Kv::fp8_e4m3}, kNhd, kCpu, kNoPath, Shape::cpu_cache, kStrided},
+    {Op::reshape_and_cache_flash, kBf16, {Kv::fp8_e4m3}, kNhd, kCuda, kNoPath, Shape::gpu_cache, kStrided},
     // ---- merge_attn_states / mask_empty_context_lse ------------------------------------------------
     {Op::merge_attn_states, kFloat, kSameAndFp8, kAnyLayout, kCpu, kNoPath, Shape::cpu_rows, 0},
     {Op::merge_attn_states, kFloat, kSame, kAnyLayout, kCpu, kNoPath, Shape::cpu_rows, kPartial | kStrided},
@@ -95,12 +97,14 @@ const std::vector<Line> kRegistry = {
     // ---- cascade_attention / dcp_prefill_attention --------------------------------------------------
     {Op::cascade_attention, kFloat, kSame, kLayouts, kCpu, kNoPath, Shape::cpu_prefill, kCap30},
     {Op::cascade_attention, kHalf, kSame, kLayouts, kCuda, {Path::automatic}, Shape::prefill_gqa4, kCap30},
-    {Op::cascade_attention, kBf16, kFp8, kNhd, kBoth, {Path::automatic}, Shape::cpu_prefill, kScales},
+    {Op::cascade_attention, kBf16, kFp8, kNhd, kCpu, kNoPath, Shape::cpu_prefill, kScales},
+    {Op::cascade_attention, kBf16, kFp8, kNhd, kCuda, {Path::automatic}, Shape::prefill_gqa4, kScales},
     {Op::dcp_prefill_attention, kFloat, kSame, kLayouts, kCpu, kNoPath, Shape::cpu_prefill, 0},
     {Op::dcp_prefill_attention, kHalf, kSame, kLayouts, kCuda, {Path::automatic}, Shape::prefill_gqa4, 0},
     // (no window: the op windows each of its passes by that pass's own query positions, which is
     // not the window of one pass over the sequence; window_left here disagrees with that oracle)
-    {Op::dcp_prefill_attention, kBf16, kSame, kNhd, kBoth, {Path::automatic}, Shape::cpu_prefill, kCap30},
+    {Op::dcp_prefill_attention, kBf16, kSame, kNhd, kCpu, kNoPath, Shape::cpu_prefill, kCap30},
+    {Op::dcp_prefill_attention, kBf16, kSame, kNhd, kCuda, {Path::automatic}, Shape::prefill_gqa4, kCap30},
     // ---- copy_ / scaled_copy_ / the DCP combines ---------------------------------------------------
     {Op::copy, kFloat, {Kv::f32, Kv::f16, Kv::bf16, Kv::fp8_e4m3, Kv::fp8_e5m2}, kAnyLayout, kBoth, kNoPath,
      Shape::cpu_rows, kStrided},
@@ -194,8 +198,8 @@ const ShapeDef& shape_def(Shape s) {
       {Shape::cpu_rows, {"t13h3d24", {13}, {}, 3, 3, 24, 0}},
       {Shape::cpu_cache, {"p5h2d16", {11}, {}, 2, 2, 16, 5, 6}},
       {Shape::decode_gqa4, {"decode_gqa4", {1, 1, 1, 1, 1}, {1, 17, 300, 64, 129}, 32, 8, 128, 16}},
-      {Shape::mtp3_gqa4, {"mtp3_gqa4", {3, 3, 3, 3}, {3, 40, 257, 100}, 32, 8, 128, 16}},
-      {Shape::prefill_gqa4, {"prefill_gqa4", {37, 1, 130}, {37, 50, 261}, 32, 8, 128, 16}},
+      {Shape::mtp3_gqa4, {"mtp3_gqa4", {3, 3, 3, 3}, {3, 40, 157, 100}, 32, 8, 128, 16}},
+      {Shape::prefill_gqa4, {"prefill_gqa4", {37, 1, 70}, {37, 50, 141}, 16, 4, 128, 16}},
       {Shape::gpu_rows, {"t37h8d128", {37}, {}, 8, 8, 128, 0}},
       {Shape::gpu_cache, {"p16h8d128", {37}, {}, 8, 8, 128, 16, 5}},
   };

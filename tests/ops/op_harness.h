@@ -86,7 +86,7 @@ enum class Shape {
   // CUDA-sized (head_dim 128, 8 KV heads: the sizes the kernels are specialised for)
   decode_gqa4,     // 5 requests of 1 row, KV 1..300, GQA 4
   mtp3_gqa4,       // 4 requests of 3 rows (speculative decode), GQA 4 (12 rows per KV head)
-  prefill_gqa4,    // 3 ragged chunked requests of up to 130 rows, GQA 4
+  prefill_gqa4,    // 3 ragged chunked requests of up to 70 rows, 16 query / 4 KV heads
   gpu_rows,        // "t37h8d128": row-wise ops, 37 tokens, 8 heads, head_dim 128
   gpu_cache,       // "p16h8d128": reshape / dequant / zero, 5 pages of 16 slots, 8 heads
 };
