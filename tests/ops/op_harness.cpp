@@ -116,7 +116,7 @@ const std::vector<Line> kRegistry = {
     {Op::dcp_lse_combine, kFloat, kSame, kAnyLayout, kBoth, kNoPath, Shape::cpu_rows, 0},
     {Op::dcp_lse_combine, kBf16, {Kv::f32}, kAnyLayout, kBoth, kNoPath, Shape::cpu_rows, kLnLse | kStrided},
     // ---- zero_kv_blocks / page_utils ---------------------------------------------------------------
-    {Op::zero_kv_blocks, {DType::f32, DType::bf16}, {Kv::i32, Kv::i64}, kLayouts, kBoth, kNoPath, Shape::cpu_cache, 0},
+    {Op::zero_kv_blocks, {DType::f32, DType::bf16}, {Kv::i32, Kv::i64}, kVllmLayouts, kBoth, kNoPath, Shape::cpu_cache, 0},
     {Op::copy_page_indices, kIndex, kNone, kAnyLayout, kBoth, kNoPath, Shape::cpu_decode, 0},
     {Op::copy_page_indices, kIndex, kNone, kAnyLayout, kBoth, kNoPath, Shape::cpu_decode, kStrided},
     {Op::mamba_align_block_table, kIndex, kNone, kAnyLayout, kBoth, kNoPath, Shape::cpu_decode, 0},
@@ -331,12 +331,18 @@ Tensor storage_tensor(const Tensor& view) {  // the whole storage of a view, as 
   return Tensor::from_buffer(view.storage(), 0, Dims{static_cast<int64_t>(view.storage()->size())}, Dims{1}, DType::u8);
 }
 
-// A KV cache of one of the six layouts in a guarded block (ops_test_util.h make_kv_cache).
+// A KV cache of one of the eight layouts in a guarded block (ops_test_util.h make_kv_cache).
 ops::testing::KVCache arena_kv_cache(Arena& a, int layout, int64_t pages, int64_t ps, int64_t H, int64_t D,
                                      DType dt) {
   static const int orders[6][5] = {{0, 1, 2, 3, 4}, {0, 1, 3, 2, 4}, {0, 2, 1, 3, 4},
                                    {1, 0, 2, 3, 4}, {1, 0, 3, 2, 4}, {1, 2, 0, 3, 4}};
   ops::testing::KVCache c;
+  if (layout == 6 || layout == 7) {  // separate K and V tensors, NHD or HND (viewed as NHD)
+    c.backing = layout == 6 ? a.alloc({2, pages, ps, H, D}, dt) : a.alloc({2, pages, H, ps, D}, dt);
+    c.k = layout == 6 ? c.backing.select(0, 0) : c.backing.select(0, 0).transpose(1, 2);
+    c.v = layout == 6 ? c.backing.select(0, 1) : c.backing.select(0, 1).transpose(1, 2);
+    return c;
+  }
   const int64_t logical[5] = {2, pages, H, ps, 2 * D};
   Dims phys;
   for (int i = 0; i < 5; ++i) phys.push_back(logical[orders[layout][i]]);

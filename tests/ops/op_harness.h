@@ -2,10 +2,10 @@
 // (x kernel path on CUDA) as one named, parameterised gtest case against a CPU oracle.
 //
 // A case is one line of the registry in op_harness.cpp (kRegistry):
-//     {Op::paged_attention, {bf16}, {Kv::fp8_e4m3}, kLayouts, {Dev::cuda}, {Path::prefill_wgmma},
-//      Shape::prefill_gqa4, kCausal | kWin8},
+//     {Op::paged_attention, {bf16}, {Kv::same}, kLayouts, {Dev::cuda}, {Path::prefill_wgmma},
+//      Shape::prefill_gqa4, kCausal},
 // and every combination of its lists becomes one TEST_P case whose name says all of it:
-//     paged_attention/OpHarness.Run/bf16_kv_fp8e4m3_LBNHC_cuda_prefill_wgmma_prefill_gqa4_causal_win8
+//     paged_attention/OpHarness.Run/bf16_kv_bf16_LBNHC_cuda_prefill_wgmma_prefill_gqa4_causal
 // (suite prefix = op; test name = dtype, second dtype, layout, device, path, shape, options).
 //
 // What every case does (run_op_case):
@@ -107,9 +107,11 @@ enum : uint32_t {
 };
 
 inline constexpr int kNoLayout = -1;
-// The six KVCacheLayouts (kv_cache_layout.h order: LBHNC, LBNHC, LHBNC, BLHNC, BLNHC, BHLNC) of
-// a two-layer [L, B, H, N, C] backing (K and V concatenated in C), layer 1 viewed.
-inline const std::vector<int> kLayouts = {0, 1, 2, 3, 4, 5};
+// 0..5: the six KVCacheLayouts (kv_cache_layout.h order: LBHNC, LBNHC, LHBNC, BLHNC, BLNHC, BHLNC)
+// of a two-layer [L, B, H, N, C] backing (K and V concatenated in C), layer 1 viewed and split;
+// 6, 7: separate K and V tensors in FlashInfer's NHD and HND (ops_test_util.h make_kv_cache).
+inline const std::vector<int> kVllmLayouts = {0, 1, 2, 3, 4, 5};
+inline const std::vector<int> kLayouts = {0, 1, 2, 3, 4, 5, 6, 7};
 
 struct OpCase {
   Op op = Op::paged_attention;
