@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -104,6 +105,7 @@ enum : uint32_t {
   kPrefixLm = 1u << 8,     // PrefixLM (mm_prefix_ranges)
   kPartial = 1u << 9,      // merge: prefill_tokens_with_context < tokens; dcp: base-e LSE
   kStrided = 1u << 10,     // outputs / inputs as strided views (transposed or every other element)
+  kIdx64 = 1u << 11,       // paged_attention: qo_indptr and the page ids (or block table) as int64
 };
 
 inline constexpr int kNoLayout = -1;
@@ -144,9 +146,11 @@ std::vector<OpCase> op_cases(Op op, Dev dev);
 std::string case_name(const OpCase& c);
 const char* op_name(Op op);
 
-// The one place that says how close a result must be to the oracle: the worst of the
-// rounding of the dtype the result is stored in and the precision the kernel computes in.
-double tolerance(DType stored, DType computed);
+// The one place that says how close a result must be to the oracle (relative to max(|want|,
+// rms(want)); NaN never passes): the worst of the rounding of the dtype the result is stored in
+// and the precision the kernel computes in (nullopt: a conversion, one rounding).  The table is
+// kTolerance in op_harness.cpp.
+double tolerance(DType stored, std::optional<DType> computed = std::nullopt);
 
 // Runs the case (gtest assertions inside); skips CUDA cases without a GPU or below the path's
 // compute capability.
