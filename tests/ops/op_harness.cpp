@@ -86,7 +86,7 @@ const std::vector<Line> kRegistry = {
      kCausal | kWin8 | kCap30},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, {Path::attn_prefill}, Shape::prefill_gqa4, kCausal | kXqa},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, {Path::attn_prefill}, Shape::prefill_gqa4, kCausal | kPrefixLm},
-    // (the float32 attention path: one line here, e.g. kF32 x kSame x kLayouts x kCuda x {Path::f32})
+    // the float32 attention path: {Op::paged_attention, kF32, kSame, kLayouts, kCuda, {Path::f32}, Shape::decode_gqa4, kCausal},
     // ---- reshape_and_cache_flash ---------------------------------------------------------------------
     {Op::reshape_and_cache_flash, kFloat, kSame, kLayouts, kCpu, kNoPath, Shape::cpu_cache, 0},
     {Op::reshape_and_cache_flash, kFloat, kFp8, kLayouts, kCpu, kNoPath, Shape::cpu_cache, kScales},

@@ -74,7 +74,7 @@ enum class Path {
   streamk,        // attn_kernel's stream-K decode schedule
   prefill_mma,    // prefill_kernel.cu, mma.sync
   prefill_wgmma,  // hopper_prefill.cu, TMA + wgmma (sm_90a)
-  // f32: the float32 attention path (one line here and one Path row in op_harness.cpp)
+  // f32: the float32 attention path (a value here, its rows in ScopedKernelPath / path_mismatch)
 };
 
 // Named shapes (sizes in op_harness.cpp kShapes).
