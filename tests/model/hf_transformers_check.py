@@ -352,7 +352,10 @@ def run_kvattn(a, model_dir, prompts, steps, dtype, extra, log):
         kv = a.full_kv_cache_memory if os.path.basename(model_dir) == f"hf-{FULL_SIZE}" else a.kv_cache_memory
         if kv:
             cmd += ["--kv-cache-memory", kv]
-    cmd += ["--max-model-len", "8192"]  # the prompts are shorter; the full-size config allows 131072
+    with open(os.path.join(model_dir, "config.json")) as f:
+        max_positions = json.load(f).get("max_position_embeddings", 0)
+    if max_positions > 8192:  # the full-size config allows 131072; the prompts need far fewer
+        cmd += ["--max-model-len", "8192"]
     cmd += extra
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
