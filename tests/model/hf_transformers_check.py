@@ -10,7 +10,9 @@ for every dtype D of --dtypes runs `kvattn generate --json --logprobs K --device
 (DEV = --kvattn-device) greedily on a batch of prompts (lengths 1 .. --max-prompt-len, as token
 ids), once with the default token budget and once with chunked prefill (--variants).  --full-size adds a
 Llama-3-8B-shaped model (random bf16 weights, std 0.02, the real Llama 3 tokenizer, sharded
-bf16 safetensors), checked in bfloat16 only.
+bf16 safetensors), checked in every dtype of --dtypes with the default token budget.  Models are
+cast the way from_pretrained(dtype=...) loads them: parameters only, the rotary inverse
+frequencies stay float32 (cast_parameters).
 
 Reference: teacher forcing.  Each prompt followed by kvattn's generated tokens is run through
 transformers in ONE forward pass (on the GPU when there is one); the logits at the last prompt
@@ -272,6 +274,37 @@ def model_from_config(cfg, dtype):
         return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", torch_dtype=dtype)
 
 
+def cast_parameters(model, dtype):
+    """The model in `dtype` as `from_pretrained(..., dtype=dtype)` loads it: the parameters cast,
+    the rotary embedding's inverse frequencies kept in float32.  (`model.to(dtype)` would cast
+    those buffers too: bf16 frequencies put the angle of position 1500 off by several radians,
+    a transformers artefact no real bf16 deployment has.)"""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    rotary_in_float32(model)
+    return model
+
+
+def rotary_in_float32(model):
+    """Recomputes every rotary module's float buffers (inv_freq, original_inv_freq) in float32
+    where they are not: from its config, as the module's constructor does."""
+    for mod in model.modules():
+        buf = getattr(mod, "inv_freq", None)
+        if not isinstance(buf, torch.Tensor) or buf.dtype == torch.float32:
+            continue
+        try:
+            fresh = type(mod)(config=mod.config, device=buf.device)
+        except TypeError:
+            fresh = type(mod)(mod.config)
+        for name, b in fresh.named_buffers(recurse=False):
+            setattr(mod, name, b.to(device=buf.device, dtype=torch.float32))
+        for name in ("original_inv_freq",):
+            if isinstance(getattr(fresh, name, None), torch.Tensor):
+                setattr(mod, name, getattr(fresh, name).to(device=buf.device, dtype=torch.float32))
+        if mod.inv_freq.dtype != torch.float32:
+            raise RuntimeError(f"{type(mod).__name__}: inv_freq stays {mod.inv_freq.dtype}")
+
+
 def copy_tokenizer(tok_dir, out_dir):
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tok_dir, f), out_dir)
@@ -305,7 +338,7 @@ def build_full_size_dir(tok_dir, out_dir, seed):
     cfg = make_config(FULL_SIZE, vocab, bos, eos)
     with torch.device("cuda"):
         model = model_from_config(cfg, torch.bfloat16)
-    model = model.to(device="cuda", dtype=torch.bfloat16)
+    model = cast_parameters(model.to(device="cuda"), torch.bfloat16)
     with torch.no_grad():
         g = torch.Generator(device="cuda").manual_seed(seed)
         for name, p in model.named_parameters():
@@ -454,10 +487,10 @@ def check_model(arch, model, model_dir, prompts, steps, dtypes, variants, a, log
             continue
         t0 = time.time()
         if ref_dtype == "float32" and full_bf16:
-            model = model.float()  # the same weights, upcast exactly
+            model = cast_parameters(model, torch.float32)  # the same weights, upcast exactly
             m = model
         elif ref_dtype == "bfloat16" and not full_bf16:
-            m = copy.deepcopy(model).to(torch.bfloat16)
+            m = cast_parameters(copy.deepcopy(model), torch.bfloat16)
         else:
             m = model
         for dtype, variant, outs, _, _ in need:
@@ -494,8 +527,8 @@ def check_arch(arch, a, log):
         tok_dir = os.path.join(a.tokenizers, tokenizer_for(arch), "models")
         model_dir = os.path.join(a.out, f"hf-{arch}")
         model, vocab = build_full_size_dir(tok_dir, model_dir, a.seed)
-        n, max_len, steps, dtypes, variants = (a.full_num_prompts, a.full_max_prompt_len, a.full_steps,
-                                               ["bfloat16"], ["default"])
+        n, max_len, steps, dtypes, variants = (a.full_num_prompts, a.full_max_prompt_len, a.full_steps, a.dtypes,
+                                               ["default"])
     else:
         tok_dir = os.path.join(a.tokenizers, tokenizer_for(arch), "models")
         model_dir = os.path.join(a.out, f"hf-{arch}")
@@ -695,7 +728,7 @@ def parse_args(argv=None):
     ap.add_argument("--bf16-k", type=float, default=2.0, help="bfloat16: the bound is max(k x transformers' gap, floor)")
     ap.add_argument("--bf16-floor", type=float, default=1e-2)
     ap.add_argument("--full-size", action="store_true",
-                    help="also check a Llama-3-8B-shaped model (random bf16 weights, 16 GB) in bfloat16")
+                    help="also check a Llama-3-8B-shaped model (random bf16 weights, 16 GB) in each of --dtypes")
     ap.add_argument("--full-num-prompts", type=int, default=8)
     ap.add_argument("--full-max-prompt-len", type=int, default=2000)
     ap.add_argument("--full-steps", type=int, default=16)
