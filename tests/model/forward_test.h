@@ -31,6 +31,8 @@ namespace fs = std::filesystem;
 
 inline fs::path source_dir() { return fs::path(KVATTN_SOURCE_DIR); }
 inline fs::path data_dir() { return fs::path(KVATTN_MODEL_TEST_DIR); }
+// The Python interpreter (with NumPy) for the generator and the reference forward, and a space.
+inline std::string python() { return std::string(KVATTN_TEST_PYTHON) + " "; }
 
 inline std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -143,16 +145,16 @@ inline ReferenceModel reference_model(const std::string& arch, const std::string
     fs::remove_all(tmp);
     // `arch` names the architecture unless the arguments name it (variants of one architecture).
     const std::string arch_arg = generator_args.find("--arch ") == std::string::npos ? " --arch " + arch : "";
-    run("/usr/bin/python3 " + (src / "make_test_model.py").string() + arch_arg + " --out " + tmp.string() + " " +
+    run(python() + (src / "make_test_model.py").string() + arch_arg + " --out " + tmp.string() + " " +
         generator_args + " > /dev/null");
     const int64_t vocab = read_vocab(tmp / "config.json");
     const Prompts p = make_prompts(lengths, vocab, prompt_seed, tail);
     std::ofstream(tmp / "prompts.json") << prompts_json(p);
-    run("/usr/bin/python3 " + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
+    run(python() + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
         (tmp / "prompts.json").string() + " " + (tmp / "reference_logits.bin").string());
-    run("/usr/bin/python3 " + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
+    run(python() + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
         (tmp / "prompts.json").string() + " " + (tmp / "reference_logits_fp8.bin").string() + " --kv-fp8");
-    run("/usr/bin/python3 " + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
+    run(python() + (src / "reference_forward.py").string() + " " + tmp.string() + " " +
         (tmp / "prompts.json").string() + " " + (tmp / "reference_greedy.json").string() + " --greedy " +
         std::to_string(kGreedyTokens));
     std::ofstream(tmp / "done") << "ok\n";

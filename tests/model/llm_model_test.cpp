@@ -56,7 +56,7 @@ Greedy reference_greedy_fp8(const ReferenceModel& m) {
   const fs::path out = m.dir / name;
   if (!fs::exists(out)) {
     const fs::path tmp = m.dir / (std::string(name) + ".tmp" + std::to_string(::getpid()));
-    testing::run("/usr/bin/python3 " + (src / "reference_forward.py").string() + " " + m.dir.string() + " " +
+    testing::run(testing::python() + (src / "reference_forward.py").string() + " " + m.dir.string() + " " +
                  (m.dir / "prompts.json").string() + " " + tmp.string() + " --greedy " +
                  std::to_string(testing::kGreedyTokens) + " --kv-fp8");
     fs::rename(tmp, out);

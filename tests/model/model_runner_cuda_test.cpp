@@ -69,7 +69,7 @@ double rounding_deviation(const ReferenceModel& m, const char* mode) {
   if (!fs::exists(out)) {
     const fs::path tmp = m.dir / fmt_name("reference_logits_%s.bin.tmp", mode);
     const fs::path script = testing::source_dir() / "tests" / "model" / "reference_forward.py";
-    testing::run("/usr/bin/python3 " + script.string() + " " + m.dir.string() + " " + (m.dir / "prompts.json").string() +
+    testing::run(testing::python() + script.string() + " " + m.dir.string() + " " + (m.dir / "prompts.json").string() +
                  " " + tmp.string() + " --round " + mode);
     fs::rename(tmp, out);
   }
@@ -346,7 +346,7 @@ TEST(CudaModelRunner, HeadDimWithoutKernelIsUnsupported) {
   SKIP_WITHOUT_GPU();
   namespace fs = std::filesystem;
   const fs::path dir = testing::data_dir() / ("head16-" + std::to_string(::getpid()));
-  testing::run("/usr/bin/python3 " + (testing::source_dir() / "tests" / "model" / "make_test_model.py").string() +
+  testing::run(testing::python() + (testing::source_dir() / "tests" / "model" / "make_test_model.py").string() +
                " --arch llama --tokenizer none --out " + dir.string() + " > /dev/null");
   const ModelDir md = open_model_dir(dir, false);
   try {

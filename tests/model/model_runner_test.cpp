@@ -284,19 +284,19 @@ TEST(ModelRunnerCheckpoint, MissingUnusedAndMisshapenTensorsAreNamed) {
   fs::create_directories(base);
   const fs::path src = testing::source_dir() / "tests" / "model" / "make_test_model.py";
   const fs::path missing = base / "missing-down-proj";
-  testing::run("/usr/bin/python3 " + src.string() + " --arch llama --tokenizer none --out " + missing.string() +
+  testing::run(testing::python() + src.string() + " --arch llama --tokenizer none --out " + missing.string() +
                " --drop-tensor model.layers.1.mlp.down_proj.weight > /dev/null");
   const ModelDir d1 = open_model_dir(missing, false);
   EXPECT_NE(error_of<InvalidArgument>([&] { ModelRunner r(d1, opts()); }).find("'model.layers.1.mlp.down_proj.weight'"),
             std::string::npos);
   const fs::path extra = base / "mlp-bias";
-  testing::run("/usr/bin/python3 " + src.string() + " --arch mistral --tokenizer none --out " + extra.string() +
+  testing::run(testing::python() + src.string() + " --arch mistral --tokenizer none --out " + extra.string() +
                " --extra-tensor model.layers.2.mlp.down_proj.bias > /dev/null");
   const ModelDir d3 = open_model_dir(extra, false);
   EXPECT_NE(error_of<Unsupported>([&] { ModelRunner r(d3, opts()); }).find("'model.layers.2.mlp.down_proj.bias'"),
             std::string::npos);
   const fs::path shape = base / "shape";
-  testing::run("/usr/bin/python3 " + src.string() + " --arch qwen2 --tokenizer none --out " + shape.string() +
+  testing::run(testing::python() + src.string() + " --arch qwen2 --tokenizer none --out " + shape.string() +
                " > /dev/null");
   std::string cfg = testing::read_file(shape / "config.json");
   const std::string from = "\"intermediate_size\": 128", to = "\"intermediate_size\": 96";
@@ -373,7 +373,7 @@ namespace {
 void open_encode_run(const std::string& arch, const std::string& tokenizer, int64_t want_vocab) {
   SCOPED_TRACE(arch + " " + tokenizer);
   const fs::path out = testing::data_dir() / ("tokenized-" + arch + "-" + tokenizer);
-  testing::run("/usr/bin/python3 " + (testing::source_dir() / "tests" / "model" / "make_test_model.py").string() +
+  testing::run(testing::python() + (testing::source_dir() / "tests" / "model" / "make_test_model.py").string() +
                " --arch " + arch + " --tokenizer " + tokenizer + " --out " + out.string() + " > /dev/null");
   const ModelDir dir = open_model_dir(out);
   ASSERT_NE(dir.tokenizer, nullptr);
