@@ -244,7 +244,7 @@ void Runner::setup() {
   bc.max_num_seqs = cfg_.max_num_seqs;
   bc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   bc.cache_dtype = cfg_.kv_cache_dtype;
-  bc.cache_config.kv_cache_layout = layout_name(plan_.layout);
+  bc.cache_config.kv_cache_layout = plan_.layout;
   bc.flashinfer_workspace_buffer_size = 0;
   ref_cfg_ = bc;
   ref_cfg_.platform.device = Device::cpu();

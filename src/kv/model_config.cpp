@@ -469,19 +469,12 @@ std::string format_bytes(int64_t bytes) {
 
 namespace kvattn {
 
-std::vector<std::string> kv_cache_dtype_choices() {
-  return {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"};
-}
-
-DType resolve_kv_cache_dtype(std::string_view s, DType model_dtype) {
-  if (s == "auto") return model_dtype;
-  if (s == "fp8" || s == "fp8_e4m3") return DType::fp8_e4m3;
-  if (s == "fp8_e5m2") return DType::fp8_e5m2;
-  if (s == "bfloat16") return DType::bf16;
-  if (s == "float16") return DType::f16;
-  throw InvalidArgument(fmt::format("Unknown --kv-cache-dtype {:?}. Valid choices: [{}]; \"auto\" follows the "
-                                    "model dtype.",
-                                    std::string(s), fmt::join(kv_cache_dtype_choices(), ", ")));
+DType resolve_kv_cache_dtype(KVCacheDType t, DType model_dtype) {
+  if (is_nvfp4(t))
+    throw Unsupported(fmt::format("--kv-cache-dtype {} has no kvattn kernel; use auto, bfloat16, float16, fp8, "
+                                  "fp8_e4m3 or fp8_e5m2",
+                                  kv_cache_dtype_name(t)));
+  return kv_cache_storage_dtype(t, model_dtype);
 }
 
 namespace {
@@ -576,8 +569,7 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
   // then narrow it (resolve_kv_cache_layout).
   std::vector<KVCacheSpecPtr> specs;
   for (const auto& l : plan.layer_specs) specs.push_back(l.spec);
-  std::vector<std::string> default_names;
-  for (KVCacheLayout l : kDefaultLayoutPreference) default_names.push_back(layout_name(l));
+  const std::vector<LayoutList> default_pref = {LayoutList(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end())};
   // The candidates: layouts resolve_kv_cache_layout accepts as the requested layout (the spec
   // rules of its step 3) and in which the planner can express the groups' page sizes
   // (validate_kv_cache_config: mixed page sizes need block-compact, and block-outer when there
@@ -587,7 +579,7 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
   for (KVCacheLayout l : kDefaultLayoutPreference) {
     CacheConfig c;
     try {
-      resolve_kv_cache_layout(c, {default_names}, specs, std::string(layout_name(l)));
+      resolve_kv_cache_layout(c, default_pref, specs, l, std::nullopt);
       spec_ok.push_back(l);
       validate_kv_cache_config(l, groups);
       plan.layout_candidates.push_back(l);
@@ -598,27 +590,27 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
                "no KV cache layout can hold model {}: its specs allow {} but none of them can express its "
                "mixed page sizes across {} groups; use a uniform KV cache dtype / block size",
                m.name, format_layout_names(spec_ok), groups.size());
-  const bool automatic = opt.layout == "auto" || opt.layout.empty();
+  const bool automatic = !opt.layout.has_value();
   auto is_candidate = [&](KVCacheLayout l) {
     return std::find(plan.layout_candidates.begin(), plan.layout_candidates.end(), l) != plan.layout_candidates.end();
   };
   if (!automatic) {
-    const KVCacheLayout want = layout_from_name(opt.layout);  // InvalidArgument listing the layouts
+    const KVCacheLayout want = *opt.layout;
     if (!is_candidate(want))
       throw InvalidArgument(fmt::format(
           "--layout {} cannot hold the KV cache of {}: {}. Valid layouts for this model: {}; or use --layout auto.",
-          opt.layout, m.name,
+          layout_name(want), m.name,
           std::find(spec_ok.begin(), spec_ok.end(), want) == spec_ok.end()
               ? "its specs have mixed (heads, states, page) shapes, which need a block-compact layout"
               : "its groups have mixed page sizes, which need a block-compact, block-outermost layout",
           format_layout_names(plan.layout_candidates)));
     CacheConfig cache_config;
-    plan.layout = resolve_kv_cache_layout(cache_config, {default_names}, specs, std::string(layout_name(want)));
-    plan.layout_reason = fmt::format("requested with --layout {}; the model allows {}", opt.layout,
+    plan.layout = resolve_kv_cache_layout(cache_config, default_pref, specs, want, std::nullopt);
+    plan.layout_reason = fmt::format("requested with --layout {}; the model allows {}", layout_name(want),
                                      format_layout_names(plan.layout_candidates));
   } else {
     CacheConfig cache_config;
-    const KVCacheLayout resolved = resolve_kv_cache_layout(cache_config, {default_names}, specs);
+    const KVCacheLayout resolved = resolve_kv_cache_layout(cache_config, default_pref, specs, std::nullopt, std::nullopt);
     plan.layout_reason = fmt::format(
         "no backend declares supported layouts, so vLLM's default preference {} applies",
         format_layout_names(LayoutList(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end())));
@@ -650,7 +642,7 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
                                       "--gpu-memory or lower --max-model-len.)",
                                       m.name, format_bytes(opt.gpu_memory), opt.gpu_memory, cfg.failure().message));
   plan.config = std::move(cfg).value();
-  plan.config.kv_cache_layout = std::string(layout_name(plan.layout));
+  plan.config.kv_cache_layout = plan.layout;
   plan.bytes_per_block = get_kv_cache_bytes_per_block(plan.config.kv_cache_groups, plan.layout);
   plan.total_bytes = plan.config.kv_cache_tensors.empty() ? 0 : plan.config.kv_cache_tensors.front().size;
   for (const auto& g : plan.config.kv_cache_groups)
