@@ -217,6 +217,17 @@ std::pair<Tensor, Tensor> FlashInferImpl::split_kv(const Tensor& kv_cache) const
   return ops::split_kv_cache_layer_view(kv, head_size_);
 }
 
+ops::AttentionOptions FlashInferImpl::layer_options(bool causal, double q_scale) const {
+  ops::AttentionOptions o;
+  o.causal = causal;
+  o.window_left = window_left_;
+  o.logits_soft_cap = logits_soft_cap_.value_or(0.0);
+  o.sm_scale = scale_;
+  o.q_scale = q_scale;
+  o.sinks = sinks_;
+  return o;
+}
+
 AttentionRunArgs FlashInferImpl::run_args(const AttentionLayer& layer, DType q_dtype) const {
   AttentionRunArgs a;
   // Scales dequantise: the query's only when it was quantised, the cache's only when fp8.
@@ -316,12 +327,7 @@ void FlashInferImpl::run_prefill(const FlashInferMetadata& md, const AttentionLa
   a.qo_indptr = tp.cum_seq_lens_q;
   a.seq_lens = tp.seq_lens;
   a.out = out;
-  a.causal = true;
-  a.window_left = window_left_;
-  a.logits_soft_cap = logits_soft_cap_.value_or(0.0);
-  a.sm_scale = scale_;
-  a.q_scale = args.q_scale;
-  a.sinks = sinks_;
+  a.options() = layer_options(/*causal=*/true, args.q_scale);
   if (!dtype_is_fp8(md.q_data_type_prefill) && is_fp8(cache_dtype_)) {
     // The trtllm prefill takes no BF16-Q with an fp8 cache: dequantise the pages it reads into
     // a scratch cache (page 0 reserved) and run on that.
@@ -408,14 +414,9 @@ void FlashInferImpl::run_decode(const FlashInferMetadata& md, const AttentionLay
     a.out = o;
     a.lse = ra.lse;
     a.lse_base = ra.lse_base;
-    a.causal = md.causal;
-    a.window_left = window_left_;
-    a.logits_soft_cap = logits_soft_cap_.value_or(0.0);
-    a.sm_scale = scale_;
-    a.q_scale = ra.q_scale;
+    a.options() = layer_options(md.causal, ra.q_scale);
     a.k_scale = ra.k_scale;
     a.v_scale = ra.v_scale;
-    a.sinks = sinks_;
     if (d.kernel == FlashInferDecodeKernel::XQA) a.xqa_draft_mask = d.mask;
     a.plan = d.plan;
     ops::paged_attention(a);

@@ -303,6 +303,8 @@ class FlashInferImpl final : public AttentionImpl {
   void run_decode(const FlashInferMetadata& md, const AttentionLayer& layer, const Tensor& query,
                   const Tensor& k_cache, const Tensor& v_cache, const Tensor& output) const;
   AttentionRunArgs run_args(const AttentionLayer& layer, DType q_dtype) const;
+  // The layer's attention options (window, soft cap, scale, sinks) for one kernel call.
+  ops::AttentionOptions layer_options(bool causal, double q_scale) const;
 
   int64_t num_heads_, head_size_, num_kv_heads_;
   double scale_;
