@@ -166,9 +166,10 @@ void bind_core(py::module_& m) {
   for (KVCacheDType t : kAllKVCacheDTypes) kvd.value(kv_cache_dtype_name(t), t);
   m.def("parse_kv_cache_dtype", [](const std::string& name) { return parse_kv_cache_dtype(name); }, py::arg("name"),
         "The KVCacheDType of a name (ValueError listing the accepted names).");
-  m.def("kv_cache_dtype_name", [](KVCacheDType t) { return std::string(kv_cache_dtype_name(t)); }, py::arg("kv_cache_dtype"),
-        "vLLM's spelling of a KVCacheDType.");
-  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices, "The accepted kv_cache_dtype names ('auto', 'bfloat16', ...).");
+  m.def("kv_cache_dtype_name", [](KVCacheDType t) { return std::string(kv_cache_dtype_name(t)); },
+        py::arg("kv_cache_dtype"), "vLLM's spelling of a KVCacheDType.");
+  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices,
+        "The accepted kv_cache_dtype names ('auto', 'bfloat16', ...).");
   m.def("kv_cache_storage_dtype",
         [](py::object t, py::object model_dtype) {
           return std::string(dtype_name(kv_cache_storage_dtype(kv_cache_dtype_from_py(t), dtype_from_py(model_dtype))));

@@ -338,7 +338,8 @@ void bind_specs(py::module_& m) {
         "vLLM's get_kv_quant_mode: the KVQuantMode of a cache dtype string ('auto' -> NONE, 'fp8' -> FP8_PER_TENSOR, ...).");
   m.def("is_per_token_head", &is_per_token_head, py::arg("kv_quant_mode"),
         "True for the quantisation modes with one scale per token and head.");
-  m.def("is_nvfp4", py::overload_cast<KVQuantMode>(&is_nvfp4), py::arg("kv_quant_mode"), "True for the NVFP4 KV-cache modes.");
+  m.def("is_nvfp4", py::overload_cast<KVQuantMode>(&is_nvfp4), py::arg("kv_quant_mode"),
+        "True for the NVFP4 KV-cache modes.");
   m.def("iter_layer_specs",
         [](const SpecHolder& spec) {
           std::vector<SpecHolder> out;

@@ -114,9 +114,9 @@ std::string AttentionSelectorConfig::str() const {
   return fmt::format(
       "head_size={}, dtype={}, kv_cache_dtype={}, block_size={}, use_mla={}, has_sink={}, use_sparse={}, "
       "use_mm_prefix={}, attn_type={}, sliding_window={}, non_causal={}, batch_invariant={}, dcp={}",
-      head_size, dtype_name(dtype), kv_cache_dtype_name(kv_cache_dtype), block_size ? fmt::format("{}", *block_size) : "None", use_mla,
-      has_sink, use_sparse, use_mm_prefix, attention_type_name(attn_type), has_sliding_window, use_non_causal,
-      use_batch_invariant, use_dcp);
+      head_size, dtype_name(dtype), kv_cache_dtype_name(kv_cache_dtype),
+      block_size ? fmt::format("{}", *block_size) : "None", use_mla, has_sink, use_sparse, use_mm_prefix,
+      attention_type_name(attn_type), has_sliding_window, use_non_causal, use_batch_invariant, use_dcp);
 }
 
 bool AttentionBackend::supports_dtype(DType dtype) const {

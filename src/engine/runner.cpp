@@ -245,7 +245,8 @@ void Runner::plan_kv() {
 }
 
 void Runner::setup_dcp_transport() {
-  const bool use_nccl = W() > 1 && (cfg_.dcp_transport == "nccl" || (cfg_.dcp_transport == "auto" && cfg_.device.is_cuda()));
+  const bool use_nccl =
+      W() > 1 && (cfg_.dcp_transport == "nccl" || (cfg_.dcp_transport == "auto" && cfg_.device.is_cuda()));
   if (use_nccl) {
     KVATTN_CHECK(cfg_.device.is_cuda(), "--dcp-transport nccl needs --device cuda, got {}", cfg_.device.str());
     const int n = cuda::device_count();

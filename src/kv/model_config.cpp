@@ -569,7 +569,8 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
   // then narrow it (resolve_kv_cache_layout).
   std::vector<KVCacheSpecPtr> specs;
   for (const auto& l : plan.layer_specs) specs.push_back(l.spec);
-  const std::vector<LayoutList> default_pref = {LayoutList(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end())};
+  const std::vector<LayoutList> default_pref = {
+      LayoutList(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end())};
   // The candidates: layouts resolve_kv_cache_layout accepts as the requested layout (the spec
   // rules of its step 3) and in which the planner can express the groups' page sizes
   // (validate_kv_cache_config: mixed page sizes need block-compact, and block-outer when there
@@ -610,7 +611,8 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
                                      format_layout_names(plan.layout_candidates));
   } else {
     CacheConfig cache_config;
-    const KVCacheLayout resolved = resolve_kv_cache_layout(cache_config, default_pref, specs, std::nullopt, std::nullopt);
+    const KVCacheLayout resolved =
+        resolve_kv_cache_layout(cache_config, default_pref, specs, std::nullopt, std::nullopt);
     plan.layout_reason = fmt::format(
         "no backend declares supported layouts, so vLLM's default preference {} applies",
         format_layout_names(LayoutList(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end())));
