@@ -57,9 +57,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     PlanOptions o;
     if (in.u8() % 2) o.block_size = in.range(-1, 8) * 16 + in.range(0, 1);
     const char* kv_dtypes[] = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "bogus"};
-    o.kv_cache_dtype = kv_dtypes[in.u8() % 7];
+    o.kv_cache_dtype = parse_kv_cache_dtype(kv_dtypes[in.u8() % 7]);
     const char* layouts[] = {"auto", "LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC", "NHD", "HND", "X"};
-    o.layout = layouts[in.u8() % 10];
+    o.layout = parse_layout_option(layouts[in.u8() % 10]);
     o.gpu_memory = in.range(0, 255) * (int64_t{1} << in.range(10, 30));
     if (in.u8() % 2) o.max_model_len = in.range(-1, 64) * 64;
     o.max_num_batched_tokens = in.range(0, 32) * 256;

@@ -62,7 +62,7 @@ struct Harness {
     cfg.max_num_batched_tokens = kMaxTokens;
     cfg.num_sms = 4;
     cfg.flashinfer_workspace_buffer_size = 0;
-    cfg.cache_config.kv_cache_layout = "LBNHC";
+    cfg.cache_config.kv_cache_layout = KVCacheLayout::LBNHC;
     cfg.layers = &registry;
     if (variant & 1) cfg.num_speculative_tokens = 3;
     if (variant & 4) cfg.decode_context_parallel_size = 2;

@@ -187,7 +187,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   app.add_option("--dtype", o->dtype,
                  "compute dtype: auto, float32, bfloat16, float16 (CPU: float32 only; CUDA auto: the checkpoint's "
                  "torch_dtype, float32 checkpoints in bfloat16)");
-  app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2");
+  app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype: " + kv_cache_dtype_choices_str());
   app.add_option("--layout", o->layout, "KV cache layout: auto or a layout name (LBNHC, NHD, HND, ...)");
   app.add_option("--kv-cache-memory", o->kv_cache_memory,
                  "KV cache size, e.g. 64MiB (default: on CPU room for 8 requests of --max-model-len, at most 4GiB; "

@@ -99,7 +99,7 @@ std::string plan_text(const KVPlan& p, const std::string& budget_why) {
                m.mamba->conv_kernel - 1, m.mamba->conv_dim(), m.mamba->num_heads, m.mamba->head_dim,
                m.mamba->d_state, dtype_name(m.mamba->dtype), m.mamba->page_size_bytes());
   put(o, "kv cache   dtype {} (--kv-cache-dtype {}), block size {} tokens\n\n", dtype_name(p.kv_dtype),
-             p.kv_cache_dtype, p.block_size);
+             kv_cache_dtype_name(p.kv_cache_dtype), p.block_size);
 
   put(o, "layout     {}\n  why: {}\n\n", layout_name(p.layout), p.layout_reason);
 
@@ -167,7 +167,7 @@ std::string plan_json(const KVPlan& p, const std::string& budget_why) {
     j["model"]["mamba"] = {{"conv_state", {m.mamba->conv_kernel - 1, m.mamba->conv_dim()}},
                            {"ssm_state", {m.mamba->num_heads, m.mamba->head_dim, m.mamba->d_state}},
                            {"page_size_bytes", m.mamba->page_size_bytes()}};
-  j["kv_cache_dtype"] = p.kv_cache_dtype;
+  j["kv_cache_dtype"] = kv_cache_dtype_name(p.kv_cache_dtype);
   j["kv_dtype"] = dtype_name(p.kv_dtype);
   j["block_size"] = p.block_size;
   j["layout"] = layout_name(p.layout);
@@ -245,8 +245,8 @@ std::function<int()> setup_plan(CLI::App& app) {
                                         fmt::join(model_preset_names(), ", ")));
     PlanOptions o;
     o.block_size = parse_count("--block-size", args->block_size, 1 << 20);
-    o.kv_cache_dtype = args->kv_cache_dtype;
-    o.layout = args->layout;
+    o.kv_cache_dtype = parse_kv_cache_dtype(args->kv_cache_dtype);
+    o.layout = parse_layout_option(args->layout);
     std::string budget_why;
     std::optional<double> util;
     if (!args->gpu_memory_utilization.empty()) {

@@ -72,7 +72,7 @@ std::function<int()> setup_run(CLI::App& app) {
   app.add_option("--block-size", o->block_size,
                  "tokens per KV cache block (default 16; hybrid models pick one that holds a Mamba state)")
       ->type_name("INT");
-  app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2");
+  app.add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype: " + kv_cache_dtype_choices_str());
   app.add_option("--max-num-seqs", o->max_num_seqs, "requests running at once")->type_name("INT");
   app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "tokens per step (the scheduler's budget)")
       ->type_name("INT");
@@ -124,9 +124,9 @@ std::function<int()> setup_run(CLI::App& app) {
                                     cuda::built_with_cuda() ? "no CUDA device is present"
                                                             : "this build has no CUDA support"));
     if (!o->num_layers.empty()) rc.num_layers = parse_int_option("--num-layers", o->num_layers, 1, 1 << 20);
-    rc.layout = o->layout;
+    rc.layout = parse_layout_option(o->layout);
     if (!o->block_size.empty()) rc.block_size = parse_int_option("--block-size", o->block_size, 1, 1 << 20);
-    rc.kv_cache_dtype = o->kv_cache_dtype;
+    rc.kv_cache_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
     rc.max_num_seqs = static_cast<int32_t>(parse_int_option("--max-num-seqs", o->max_num_seqs, 1, 1 << 16));
     rc.max_num_batched_tokens =
         static_cast<int32_t>(parse_int_option("--max-num-batched-tokens", o->max_num_batched_tokens, 1, 1 << 24));

@@ -37,7 +37,7 @@ struct BuildBench {
     cfg.num_sms = 132;
     cfg.flashinfer_workspace_buffer_size = 0;
     cfg.cudagraph_decode_full = cudagraph;
-    cfg.cache_config.kv_cache_layout = "LBNHC";
+    cfg.cache_config.kv_cache_layout = KVCacheLayout::LBNHC;
     cfg.layers = &registry;
     AttentionImplParams p;
     p.num_heads = 32;

@@ -24,6 +24,10 @@ Tensors and devices
     Tensor, from_dlpack, empty, zeros, dtype_names, cuda_available, built_with_cuda,
     framework_of, to_framework, like
 
+KV cache dtype (vLLM's kv_cache_dtype spellings)
+    KVCacheDType, parse_kv_cache_dtype, kv_cache_dtype_name, kv_cache_dtype_choices,
+    kv_cache_storage_dtype
+
 KV cache layouts
     KVCacheLayout, layout_from_name, _layout_from_name, get_flashinfer_layout_string,
     merge_supported_layouts, _merge_supported_layouts, get_supported_kv_cache_layouts, CacheConfig,
@@ -35,7 +39,7 @@ KV cache specs (vLLM's spec family) and quantisation
     KVCacheSpec, AttentionSpec, FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec,
     MLAAttentionSpec, SlidingWindowMLASpec, SinkFullAttentionSpec, CrossAttentionSpec,
     EncoderOnlyAttentionSpec, MambaSpec, UniformTypeKVCacheSpecs, iter_layer_specs, KVQuantMode,
-    get_kv_quant_mode, is_per_token_head, is_nvfp4, is_quantized_kv_cache, kv_cache_dtype_choices
+    get_kv_quant_mode, is_per_token_head, is_nvfp4, is_quantized_kv_cache
 
 Memory plan and allocation
     KVCacheTensor, KVCacheGroupSpec, KVCacheConfig, get_kv_cache_groups, get_kv_cache_config,

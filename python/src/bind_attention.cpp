@@ -55,7 +55,7 @@ void bind_attention(py::module_& m) {
                               "register_layer(layer) adds an AttentionLayer before make_builder reads the layers.")
       .def(py::init([](py::object device, std::optional<std::pair<int, int>> capability, py::object model_dtype,
                        int64_t num_attention_heads, int64_t num_kv_heads, int64_t head_size, int64_t max_model_len,
-                       int64_t max_num_seqs, int64_t max_num_batched_tokens, std::string cache_dtype,
+                       int64_t max_num_seqs, int64_t max_num_batched_tokens, py::object cache_dtype,
                        std::optional<std::string> kv_cache_layout, std::optional<int64_t> num_speculative_tokens,
                        bool parallel_drafting, int64_t decode_context_parallel_size, int64_t dcp_rank,
                        int64_t cp_kv_cache_interleave_size, bool cudagraph_decode_full,
@@ -72,8 +72,8 @@ void bind_attention(py::module_& m) {
              c.max_model_len = max_model_len;
              c.max_num_seqs = max_num_seqs;
              c.max_num_batched_tokens = max_num_batched_tokens;
-             c.cache_dtype = std::move(cache_dtype);
-             if (kv_cache_layout) c.cache_config.kv_cache_layout = layout_name(layout_from_name(*kv_cache_layout));
+             c.cache_dtype = kv_cache_dtype_from_py(cache_dtype);
+             if (kv_cache_layout) c.cache_config.kv_cache_layout = layout_from_name(*kv_cache_layout);
              c.num_speculative_tokens = num_speculative_tokens;
              c.parallel_drafting = parallel_drafting;
              c.decode_context_parallel_size = decode_context_parallel_size;
@@ -253,7 +253,12 @@ num_kv_heads=, ...) -> FlashInferImpl; make_builder(kv_cache_spec, layer_names, 
 FlashInferMetadataBuilder (register the AttentionLayers with the config first).)doc")
       .def(py::init([] { return std::make_shared<FlashInferBackend>(); }))
       .def("get_name", &FlashInferBackend::get_name)
-      .def("supported_kv_cache_dtypes", &FlashInferBackend::supported_kv_cache_dtypes)
+      .def("supported_kv_cache_dtypes",
+           [](const FlashInferBackend& b) {
+             std::vector<std::string> names;  // vLLM's list of CacheDType names
+             for (KVCacheDType t : b.supported_kv_cache_dtypes()) names.emplace_back(kv_cache_dtype_name(t));
+             return names;
+           })
       .def("get_supported_head_sizes", &FlashInferBackend::get_supported_head_sizes)
       .def("get_supported_kernel_block_sizes",
            [](const FlashInferBackend& b, const PyBackendConfig& c) {
@@ -272,12 +277,12 @@ FlashInferMetadataBuilder (register the AttentionLayers with the config first).)
       .def(
           "validate_configuration",
           [](const FlashInferBackend& b, const PyBackendConfig& c, int64_t head_size, py::object dtype,
-             std::string kv_cache_dtype, std::optional<int64_t> block_size, bool has_sink, bool has_sliding_window,
+             py::object kv_cache_dtype, std::optional<int64_t> block_size, bool has_sink, bool has_sliding_window,
              bool use_mm_prefix, std::string attn_type) {
             AttentionSelectorConfig s;
             s.head_size = head_size;
             s.dtype = dtype_from_py(dtype);
-            s.kv_cache_dtype = std::move(kv_cache_dtype);
+            s.kv_cache_dtype = kv_cache_dtype_from_py(kv_cache_dtype);
             s.block_size = block_size;
             s.has_sink = has_sink;
             s.has_sliding_window = has_sliding_window;
@@ -302,7 +307,7 @@ FlashInferMetadataBuilder (register the AttentionLayers with the config first).)
           "make_impl",
           [](const FlashInferBackend& b, const PyBackendConfig& config, int64_t num_heads, int64_t head_size,
              double scale, int64_t num_kv_heads, std::optional<std::vector<float>> alibi_slopes,
-             std::optional<int64_t> sliding_window, std::string kv_cache_dtype,
+             std::optional<int64_t> sliding_window, py::object kv_cache_dtype,
              std::optional<double> logits_soft_cap, std::string attn_type,
              std::optional<std::string> kv_sharing_target_layer_name, py::object sinks) {
             AttentionImplParams p;
@@ -312,7 +317,7 @@ FlashInferMetadataBuilder (register the AttentionLayers with the config first).)
             p.num_kv_heads = num_kv_heads;
             p.alibi_slopes = std::move(alibi_slopes);
             p.sliding_window = sliding_window;
-            p.kv_cache_dtype = std::move(kv_cache_dtype);
+            p.kv_cache_dtype = kv_cache_dtype_from_py(kv_cache_dtype);
             p.logits_soft_cap = logits_soft_cap;
             p.attn_type = attn_type_from(attn_type);
             p.kv_sharing_target_layer_name = std::move(kv_sharing_target_layer_name);

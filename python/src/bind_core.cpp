@@ -107,6 +107,13 @@ DType dtype_from_py(const py::handle& obj) {
   return parse_dtype(name);
 }
 
+KVCacheDType kv_cache_dtype_from_py(const py::handle& obj) {
+  if (py::isinstance<KVCacheDType>(obj)) return obj.cast<KVCacheDType>();
+  if (py::isinstance<py::str>(obj)) return parse_kv_cache_dtype(obj.cast<std::string>());
+  throw InvalidArgument("kv_cache_dtype must be a KVCacheDType or one of its names (" + kv_cache_dtype_choices_str() +
+                        "), got " + std::string(py::str(py::type::of(obj))));
+}
+
 Tensor as_tensor(const py::object& obj) {
   if (py::isinstance<Tensor>(obj)) return obj.cast<Tensor>();
   if (py::hasattr(obj, "__dlpack__")) {
@@ -152,6 +159,23 @@ void bind_core(py::module_& m) {
     for (DType t : kAllDTypes) names.emplace_back(dtype_name(t));
     return names;
   }, "Canonical names of the element types kvattn knows.");
+  py::enum_<KVCacheDType> kvd(m, "KVCacheDType",
+                              "The KV cache's storage type under vLLM's kv_cache_dtype spellings (auto, bfloat16, "
+                              "float16, fp8, fp8_e4m3, fp8_e5m2, nvfp4).  Every kv_cache_dtype argument takes a "
+                              "member or its name.");
+  for (KVCacheDType t : kAllKVCacheDTypes) kvd.value(kv_cache_dtype_name(t), t);
+  m.def("parse_kv_cache_dtype", [](const std::string& name) { return parse_kv_cache_dtype(name); }, py::arg("name"),
+        "The KVCacheDType of a name (ValueError listing the accepted names).");
+  m.def("kv_cache_dtype_name", [](KVCacheDType t) { return std::string(kv_cache_dtype_name(t)); },
+        py::arg("kv_cache_dtype"), "vLLM's spelling of a KVCacheDType.");
+  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices,
+        "The accepted kv_cache_dtype names ('auto', 'bfloat16', ...).");
+  m.def("kv_cache_storage_dtype",
+        [](py::object t, py::object model_dtype) {
+          return std::string(dtype_name(kv_cache_storage_dtype(kv_cache_dtype_from_py(t), dtype_from_py(model_dtype))));
+        },
+        py::arg("kv_cache_dtype"), py::arg("model_dtype"),
+        "The cache's element dtype name: auto -> model_dtype, fp8 -> 'fp8_e4m3', ...");
   m.def("cuda_available", &cuda::available, "True when this build has CUDA and a GPU is present.");
   m.def("built_with_cuda", &cuda::built_with_cuda, "True when this build has the CUDA kernels (a GPU may still be absent).");
 

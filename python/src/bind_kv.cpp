@@ -272,9 +272,18 @@ void bind_layouts(py::module_& m) {
       "layouts, or None: any layout, no vote).");
 
   py::class_<CacheConfig>(m, "CacheConfig", "The slice of vLLM's CacheConfig that holds the resolved layout.")
-      .def(py::init([](std::optional<std::string> kv_cache_layout) { return CacheConfig{kv_cache_layout}; }),
+      .def(py::init([](py::object kv_cache_layout) {
+             CacheConfig c;
+             if (!kv_cache_layout.is_none()) c.kv_cache_layout = layout_from_py(kv_cache_layout);
+             return c;
+           }),
            py::arg("kv_cache_layout") = py::none())
-      .def_readwrite("kv_cache_layout", &CacheConfig::kv_cache_layout)
+      .def_property(
+          "kv_cache_layout", [](const CacheConfig& c) { return c.kv_cache_layout; },
+          [](CacheConfig& c, py::object v) {
+            c.kv_cache_layout = v.is_none() ? std::nullopt : std::optional<KVCacheLayout>(layout_from_py(v));
+          },
+          "The resolved KVCacheLayout (None: not resolved yet); set with a layout or its name.")
       .def("get_resolved_kv_cache_layout", &CacheConfig::get_resolved_kv_cache_layout);
 
   auto cache_config_of = [](py::object obj) -> CacheConfig& {
@@ -325,11 +334,12 @@ void bind_specs(py::module_& m) {
   py::enum_<KVQuantMode> qm(m, "KVQuantMode", "vLLM's KVQuantMode.");
   for (int k = 0; k <= static_cast<int>(KVQuantMode::NVFP4_DS_MLA); ++k)
     qm.value(kv_quant_mode_name(static_cast<KVQuantMode>(k)), static_cast<KVQuantMode>(k));
-  m.def("get_kv_quant_mode", &get_kv_quant_mode, py::arg("cache_dtype_str"),
+  m.def("get_kv_quant_mode", py::overload_cast<std::string_view>(&get_kv_quant_mode), py::arg("cache_dtype_str"),
         "vLLM's get_kv_quant_mode: the KVQuantMode of a cache dtype string ('auto' -> NONE, 'fp8' -> FP8_PER_TENSOR, ...).");
   m.def("is_per_token_head", &is_per_token_head, py::arg("kv_quant_mode"),
         "True for the quantisation modes with one scale per token and head.");
-  m.def("is_nvfp4", &is_nvfp4, py::arg("kv_quant_mode"), "True for the NVFP4 KV-cache modes.");
+  m.def("is_nvfp4", py::overload_cast<KVQuantMode>(&is_nvfp4), py::arg("kv_quant_mode"),
+        "True for the NVFP4 KV-cache modes.");
   m.def("iter_layer_specs",
         [](const SpecHolder& spec) {
           std::vector<SpecHolder> out;
@@ -337,7 +347,7 @@ void bind_specs(py::module_& m) {
           return out;
         },
         py::arg("kv_cache_spec"), "Per-layer specs of a UniformTypeKVCacheSpecs, else [spec].");
-  m.def("is_quantized_kv_cache", &is_quantized_kv_cache, py::arg("kv_cache_dtype"),
+  m.def("is_quantized_kv_cache", py::overload_cast<std::string_view>(&is_quantized_kv_cache), py::arg("kv_cache_dtype"),
         "vLLM's is_quantized_kv_cache: True unless kv_cache_dtype is 'auto' or a 16/32-bit float name.");
 
   py::class_<KVCacheSpec, SpecHolder>(m, "KVCacheSpec", "Base of vLLM's KV cache spec family (immutable).")
@@ -518,12 +528,12 @@ void bind_config(py::module_& m) {
                             "device, layout) allocates it.  List fields are returned as copies: assign the whole\n"
                             "list to change one.")
       .def(py::init([](int64_t num_blocks, std::vector<KVCacheTensor> kv_cache_tensors,
-                       std::vector<KVCacheGroupSpec> kv_cache_groups, std::optional<std::string> kv_cache_layout) {
+                       std::vector<KVCacheGroupSpec> kv_cache_groups, py::object kv_cache_layout) {
              KVCacheConfig c;
              c.num_blocks = num_blocks;
              c.kv_cache_tensors = std::move(kv_cache_tensors);
              c.kv_cache_groups = std::move(kv_cache_groups);
-             c.kv_cache_layout = std::move(kv_cache_layout);
+             if (!kv_cache_layout.is_none()) c.kv_cache_layout = layout_from_py(kv_cache_layout);
              return c;
            }),
            py::kw_only(), py::arg("num_blocks"), py::arg("kv_cache_tensors"), py::arg("kv_cache_groups"),
@@ -531,7 +541,12 @@ void bind_config(py::module_& m) {
       .def_readwrite("num_blocks", &KVCacheConfig::num_blocks)
       .def_readwrite("kv_cache_tensors", &KVCacheConfig::kv_cache_tensors)
       .def_readwrite("kv_cache_groups", &KVCacheConfig::kv_cache_groups)
-      .def_readwrite("kv_cache_layout", &KVCacheConfig::kv_cache_layout)
+      .def_property(
+          "kv_cache_layout", [](const KVCacheConfig& c) { return c.kv_cache_layout; },
+          [](KVCacheConfig& c, py::object v) {
+            c.kv_cache_layout = v.is_none() ? std::nullopt : std::optional<KVCacheLayout>(layout_from_py(v));
+          },
+          "The resolved KVCacheLayout adopted by all workers (None: not recorded); set with a layout or its name.")
       .def("group_index_of", &KVCacheConfig::group_index_of, py::arg("layer_name"))
       .def("layer_spec", [](const KVCacheConfig& c, const std::string& n) { return mut(c.layer_spec(n)); },
            py::arg("layer_name"))
@@ -920,11 +935,10 @@ void bind_model(py::module_& m) {
   m.def("model_preset_names", &model_preset_names, "Names of the model presets plan_kv_cache and `kvattn plan` know.");
   m.def("parse_memory_size", &parse_memory_size, py::arg("text"),
         "Bytes in a size such as '8GiB', '512MiB', '80GB' or '1048576' (ValueError naming the accepted units).");
-  m.def("kv_cache_dtype_choices", &kv_cache_dtype_choices, "The accepted kv_cache_dtype names ('auto', 'fp8', ...).");
 
   py::class_<KVPlan>(m, "KVPlan", "A full KV cache memory plan (what `kvattn plan` prints).")
       .def_readonly("block_size", &KVPlan::block_size)
-      .def_readonly("kv_cache_dtype", &KVPlan::kv_cache_dtype)
+      .def_readonly("kv_cache_dtype", &KVPlan::kv_cache_dtype)  // a KVCacheDType
       .def_property_readonly("kv_dtype", [](const KVPlan& p) { return dtype_name(p.kv_dtype); })
       .def_readonly("layout", &KVPlan::layout)
       .def_readonly("layout_reason", &KVPlan::layout_reason)
@@ -943,12 +957,12 @@ void bind_model(py::module_& m) {
   m.def(
       "plan_kv_cache",
       [](const std::string& model, py::object gpu_memory, std::optional<int64_t> block_size,
-         const std::string& kv_cache_dtype, const std::string& layout, std::optional<int64_t> max_model_len,
+         py::object kv_cache_dtype, const std::string& layout, std::optional<int64_t> max_model_len,
          int64_t max_num_batched_tokens) {
         PlanOptions o;
         o.block_size = block_size;
-        o.kv_cache_dtype = kv_cache_dtype;
-        o.layout = layout;
+        o.kv_cache_dtype = kv_cache_dtype_from_py(kv_cache_dtype);
+        o.layout = parse_layout_option(layout);
         o.gpu_memory = py::isinstance<py::str>(gpu_memory) ? parse_memory_size(gpu_memory.cast<std::string>())
                                                            : gpu_memory.cast<int64_t>();
         o.max_model_len = max_model_len;

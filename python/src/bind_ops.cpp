@@ -76,10 +76,11 @@ void bind_ops(py::module_& m) {
   m.def(
       "reshape_and_cache_flash",
       [](py::object key, py::object value, py::object key_cache, py::object value_cache,
-         py::object slot_mapping, const std::string& kv_cache_dtype, py::object k_scale, py::object v_scale) {
+         py::object slot_mapping, py::object kv_cache_dtype, py::object k_scale, py::object v_scale) {
         Tensor k = as_tensor(key);
         ops::reshape_and_cache_flash(k, as_tensor(value), as_tensor(key_cache), as_tensor(value_cache),
-                                     as_tensor(slot_mapping), kv_cache_dtype, scale_tensor(k_scale, k.device()),
+                                     as_tensor(slot_mapping), kv_cache_dtype_from_py(kv_cache_dtype),
+                                     scale_tensor(k_scale, k.device()),
                                      scale_tensor(v_scale, k.device()));
       },
       py::arg("key"), py::arg("value"), py::arg("key_cache"), py::arg("value_cache"), py::arg("slot_mapping"),
@@ -90,7 +91,8 @@ key, value       [num_tokens, num_kv_heads, head_size]
 key_cache, value_cache  [num_blocks, block_size, num_kv_heads, head_size] views (any strides;
                  HND caches: pass hnd.transpose(1, 2)); written in place
 slot_mapping     [num_tokens] int64/int32, -1 = skip
-kv_cache_dtype   "auto", "fp8", "fp8_e4m3", "fp8_e5m2"
+kv_cache_dtype   a KVCacheDType or its name: "auto", "bfloat16", "float16" (the cache's
+                 dtype), "fp8" / "fp8_e4m3", "fp8_e5m2" ("nvfp4": NotImplementedError)
 k_scale, v_scale fp8 only: a float or a [1] / [num_kv_heads] float32 tensor)doc");
 
   py::class_<ops::PagedAttentionPlan>(m, "PagedAttentionPlan", R"doc(A work plan kept across paged_attention calls.

@@ -10,6 +10,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvattn/core/kv_cache_dtype.h"
 #include "kvattn/core/tensor.h"
 
 namespace kvattn::python {
@@ -30,6 +31,9 @@ Tensor optional_tensor(const pybind11::object& obj);
 // A dtype given as a kvattn name ("bfloat16", "fp8_e4m3"), a NumPy dtype / scalar type, or a
 // PyTorch dtype (torch.float16 -> "float16").  InvalidArgument listing the valid names.
 DType dtype_from_py(const pybind11::handle& obj);
+// A kv_cache_dtype given as a KVCacheDType or one of its names (parse_kv_cache_dtype: InvalidArgument
+// listing the accepted names).
+KVCacheDType kv_cache_dtype_from_py(const pybind11::handle& obj);
 // Dims from a Python sequence of ints.
 Dims dims_from_py(const std::vector<int64_t>& v);
 

@@ -26,7 +26,7 @@ def test_resolve_and_record_kv_cache_layout():
     with pytest.raises(ValueError):
         cfg.get_resolved_kv_cache_layout()
     got = kvattn.resolve_kv_cache_layout(cfg, [["LBNHC", "LBHNC"], ["LBHNC", "BLHNC"]])
-    assert got == L.LBHNC and cfg.kv_cache_layout == "LBHNC"
+    assert got == L.LBHNC and cfg.kv_cache_layout == L.LBHNC
     kvattn.record_kv_cache_layout(cfg, "HND")  # same layout through its alias: fine
     with pytest.raises(ValueError, match="already resolved"):
         kvattn.record_kv_cache_layout(cfg, "LBNHC")
@@ -191,3 +191,23 @@ def test_estimate_max_model_len_and_uniform_specs():
     per_block = a.page_size_bytes + b.page_size_bytes  # 3072 bytes, LBNHC (layer-outer)
     # 1 null block + cdiv(len, 16) blocks must fit in 11 blocks -> 160 tokens.
     assert kvattn.estimate_max_model_len(groups, "LBNHC", 11 * per_block, max_model_len=1000) == 160
+
+
+def test_kv_cache_dtype_names_are_vllms_everywhere():
+    names = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]
+    assert kvattn.kv_cache_dtype_choices() == names
+    for n in names:
+        t = kvattn.parse_kv_cache_dtype(n)
+        assert kvattn.kv_cache_dtype_name(t) == n and t == getattr(kvattn.KVCacheDType, n)
+    assert kvattn.kv_cache_storage_dtype("fp8", "bfloat16") == "fp8_e4m3"
+    assert kvattn.kv_cache_storage_dtype(kvattn.KVCacheDType.auto, "float16") == "float16"
+    for bad in ["bf16", "half", "float32", "FP8"]:
+        with pytest.raises(ValueError, match="auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, nvfp4"):
+            kvattn.parse_kv_cache_dtype(bad)
+    # The planner takes a member or its name and reports the member.
+    plan = kvattn.plan_kv_cache("tiny-llama", gpu_memory="64MiB", kv_cache_dtype="fp8")
+    assert plan.kv_cache_dtype == kvattn.KVCacheDType.fp8 and plan.kv_dtype == "fp8_e4m3"
+    plan = kvattn.plan_kv_cache("tiny-llama", gpu_memory="64MiB", kv_cache_dtype=kvattn.KVCacheDType.fp8_e5m2)
+    assert plan.kv_dtype == "fp8_e5m2"
+    with pytest.raises(ValueError, match="half"):
+        kvattn.plan_kv_cache("tiny-llama", gpu_memory="64MiB", kv_cache_dtype="half")

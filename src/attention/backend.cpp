@@ -90,7 +90,7 @@ bool can_use_trtllm_attention(const BackendConfig& config, int64_t num_qo_heads,
 
 bool use_trtllm_attention(const BackendConfig& config, int64_t num_qo_heads, int64_t num_kv_heads,
                           int64_t num_tokens, int64_t max_seq_len, int64_t dcp_world_size,
-                          std::string_view kv_cache_dtype, DType q_dtype, bool is_prefill,
+                          KVCacheDType kv_cache_dtype, DType q_dtype, bool is_prefill,
                           std::optional<bool> force_use_trtllm, bool has_sinks, bool has_spec) {
   if (force_use_trtllm && !*force_use_trtllm) return false;
   if (dcp_world_size > 1) return false;  // no cross-rank LSE combine in the trtllm prefill
@@ -100,11 +100,11 @@ bool use_trtllm_attention(const BackendConfig& config, int64_t num_qo_heads, int
   if (dtype_is_fp8(q_dtype)) return true;
   if (has_sinks) return true;
   if (!force_use_trtllm) {
-    if (is_prefill) return kv_cache_dtype == "auto";
+    if (is_prefill) return kv_cache_dtype == KVCacheDType::Auto;
     const auto& p = config.platform;
-    if ((p.is_device_capability(90) || p.is_device_capability_family(120)) && kv_cache_dtype.starts_with("fp8"))
+    if ((p.is_device_capability(90) || p.is_device_capability_family(120)) && is_fp8(kv_cache_dtype))
       return true;
-    return num_tokens <= 256 && kv_cache_dtype == "auto";
+    return num_tokens <= 256 && kv_cache_dtype == KVCacheDType::Auto;
   }
   return true;
 }
@@ -114,9 +114,9 @@ std::string AttentionSelectorConfig::str() const {
   return fmt::format(
       "head_size={}, dtype={}, kv_cache_dtype={}, block_size={}, use_mla={}, has_sink={}, use_sparse={}, "
       "use_mm_prefix={}, attn_type={}, sliding_window={}, non_causal={}, batch_invariant={}, dcp={}",
-      head_size, dtype_name(dtype), kv_cache_dtype, block_size ? fmt::format("{}", *block_size) : "None", use_mla,
-      has_sink, use_sparse, use_mm_prefix, attention_type_name(attn_type), has_sliding_window, use_non_causal,
-      use_batch_invariant, use_dcp);
+      head_size, dtype_name(dtype), kv_cache_dtype_name(kv_cache_dtype),
+      block_size ? fmt::format("{}", *block_size) : "None", use_mla, has_sink, use_sparse, use_mm_prefix,
+      attention_type_name(attn_type), has_sliding_window, use_non_causal, use_batch_invariant, use_dcp);
 }
 
 bool AttentionBackend::supports_dtype(DType dtype) const {
@@ -124,7 +124,7 @@ bool AttentionBackend::supports_dtype(DType dtype) const {
   return d.empty() || std::find(d.begin(), d.end(), dtype) != d.end();
 }
 
-bool AttentionBackend::supports_kv_cache_dtype(std::string_view kv_cache_dtype, const BackendConfig&) const {
+bool AttentionBackend::supports_kv_cache_dtype(KVCacheDType kv_cache_dtype, const BackendConfig&) const {
   const auto d = supported_kv_cache_dtypes();
   return d.empty() || std::find(d.begin(), d.end(), kv_cache_dtype) != d.end();
 }
@@ -170,8 +170,9 @@ std::vector<std::string> AttentionBackend::validate_configuration(const Attentio
                                   fmt::join(names, ", ")));
   }
   if (!supports_kv_cache_dtype(sel.kv_cache_dtype, config))
-    reasons.push_back(fmt::format("kv_cache_dtype '{}' not supported on {} (supported: [{}])", sel.kv_cache_dtype,
-                                  config.platform.str(), fmt::join(supported_kv_cache_dtypes(), ", ")));
+    reasons.push_back(fmt::format("kv_cache_dtype '{}' not supported on {} (supported: [{}])",
+                                  kv_cache_dtype_name(sel.kv_cache_dtype), config.platform.str(),
+                                  kv_cache_dtype_names(supported_kv_cache_dtypes())));
   if (sel.block_size && !supports_block_size(*sel.block_size, config))
     reasons.push_back(fmt::format("block_size {} not supported (kernel block sizes: {})", *sel.block_size,
                                   format_kernel_block_sizes(get_supported_kernel_block_sizes(nullptr, config))));

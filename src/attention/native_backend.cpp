@@ -20,13 +20,14 @@ const char* decode_kernel_name(FlashInferDecodeKernel k) noexcept {
 
 // ---------------------------------------------------------------------------------------
 // Traits.
-std::vector<std::string> FlashInferBackend::supported_kv_cache_dtypes() const {
+std::vector<KVCacheDType> FlashInferBackend::supported_kv_cache_dtypes() const {
   // The seed also lists nvfp4 / nvfp4_4over6 (SM100 trtllm-gen only); kvattn has no NVFP4 kernel.
-  return {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"};
+  return {KVCacheDType::Auto, KVCacheDType::Float16, KVCacheDType::BFloat16,
+          KVCacheDType::Fp8,  KVCacheDType::Fp8E4M3, KVCacheDType::Fp8E5M2};
 }
 
-bool FlashInferBackend::supports_kv_cache_dtype(std::string_view kv_cache_dtype, const BackendConfig& config) const {
-  if (kv_cache_dtype.starts_with("nvfp4")) {
+bool FlashInferBackend::supports_kv_cache_dtype(KVCacheDType kv_cache_dtype, const BackendConfig& config) const {
+  if (is_nvfp4(kv_cache_dtype)) {
     // Seed: SM100 family with trtllm prefill and decode.  kvattn routes those paths to its own
     // kernels, which have no NVFP4 format: never supported.
     return false;
@@ -128,11 +129,10 @@ std::shared_ptr<AttentionImpl> FlashInferBackend::make_impl(const AttentionImplP
   return std::make_shared<FlashInferImpl>(params, config);
 }
 
-DType FlashInferBackend::get_dtype_for_flashinfer(std::string_view kv_cache_dtype) {
-  if (kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3") return DType::fp8_e4m3;
-  if (kv_cache_dtype == "fp8_e5m2") return DType::fp8_e5m2;
-  if (kv_cache_dtype.starts_with("nvfp4")) return DType::u8;
-  throw InvalidArgument(fmt::format("Unrecognized dtype: {} (expected fp8, fp8_e4m3, fp8_e5m2 or nvfp4*)", kv_cache_dtype));
+DType FlashInferBackend::get_dtype_for_flashinfer(KVCacheDType kv_cache_dtype) {
+  if (is_quantized(kv_cache_dtype)) return kv_cache_storage_dtype(kv_cache_dtype, DType::u8);
+  throw InvalidArgument(fmt::format("Unrecognized dtype: {} (expected fp8, fp8_e4m3, fp8_e5m2 or nvfp4)",
+                                    kv_cache_dtype_name(kv_cache_dtype)));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ FlashInferImpl::FlashInferImpl(const AttentionImplParams& p, const BackendConfig
     KVATTN_CHECK(*p.sliding_window >= 1, "FlashInferImpl: sliding_window must be >= 1, got {}", *p.sliding_window);
     window_left_ = *p.sliding_window - 1;
   }
-  is_kvcache_nvfp4_ = cache_dtype_.starts_with("nvfp4");
+  is_kvcache_nvfp4_ = is_nvfp4(cache_dtype_);
   if (p.attn_type != AttentionType::DECODER)
     throw Unsupported("Encoder self-attention and encoder/decoder cross-attention are not implemented for "
                       "FlashInferImpl");
@@ -180,7 +180,7 @@ FlashInferImpl::FlashInferImpl(const AttentionImplParams& p, const BackendConfig
   }
   // Query pre-quantisation needs one dtype for the whole query: SM100 trtllm-gen only.
   supports_quant_query_input_ = can_use_trtllm_attention(config, num_heads_, num_kv_heads_, false) &&
-                                is_quantized_kv_cache(cache_dtype_) &&
+                                is_quantized(cache_dtype_) &&
                                 config.platform.is_device_capability_family(100) &&
                                 !config.attention_config.disable_flashinfer_q_quantization;
   dcp_a2a_ = config.decode_context_parallel_size > 1 && config.dcp_comm_backend == "a2a";
@@ -210,18 +210,29 @@ std::pair<Tensor, Tensor> FlashInferImpl::split_kv(const Tensor& kv_cache) const
   Tensor kv = kv_cache;
   if (kv.dtype() == DType::u8) {
     // fp8 caches may be stored as bytes: view them with their logical dtype.
-    KVATTN_CHECK(cache_dtype_.starts_with("fp8"), "FlashInferImpl: a uint8 KV cache needs an fp8 kv_cache_dtype, got '{}'",
-                 cache_dtype_);
+    KVATTN_CHECK(is_fp8(cache_dtype_), "FlashInferImpl: a uint8 KV cache needs an fp8 kv_cache_dtype, got '{}'",
+                 kv_cache_dtype_name(cache_dtype_));
     kv = kv.view_as(FlashInferBackend::get_dtype_for_flashinfer(cache_dtype_));
   }
   return ops::split_kv_cache_layer_view(kv, head_size_);
+}
+
+ops::AttentionOptions FlashInferImpl::layer_options(bool causal, double q_scale) const {
+  ops::AttentionOptions o;
+  o.causal = causal;
+  o.window_left = window_left_;
+  o.logits_soft_cap = logits_soft_cap_.value_or(0.0);
+  o.sm_scale = scale_;
+  o.q_scale = q_scale;
+  o.sinks = sinks_;
+  return o;
 }
 
 AttentionRunArgs FlashInferImpl::run_args(const AttentionLayer& layer, DType q_dtype) const {
   AttentionRunArgs a;
   // Scales dequantise: the query's only when it was quantised, the cache's only when fp8.
   a.q_scale = dtype_is_fp8(q_dtype) ? layer.q_scale_float : 1.0;
-  const bool fp8_cache = cache_dtype_.starts_with("fp8");
+  const bool fp8_cache = is_fp8(cache_dtype_);
   a.k_scale = fp8_cache ? layer.k_scale_float : 1.0;
   a.v_scale = fp8_cache ? layer.v_scale_float : 1.0;
   a.sinks = sinks_;
@@ -316,13 +327,8 @@ void FlashInferImpl::run_prefill(const FlashInferMetadata& md, const AttentionLa
   a.qo_indptr = tp.cum_seq_lens_q;
   a.seq_lens = tp.seq_lens;
   a.out = out;
-  a.causal = true;
-  a.window_left = window_left_;
-  a.logits_soft_cap = logits_soft_cap_.value_or(0.0);
-  a.sm_scale = scale_;
-  a.q_scale = args.q_scale;
-  a.sinks = sinks_;
-  if (!dtype_is_fp8(md.q_data_type_prefill) && cache_dtype_.starts_with("fp8")) {
+  a.options() = layer_options(/*causal=*/true, args.q_scale);
+  if (!dtype_is_fp8(md.q_data_type_prefill) && is_fp8(cache_dtype_)) {
     // The trtllm prefill takes no BF16-Q with an fp8 cache: dequantise the pages it reads into
     // a scratch cache (page 0 reserved) and run on that.
     const int64_t R = tp.block_tables.size(0), P = tp.block_tables.size(1);
@@ -408,14 +414,9 @@ void FlashInferImpl::run_decode(const FlashInferMetadata& md, const AttentionLay
     a.out = o;
     a.lse = ra.lse;
     a.lse_base = ra.lse_base;
-    a.causal = md.causal;
-    a.window_left = window_left_;
-    a.logits_soft_cap = logits_soft_cap_.value_or(0.0);
-    a.sm_scale = scale_;
-    a.q_scale = ra.q_scale;
+    a.options() = layer_options(md.causal, ra.q_scale);
     a.k_scale = ra.k_scale;
     a.v_scale = ra.v_scale;
-    a.sinks = sinks_;
     if (d.kernel == FlashInferDecodeKernel::XQA) a.xqa_draft_mask = d.mask;
     a.plan = d.plan;
     ops::paged_attention(a);

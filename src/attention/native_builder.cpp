@@ -123,15 +123,15 @@ FlashInferMetadataBuilder::FlashInferMetadataBuilder(std::shared_ptr<const Atten
   // KV cache dtype of this group.
   if (spec.kv_quant_mode() != KVQuantMode::NONE) {
     cache_dtype_ = config_.cache_dtype;
-    is_kvcache_nvfp4_ = cache_dtype_.starts_with("nvfp4");
+    is_kvcache_nvfp4_ = is_nvfp4(cache_dtype_);
     if (is_kvcache_nvfp4_)
       throw Unsupported(fmt::format(
           "--kv-cache-dtype {} needs the SM100 trtllm-gen NVFP4 KV path; kvattn has no NVFP4 KV kernel. Use "
           "--kv-cache-dtype fp8 (or auto).",
-          cache_dtype_));
+          kv_cache_dtype_name(cache_dtype_)));
     kv_cache_dtype_ = FlashInferBackend::get_dtype_for_flashinfer(cache_dtype_);
   } else {
-    cache_dtype_ = "auto";
+    cache_dtype_ = KVCacheDType::Auto;
     KVATTN_CHECK(spec.dtype() == config_.model_dtype,
                  "FlashInferMetadataBuilder: an unquantised KV cache must have the model dtype ({}), got {}",
                  dtype_name(config_.model_dtype), dtype_name(spec.dtype()));
@@ -216,15 +216,15 @@ DType FlashInferMetadataBuilder::get_q_data_type(bool is_prefill) const {
   const auto& p = config_.platform;
   const bool xqa_arch = p.is_device_capability(90) || p.is_device_capability_family(120);
   // XQA decode on SM90/SM12x needs BF16/FP16-Q even with an fp8 KV cache.
-  if (xqa_arch && !is_prefill && force_use_trtllm_attention(config_) != false && cache_dtype_.starts_with("fp8"))
+  if (xqa_arch && !is_prefill && force_use_trtllm_attention(config_) != false && is_fp8(cache_dtype_))
     return config_.model_dtype;
-  if (cache_dtype_.starts_with("fp8")) {
+  if (is_fp8(cache_dtype_)) {
     // FP8-Q needs an fp8 tensor-core path (SM90 prefill, SM100); elsewhere keep the model dtype.
     if (p.is_device_capability(90) || p.is_device_capability_family(100))
       return FlashInferBackend::get_dtype_for_flashinfer(cache_dtype_);
     return config_.model_dtype;
   }
-  if (cache_dtype_.starts_with("nvfp4")) return DType::fp8_e4m3;
+  if (is_nvfp4(cache_dtype_)) return DType::fp8_e4m3;
   return kv_cache_spec_->dtype();
 }
 
@@ -558,7 +558,7 @@ void FlashInferMetadataBuilder::plan_trtllm_prefill(const StepPlan& s, const Com
   for (int64_t r = 0; r < np; ++r)
     max_q_len = std::max<int64_t>(max_q_len, s.qo_indptr_cpu[start + r + 1] - s.qo_indptr_cpu[start + r]);
   Tensor block_tables = cm.block_table_tensor.narrow(0, start, np);
-  if (!dtype_is_fp8(q_data_type_prefill_) && cache_dtype_.starts_with("fp8")) {
+  if (!dtype_is_fp8(q_data_type_prefill_) && is_fp8(cache_dtype_)) {
     // The fp8 -> bf16 dequantisation allocates one page per table entry: keep only the columns used.
     const int64_t cols = std::min<int64_t>(cdiv(max_prefill_seq_len, page_size_), block_tables.size(1));
     block_tables = block_tables.narrow(1, 0, std::max<int64_t>(cols, 1));

@@ -33,14 +33,22 @@ void check_query(const Tensor& q, const AttentionPlanParams& p, const char* who)
                q.str());
 }
 
+ops::AttentionOptions run_options(const AttentionPlanParams& p, const AttentionRunArgs& r) {
+  ops::AttentionOptions o;
+  o.causal = p.causal;
+  o.window_left = p.window_left;
+  o.logits_soft_cap = p.logits_soft_cap;
+  o.sm_scale = p.sm_scale;
+  o.q_scale = r.q_scale;
+  o.sinks = r.sinks;
+  return o;
+}
+
+// The planned options plus this call's scales, sinks and LSE output (causal: the plan's).
 void fill_run_options(ops::PagedAttentionArgs& a, const AttentionPlanParams& p, const AttentionRunArgs& r) {
-  a.window_left = p.window_left;
-  a.logits_soft_cap = p.logits_soft_cap;
-  a.sm_scale = p.sm_scale;
-  a.q_scale = r.q_scale;
+  a.options() = run_options(p, r);
   a.k_scale = r.k_scale;
   a.v_scale = r.v_scale;
-  a.sinks = r.sinks;
   a.lse = r.lse;
   a.lse_base = r.lse_base;
 }
@@ -204,8 +212,8 @@ void BatchDecodeWrapper::run(const Tensor& query, const Tensor& k_cache, const T
   a.paged_kv_indices = kv_.indices;
   a.paged_kv_last_page_len = kv_.last_page_len;
   a.out = out;
-  a.causal = true;
   fill_run_options(a, params_, args);
+  a.causal = true;
   a.plan = &kept_;
   a.kv_lengths = kv_hint_;
   a.max_query_len = 1;  // one row per request (qo_arange)
@@ -254,7 +262,6 @@ void BatchPrefillWrapper::run(const Tensor& query, const Tensor& k_cache, const 
   a.paged_kv_indices = kv_.indices;
   a.paged_kv_last_page_len = kv_.last_page_len;
   a.out = out;
-  a.causal = params_.causal;
   fill_run_options(a, params_, args);
   a.plan = &kept_;
   ops::paged_attention(a);
@@ -309,8 +316,8 @@ void BatchRaggedPrefillWrapper::run(const Tensor& query, const Tensor& key, cons
   a.paged_kv_indices = token_arange_.narrow(0, 0, std::max<int64_t>(num_tokens_, 1));
   a.paged_kv_last_page_len = last_page_len_.gpu_rows(batch);
   a.out = out;
-  a.causal = true;
   fill_run_options(a, params_, args);
+  a.causal = true;
   a.k_scale = 1.0;  // the new tokens are unquantised
   a.v_scale = 1.0;
   a.plan = &kept_;
@@ -345,9 +352,8 @@ void CascadeWrapper::run(const Tensor& query, const Tensor& k_cache, const Tenso
   a.paged_kv_indices = kv_.indices;
   a.paged_kv_last_page_len = kv_.last_page_len;
   a.out = out;
-  a.logits_soft_cap = params_.logits_soft_cap;
-  a.sm_scale = params_.sm_scale;
-  a.q_scale = args.q_scale;
+  a.options() = run_options(params_, args);
+  a.causal = true;  // each request's own pages; the shared prefix is seen by every row
   a.k_scale = args.k_scale;
   a.v_scale = args.v_scale;
   ops::cascade_attention(a);

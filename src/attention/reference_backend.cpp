@@ -107,11 +107,9 @@ ReferenceImpl::ReferenceImpl(const AttentionImplParams& params) : p_(params) {
 void ReferenceImpl::do_kv_cache_update(const AttentionLayer& layer, const Tensor& key, const Tensor& value,
                                        const Tensor& kv_cache, const Tensor& slot_mapping) {
   if (p_.kv_sharing_target_layer_name) return;
-  Tensor kv = kv_cache.dtype() == DType::u8 ? kv_cache.view_as(ops::parse_kv_cache_dtype(p_.kv_cache_dtype) ==
-                                                                       ops::KVCacheDType::Fp8E5M2
-                                                                   ? DType::fp8_e5m2
-                                                                   : DType::fp8_e4m3)
-                                            : kv_cache;
+  Tensor kv = kv_cache.dtype() == DType::u8 && is_fp8(p_.kv_cache_dtype)
+                  ? kv_cache.view_as(kv_cache_storage_dtype(p_.kv_cache_dtype, DType::u8))
+                  : kv_cache;
   auto [k, v] = ops::split_kv_cache_layer_view(kv, p_.head_size);
   ops::reshape_and_cache_flash(key, value, k, v, slot_mapping, p_.kv_cache_dtype, layer.k_scale, layer.v_scale);
 }
@@ -127,11 +125,9 @@ Tensor ReferenceImpl::forward(const AttentionLayer& layer, const Tensor& query, 
                "ReferenceImpl.forward: metadata built by backend {}", metadata->backend_name());
   if (output_scale.defined()) throw Unsupported("REFERENCE backend: output quantisation is not supported");
   const auto& md = static_cast<const ReferenceMetadata&>(*metadata);
-  Tensor kv = kv_cache.dtype() == DType::u8 ? kv_cache.view_as(ops::parse_kv_cache_dtype(p_.kv_cache_dtype) ==
-                                                                       ops::KVCacheDType::Fp8E5M2
-                                                                   ? DType::fp8_e5m2
-                                                                   : DType::fp8_e4m3)
-                                            : kv_cache;
+  Tensor kv = kv_cache.dtype() == DType::u8 && is_fp8(p_.kv_cache_dtype)
+                  ? kv_cache.view_as(kv_cache_storage_dtype(p_.kv_cache_dtype, DType::u8))
+                  : kv_cache;
   auto [kc, vc] = ops::split_kv_cache_layer_view(kv, p_.head_size);  // [B, N, H, D]
   const bool fp8 = dtype_is_fp8(kc.dtype());
   const double ks = fp8 ? layer.k_scale_float : 1.0, vs = fp8 ? layer.v_scale_float : 1.0;

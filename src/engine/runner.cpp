@@ -20,6 +20,7 @@
 #include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/engine/scheduler.h"
 #include "kvattn/kv/allocate.h"
+#include "kvattn/kv/attention_group.h"
 #include "kvattn/kv/block_size.h"
 #include "kvattn/kv/kv_block_zeroer.h"
 #include "kvattn/kv/model_config.h"
@@ -107,7 +108,19 @@ class Runner {
   RunStats run(const std::function<void(const RunProgress&)>& on_step);
 
  private:
+  // setup() runs these phases in order; each reads what the earlier ones left in the members.
   void setup();
+  void load_model();              // model_: the preset or config.json, --num-layers applied
+  void check_dcp_geometry() const;  // --dcp divides the query heads into whole GQA groups
+  void plan_kv();                 // plan_, kv_dtype_: plan_kv_cache over the run's options
+  void setup_dcp_transport();     // nccl_group_ or in_process_group_ (DCP only)
+  void configure_backends();      // backend_cfg_, ref_cfg_, the two backends
+  void choose_kernel_block_sizes();  // kernel_block_sizes_: kv::prepare_kernel_block_sizes
+  void setup_layers();            // layers_ and their reference twins
+  void setup_ranks();             // ranks_: KV cache, native layers and builders per device
+  void setup_groups();            // groups_: batches, reference builders, sample preparers
+  void setup_scheduler();         // scheduler_ over the plan's one block pool
+  void fill_run_stats();          // stats_: what the run serves with
   void setup_rank(RankState& rs, const std::vector<int64_t>& kernel_block_sizes, const AttentionBackendPtr& backend);
   void setup_shadow_cache(const std::vector<std::string>& attention_layers);
   void update_batches(const SchedulerOutput& out);
@@ -141,7 +154,11 @@ class Runner {
   const Trace& trace_;
   ModelConfig model_;
   KVPlan plan_;
+  BackendConfig backend_cfg_;  // the native backend's configuration (each rank adapts a copy)
   BackendConfig ref_cfg_;
+  AttentionBackendPtr native_backend_, ref_backend_;
+  std::vector<int64_t> kernel_block_sizes_;       // per KV cache group of the plan
+  std::vector<std::string> attention_layers_;     // names of layers_, model order
   LayerRegistry ref_registry_;
   std::vector<LayerState> layers_;
   std::vector<GroupState> groups_;
@@ -161,6 +178,20 @@ class Runner {
 };
 
 void Runner::setup() {
+  load_model();
+  check_dcp_geometry();
+  plan_kv();
+  setup_dcp_transport();
+  configure_backends();
+  choose_kernel_block_sizes();
+  setup_layers();
+  setup_ranks();
+  setup_groups();
+  setup_scheduler();
+  fill_run_stats();
+}
+
+void Runner::load_model() {
   model_ = load_model_config(cfg_.model);
   if (cfg_.num_layers) {
     KVATTN_CHECK(*cfg_.num_layers >= 1 && *cfg_.num_layers <= model_.num_hidden_layers,
@@ -170,28 +201,33 @@ void Runner::setup() {
     model_.layer_kinds.resize(static_cast<size_t>(*cfg_.num_layers));
     if (model_.num_layers_of(ModelLayerKind::mamba) == 0) model_.mamba.reset();
   }
-  if (W() > 1) {
-    // Each rank serves num_attention_heads / dcp query heads against all num_key_value_heads
-    // KV heads, so that share must itself be a multiple of the KV heads (GQA groups stay whole).
-    std::vector<int64_t> valid;
-    for (int64_t w = 1; w <= model_.num_attention_heads; ++w)
-      if (model_.num_attention_heads % w == 0 && (model_.num_attention_heads / w) % model_.num_key_value_heads == 0)
-        valid.push_back(w);
-    KVATTN_CHECK(model_.num_attention_heads % W() == 0,
-                 "--dcp {}: the model's {} query heads must divide over the DCP ranks (each rank serves "
-                 "num_attention_heads / dcp of them); valid --dcp values divide {}: {}",
-                 W(), model_.num_attention_heads, model_.num_attention_heads, fmt::join(valid, ", "));
-    KVATTN_CHECK((model_.num_attention_heads / W()) % model_.num_key_value_heads == 0,
-                 "--dcp {}: each rank would serve num_attention_heads / dcp = {} / {} = {} query heads, which must be a "
-                 "multiple of the model's num_key_value_heads ({}; every rank holds all KV heads); valid --dcp values "
-                 "for {}: {}",
-                 W(), model_.num_attention_heads, W(), model_.num_attention_heads / W(), model_.num_key_value_heads,
-                 model_.name, fmt::join(valid, ", "));
-    KVATTN_CHECK(model_.num_layers_of(ModelLayerKind::sliding_window) == 0 && !model_.mamba,
-                 "--dcp {}: model {} has sliding-window or Mamba layers; decode context parallelism serves "
-                 "full-attention models only (vLLM's FlashInfer backend rejects sliding windows with DCP)",
-                 W(), model_.name);
-  }
+}
+
+void Runner::check_dcp_geometry() const {
+  if (W() == 1) return;
+  // Each rank serves num_attention_heads / dcp query heads against all num_key_value_heads
+  // KV heads, so that share must itself be a multiple of the KV heads (GQA groups stay whole).
+  std::vector<int64_t> valid;
+  for (int64_t w = 1; w <= model_.num_attention_heads; ++w)
+    if (model_.num_attention_heads % w == 0 && (model_.num_attention_heads / w) % model_.num_key_value_heads == 0)
+      valid.push_back(w);
+  KVATTN_CHECK(model_.num_attention_heads % W() == 0,
+               "--dcp {}: the model's {} query heads must divide over the DCP ranks (each rank serves "
+               "num_attention_heads / dcp of them); valid --dcp values divide {}: {}",
+               W(), model_.num_attention_heads, model_.num_attention_heads, fmt::join(valid, ", "));
+  KVATTN_CHECK((model_.num_attention_heads / W()) % model_.num_key_value_heads == 0,
+               "--dcp {}: each rank would serve num_attention_heads / dcp = {} / {} = {} query heads, which must be a "
+               "multiple of the model's num_key_value_heads ({}; every rank holds all KV heads); valid --dcp values "
+               "for {}: {}",
+               W(), model_.num_attention_heads, W(), model_.num_attention_heads / W(), model_.num_key_value_heads,
+               model_.name, fmt::join(valid, ", "));
+  KVATTN_CHECK(model_.num_layers_of(ModelLayerKind::sliding_window) == 0 && !model_.mamba,
+               "--dcp {}: model {} has sliding-window or Mamba layers; decode context parallelism serves "
+               "full-attention models only (vLLM's FlashInfer backend rejects sliding windows with DCP)",
+               W(), model_.name);
+}
+
+void Runner::plan_kv() {
   PlanOptions po;
   po.block_size = cfg_.block_size;
   po.kv_cache_dtype = cfg_.kv_cache_dtype;
@@ -206,28 +242,31 @@ void Runner::setup() {
                  "--dcp-interleave {} must divide the KV cache block size {} (each block holds whole interleave runs "
                  "of every rank's tokens); valid values are the divisors of {}, e.g. 1 or {}",
                  cfg_.dcp_interleave, plan_.block_size, plan_.block_size, plan_.block_size);
-  const Device dev = cfg_.device;
+}
 
-  // ---- the DCP transport ----------------------------------------------------------------
-  const bool use_nccl = W() > 1 && (cfg_.dcp_transport == "nccl" || (cfg_.dcp_transport == "auto" && dev.is_cuda()));
+void Runner::setup_dcp_transport() {
+  const bool use_nccl =
+      W() > 1 && (cfg_.dcp_transport == "nccl" || (cfg_.dcp_transport == "auto" && cfg_.device.is_cuda()));
   if (use_nccl) {
-    KVATTN_CHECK(dev.is_cuda(), "--dcp-transport nccl needs --device cuda, got {}", dev.str());
+    KVATTN_CHECK(cfg_.device.is_cuda(), "--dcp-transport nccl needs --device cuda, got {}", cfg_.device.str());
     const int n = cuda::device_count();
-    KVATTN_CHECK(dev.index + W() <= n,
+    KVATTN_CHECK(cfg_.device.index + W() <= n,
                  "--dcp {} on {} needs GPUs cuda:{}..cuda:{} (one per rank), but this machine has {}; lower --dcp, "
                  "or use --dcp-transport in-process (every rank on one GPU)",
-                 W(), dev.str(), dev.index, dev.index + W() - 1, n);
+                 W(), cfg_.device.str(), cfg_.device.index, cfg_.device.index + W() - 1, n);
     std::vector<int> devices;
-    for (int r = 0; r < W(); ++r) devices.push_back(dev.index + r);
+    for (int r = 0; r < W(); ++r) devices.push_back(cfg_.device.index + r);
     nccl_group_ = std::make_unique<NcclDcpGroup>(devices);  // Unsupported without NCCL
     stats_.dcp_transport = nccl_group_->describe();
   } else if (W() > 1) {
     in_process_group_ = std::make_unique<InProcessDcpGroup>(W());
-    stats_.dcp_transport = fmt::format("in-process, {} ranks as threads on {}", W(), dev.str());
+    stats_.dcp_transport = fmt::format("in-process, {} ranks as threads on {}", W(), cfg_.device.str());
   }
+}
 
-  // ---- backend configuration ------------------------------------------------------------
-  BackendConfig bc;
+void Runner::configure_backends() {
+  const Device dev = cfg_.device;
+  BackendConfig& bc = backend_cfg_;
   bc.platform.device = dev;
   if (dev.is_cuda()) {
     const int cc = cuda::compute_capability(dev.index);
@@ -244,29 +283,36 @@ void Runner::setup() {
   bc.max_num_seqs = cfg_.max_num_seqs;
   bc.max_num_batched_tokens = cfg_.max_num_batched_tokens;
   bc.cache_dtype = cfg_.kv_cache_dtype;
-  bc.cache_config.kv_cache_layout = layout_name(plan_.layout);
+  bc.cache_config.kv_cache_layout = plan_.layout;
   bc.flashinfer_workspace_buffer_size = 0;
   ref_cfg_ = bc;
   ref_cfg_.platform.device = Device::cpu();
   ref_cfg_.platform.capability.reset();
   ref_cfg_.layers = &ref_registry_;
-  AttentionBackendPtr native_backend = AttentionBackendRegistry::global().get(cfg_.backend);
-  AttentionBackendPtr ref_backend = AttentionBackendRegistry::global().get("REFERENCE");
+  native_backend_ = AttentionBackendRegistry::global().get(cfg_.backend);
+  ref_backend_ = AttentionBackendRegistry::global().get("REFERENCE");
+}
 
-  // Kernel block size per group: the manager's when the backend takes it, else the largest
-  // size it takes that divides it (virtual block splitting, vLLM's select_common_block_size).
-  const BlockSizeBackend bsb = native_backend->block_size_backend(bc);
-  std::vector<int64_t> kernel_block_sizes;
-  for (const auto& gs : plan_.config.kv_cache_groups) {
-    const KVCacheSpec* spec = gs.kv_cache_spec.get();
-    kernel_block_sizes.push_back(as_attention_spec(plan_.config.layer_spec(gs.layer_names.front()))
-                                     ? select_common_block_size(spec->block_size(), {&bsb}, {spec})
-                                     : spec->block_size());
+void Runner::choose_kernel_block_sizes() {
+  // One size per KV cache group (vLLM's prepare_kernel_block_sizes): an attention group takes
+  // the manager's block size when the backend accepts it, else the largest size it accepts that
+  // divides it (virtual block splitting); block-outermost packed groups and Mamba keep theirs.
+  const BlockSizeBackend bsb = native_backend_->block_size_backend(backend_cfg_);
+  const auto& kv_groups = plan_.config.kv_cache_groups;
+  std::vector<std::vector<AttentionGroup>> attn_groups(kv_groups.size());
+  for (size_t gid = 0; gid < kv_groups.size(); ++gid) {
+    AttentionGroup g;
+    g.backend = &bsb;
+    g.layer_names = kv_groups[gid].layer_names;
+    g.kv_cache_spec = kv_groups[gid].kv_cache_spec;
+    g.kv_cache_group_id = static_cast<int64_t>(gid);
+    attn_groups[gid].push_back(std::move(g));
   }
+  kernel_block_sizes_ = prepare_kernel_block_sizes(plan_.config, attn_groups);
+}
 
-  // ---- layers and their reference twins -----------------------------------------------
+void Runner::setup_layers() {
   const double scale = 1.0 / std::sqrt(static_cast<double>(model_.head_dim));
-  std::vector<std::string> attention_layers;
   layers_.reserve(plan_.layer_specs.size());
   for (size_t i = 0; i < plan_.layer_specs.size(); ++i) {
     const auto& ls = plan_.layer_specs[i];
@@ -275,7 +321,7 @@ void Runner::setup() {
     st.name = ls.layer_name;
     st.model_index = static_cast<int64_t>(i);
     st.sliding = model_.layer_kinds[i] == ModelLayerKind::sliding_window;
-    attention_layers.push_back(st.name);
+    attention_layers_.push_back(st.name);
     layers_.push_back(std::move(st));
   }
   KVATTN_CHECK(!layers_.empty(), "model {} has no attention layers to serve", model_.name);
@@ -287,20 +333,25 @@ void Runner::setup() {
     p.num_kv_heads = model_.num_key_value_heads;
     if (st.sliding) p.sliding_window = model_.sliding_window;
     p.kv_cache_dtype = cfg_.kv_cache_dtype;
-    auto ri = ref_backend->make_impl(p, ref_cfg_);
+    auto ri = ref_backend_->make_impl(p, ref_cfg_);
     ri->process_weights_after_loading(model_.dtype);
     st.reference = AttentionLayer::make(st.name, ri, Device::cpu());
   }
   for (auto& st : layers_) ref_registry_.add(&st.reference);
+  // The checked layer's full output rows (every rank writes its heads).
+  const int64_t T = cfg_.max_num_batched_tokens, Hq = model_.num_attention_heads, D = model_.head_dim;
+  check_out_ = Tensor::empty({T, Hq, D}, model_.dtype);
+}
 
-  // ---- ranks: KV cache, native layers and builders per device ----------------------------
+void Runner::setup_ranks() {
+  const Device dev = cfg_.device;
   ranks_.resize(static_cast<size_t>(W()));
   for (int64_t r = 0; r < W(); ++r) {
     RankState& rs = ranks_[static_cast<size_t>(r)];
     rs.rank = r;
     rs.device = nccl_group_ ? Device::cuda(dev.index + static_cast<int>(r)) : dev;
     rs.comm = nccl_group_ ? &nccl_group_->communicator(r) : in_process_group_ ? &in_process_group_->communicator(r) : nullptr;
-    rs.cfg = bc;
+    rs.cfg = backend_cfg_;
     rs.cfg.platform.device = rs.device;
     rs.cfg.num_attention_heads = model_.num_attention_heads / W();
     rs.cfg.decode_context_parallel_size = W();
@@ -308,14 +359,15 @@ void Runner::setup() {
     rs.cfg.cp_kv_cache_interleave_size = cfg_.dcp_interleave;
     rs.cfg.dcp_comm_backend = cfg_.dcp_comm_backend;
     rs.cfg.layers = &rs.registry;
-    setup_rank(rs, kernel_block_sizes, native_backend);
+    setup_rank(rs, kernel_block_sizes_, native_backend_);
   }
-  if (W() > 1 && cfg_.check_every > 0) setup_shadow_cache(attention_layers);
+  if (W() > 1 && cfg_.check_every > 0) setup_shadow_cache(attention_layers_);
   for (auto& st : layers_)
     if (!st.reference_cache.defined())
       st.reference_cache = ranks_[0].kv_cache[static_cast<size_t>(&st - layers_.data())];
+}
 
-  // ---- groups ------------------------------------------------------------------------
+void Runner::setup_groups() {
   const auto& cfg_groups = plan_.config.kv_cache_groups;
   for (size_t gi = 0, out_gi = 0; gi < cfg_groups.size(); ++gi) {
     const auto& gs = cfg_groups[gi];
@@ -334,15 +386,15 @@ void Runner::setup() {
     // The reference reads blocks of block_size tokens, or of block_size * W in the DCP shadow.
     KVCacheSpecPtr ref_spec = W() > 1 ? gs.kv_cache_spec->copy_with_new_block_size(g.spec->block_size() * W())
                                       : gs.kv_cache_spec;
-    const int64_t ref_kernel_block = W() > 1 ? g.spec->block_size() * W() : kernel_block_sizes[gi];
-    g.reference = std::make_unique<AttentionGroupBuilders>(ref_backend, names, ref_spec, static_cast<int64_t>(gi),
+    const int64_t ref_kernel_block = W() > 1 ? g.spec->block_size() * W() : kernel_block_sizes_[gi];
+    g.reference = std::make_unique<AttentionGroupBuilders>(ref_backend_, names, ref_spec, static_cast<int64_t>(gi),
                                                            ref_cfg_);
     g.reference->create_metadata_builders(ref_kernel_block, 1);
     AttentionGroupBuilders& native0 = *ranks_[0].builders[out_gi];
     reorder_threshold_ = static_cast<int32_t>(
         std::max<int64_t>(reorder_threshold_, native0.get_metadata_builder().reorder_batch_threshold().value_or(1)));
     // InputBatch rows hold manager blocks; the group maps them to kernel blocks at build time.
-    const int64_t width = native0.block_table_width() * kernel_block_sizes[gi] / g.spec->block_size();
+    const int64_t width = native0.block_table_width() * kernel_block_sizes_[gi] / g.spec->block_size();
     g.batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
     g.sample_batch = std::make_unique<InputBatch>(cfg_.max_num_seqs, width);
     const BatchPreparerConfig pc = preparer_config(g.spec->block_size() * W(), Device::cpu());
@@ -351,8 +403,9 @@ void Runner::setup() {
     groups_.push_back(std::move(g));
     ++out_gi;
   }
+}
 
-  // ---- scheduler: every KV cache group draws its blocks from the plan's one pool -----------
+void Runner::setup_scheduler() {
   SchedulerConfig sc = make_scheduler_config(plan_, cfg_.max_num_seqs, cfg_.max_num_batched_tokens, W(),
                                              cfg_.prefix_sharing);
   sc.reserve_to_finish = cfg_.admission == "reserve";
@@ -360,12 +413,11 @@ void Runner::setup() {
   for (const auto& r : scheduler_->requests())
     if (r.state == RequestState::Rejected) stats_.rejected.push_back(r.reject_reason);
   row_of_req_.assign(trace_.requests.size(), -1);
+}
 
-  const int64_t T = cfg_.max_num_batched_tokens, Hq = model_.num_attention_heads, D = model_.head_dim;
-  check_out_ = Tensor::empty({T, Hq, D}, model_.dtype);
-
+void Runner::fill_run_stats() {
   stats_.model = model_.name;
-  stats_.device = dev.str();
+  stats_.device = cfg_.device.str();
   stats_.layout = layout_name(plan_.layout);
   stats_.kv_cache_dtype = dtype_name(kv_dtype_);
   stats_.backend = cfg_.backend;

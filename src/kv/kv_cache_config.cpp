@@ -232,7 +232,7 @@ KVCacheConfig materialize_kv_cache_config(const std::vector<KVCacheGroupSpec>& g
   KVCacheConfig cfg;
   cfg.num_blocks = num_blocks;
   cfg.kv_cache_groups = groups;
-  cfg.kv_cache_layout = std::string(layout_name(layout));
+  cfg.kv_cache_layout = layout;
   for (const auto& g : groups) {
     // Layers of the group with equal specs share one tensor (first-appearance order).
     std::vector<std::pair<KVCacheSpecPtr, std::vector<std::string>>> by_spec;
@@ -294,7 +294,7 @@ Result<KVCacheConfig> get_kv_cache_config_from_groups(const std::vector<KVCacheG
   KVATTN_CHECK(available_memory >= 0, "available KV cache memory must be >= 0 bytes, got {}", available_memory);
   if (groups.empty()) {
     KVCacheConfig cfg;
-    cfg.kv_cache_layout = std::string(layout_name(layout));
+    cfg.kv_cache_layout = layout;
     return cfg;
   }
   validate_kv_cache_config(layout, groups);

@@ -104,6 +104,11 @@ KVCacheLayout layout_from_name(std::string_view name) {
       name, all_layout_names()));
 }
 
+std::optional<KVCacheLayout> parse_layout_option(std::string_view name) {
+  if (name == "auto") return std::nullopt;
+  return layout_from_name(name);
+}
+
 const char* get_flashinfer_layout_string(KVCacheLayout layout) {
   const char* s = info(layout).flashinfer;
   if (s == nullptr)
@@ -158,18 +163,21 @@ KVCacheLayout CacheConfig::get_resolved_kv_cache_layout() const {
         "KV cache layout has not been resolved yet; it is resolved once by the engine core "
         "(resolve_kv_cache_layout) unless explicitly set by the user (CacheConfig::kv_cache_layout "
         "or record_kv_cache_layout).");
-  return layout_from_name(*kv_cache_layout);
+  return *kv_cache_layout;
 }
 
-void record_kv_cache_layout(CacheConfig& cache_config, std::string_view name) {
-  KVCacheLayout layout = layout_from_name(name);
+void record_kv_cache_layout(CacheConfig& cache_config, KVCacheLayout layout) {
   const auto& existing = cache_config.kv_cache_layout;
-  if (existing.has_value() && *existing != layout_name(layout))
+  if (existing.has_value() && *existing != layout)
     throw InvalidArgument(fmt::format(
         "KV cache layout is already resolved to {}; cannot change it to {}. The layout is final once "
         "resolved; use a fresh CacheConfig to pick another",
-        *existing, layout_name(layout)));
-  cache_config.kv_cache_layout = std::string(layout_name(layout));
+        layout_name(*existing), layout_name(layout)));
+  cache_config.kv_cache_layout = layout;
+}
+
+void record_kv_cache_layout(CacheConfig& cache_config, std::string_view name) {
+  record_kv_cache_layout(cache_config, layout_from_name(name));
 }
 
 KVCacheLayout resolve_kv_cache_layout(CacheConfig& cache_config,
@@ -177,10 +185,8 @@ KVCacheLayout resolve_kv_cache_layout(CacheConfig& cache_config,
                                       const std::vector<KVCacheSpecPtr>& kv_cache_specs,
                                       const std::optional<std::string>& requested_layout,
                                       const std::optional<std::string>& connector_layout) {
-  // 1. A preset layout wins outright.
+  // 1. A preset layout wins outright (before the names are read, as vLLM does).
   if (cache_config.kv_cache_layout.has_value()) return cache_config.get_resolved_kv_cache_layout();
-
-  // 2. Every worker reports a non-empty list.
   bool all_non_empty = std::all_of(supported_layouts.begin(), supported_layouts.end(),
                                    [](const auto& l) { return !l.empty(); });
   KVATTN_CHECK(!supported_layouts.empty() && all_non_empty,
@@ -193,6 +199,28 @@ KVCacheLayout resolve_kv_cache_layout(CacheConfig& cache_config,
     for (const auto& n : names) l.push_back(layout_from_name(n));
     reported.push_back(std::move(l));
   }
+  auto parse = [](const std::optional<std::string>& n) {
+    return n ? std::optional<KVCacheLayout>(layout_from_name(*n)) : std::nullopt;
+  };
+  return resolve_kv_cache_layout(cache_config, reported, kv_cache_specs, parse(requested_layout),
+                                 parse(connector_layout));
+}
+
+KVCacheLayout resolve_kv_cache_layout(CacheConfig& cache_config, const std::vector<LayoutList>& reported,
+                                      const std::vector<KVCacheSpecPtr>& kv_cache_specs,
+                                      std::optional<KVCacheLayout> requested_layout,
+                                      std::optional<KVCacheLayout> connector_layout) {
+  // 1. A preset layout wins outright.
+  if (cache_config.kv_cache_layout.has_value()) return cache_config.get_resolved_kv_cache_layout();
+
+  // 2. Every worker reports a non-empty list.
+  std::vector<std::vector<std::string>> supported_layouts;  // for messages
+  for (const auto& l : reported) supported_layouts.push_back(layout_names(l));
+  bool all_non_empty = std::all_of(reported.begin(), reported.end(), [](const auto& l) { return !l.empty(); });
+  KVATTN_CHECK(!reported.empty() && all_non_empty,
+               "No worker reported supported KV cache layouts (got {}); every worker must report the "
+               "layouts of its backends (get_supported_kv_cache_layouts)",
+               format_supported_sets(supported_layouts));
   const LayoutList default_pref(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end());
   std::vector<LayoutList> voters;
   for (const auto& l : reported)
@@ -238,25 +266,25 @@ KVCacheLayout resolve_kv_cache_layout(CacheConfig& cache_config,
   KVCacheLayout layout = candidates.front();
   auto contains = [&](KVCacheLayout l) { return std::find(candidates.begin(), candidates.end(), l) != candidates.end(); };
   if (requested_layout.has_value()) {
-    layout = layout_from_name(*requested_layout);
+    layout = *requested_layout;
     if (!contains(layout))
       throw InvalidArgument(fmt::format(
           "VLLM_KV_CACHE_LAYOUT={} does not satisfy every supported set; valid layouts: {}. Unset it or "
           "pick one of those",
-          *requested_layout, format_layout_names(candidates)));
+          layout_name(layout), format_layout_names(candidates)));
   } else if (connector_layout.has_value()) {
-    layout = layout_from_name(*connector_layout);
+    layout = *connector_layout;
     if (!contains(layout)) {
       logger().warn("KV connector cache layout {} does not satisfy every supported set; valid layouts: {}. "
                     "Using {} instead.",
-                    *connector_layout, format_layout_names(candidates), layout_name(candidates.front()));
+                    layout_name(layout), format_layout_names(candidates), layout_name(candidates.front()));
       layout = candidates.front();
     }
   }
 
   // 6. Record.
   logger().info("Using {} KV cache layout.", layout_name(layout));
-  cache_config.kv_cache_layout = std::string(layout_name(layout));
+  cache_config.kv_cache_layout = layout;
   return layout;
 }
 

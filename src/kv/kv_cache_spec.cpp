@@ -75,6 +75,12 @@ KVQuantMode get_kv_quant_mode(std::string_view s) {
 
 bool is_quantized_kv_cache(std::string_view s) { return get_kv_quant_mode(s) != KVQuantMode::NONE; }
 
+KVQuantMode get_kv_quant_mode(KVCacheDType t) noexcept {
+  if (is_fp8(t)) return KVQuantMode::FP8_PER_TENSOR;
+  if (is_nvfp4(t)) return KVQuantMode::NVFP4;
+  return KVQuantMode::NONE;
+}
+
 const char* kv_cache_spec_kind_name(KVCacheSpecKind kind) noexcept {
   switch (kind) {
     case KVCacheSpecKind::FullAttention: return "full_attention";

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -84,73 +85,75 @@ void ModelConfig::validate() const {
 // ---------------------------------------------------------------------------------------
 // Presets
 
-std::vector<std::string> model_preset_names() { return {"llama3-8b", "gemma2-9b", "hybrid-mamba", "tiny-llama", "tiny-gemma2"}; }
+namespace {
+
+// Which layers are what.  kAlternating: even layers sliding window, odd full (Gemma 2);
+// kHybridMamba: attention at the listed layers, Mamba2 elsewhere.
+enum class LayerPattern { kAllFull, kAlternating, kHybridMamba };
+
+struct Preset {
+  std::string_view name;
+  int64_t layers, q_heads, kv_heads, head_dim, max_model_len;
+  LayerPattern pattern;
+  int64_t sliding_window = 0;                 // kAlternating
+  std::array<int64_t, 3> attention_at{};      // kHybridMamba: the attention layers
+  bool mamba = false;                         // kHybridMamba: the Mamba2 geometry below
+  const char* what = "";
+};
+
+// The presets, one row each (`kvattn plan --model NAME`).
+constexpr MambaGeometry kBambaMamba{128, 64, 128, 1, 4, 2 * 4096, DType::bf16};
+const Preset kPresets[] = {
+    {"llama3-8b", 32, 32, 8, 128, 8192, LayerPattern::kAllFull, 0, {}, false, "Llama-3-8B: GQA 32/8, head 128"},
+    {"gemma2-9b", 42, 16, 8, 256, 8192, LayerPattern::kAlternating, 4096, {}, false,
+     "Gemma-2-9B: even layers sliding window (4096), odd layers full"},
+    {"hybrid-mamba", 32, 32, 8, 128, 8192, LayerPattern::kHybridMamba, 0, {9, 18, 27}, true,
+     "Bamba-9B-like: attention at 9, 18, 27, Mamba2 elsewhere"},
+    {"tiny-llama", 4, 8, 2, 64, 4096, LayerPattern::kAllFull, 0, {}, false,
+     "a Llama-shaped model small enough to serve a trace on a 2-core CPU in seconds (kvattn run's default)"},
+    {"tiny-gemma2", 4, 8, 4, 64, 4096, LayerPattern::kAlternating, 512, {}, false,
+     "a Gemma-2-shaped miniature: sliding window (512) and full layers alternating"},
+};
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
 
 ModelConfig model_preset(std::string_view name) {
-  ModelConfig m;
-  m.name = std::string(name);
-  m.dtype = DType::bf16;
-  if (name == "llama3-8b") {
-    // Llama-3-8B: 32 layers, GQA 32/8, head 128.
-    m.num_hidden_layers = 32;
-    m.num_attention_heads = 32;
-    m.num_key_value_heads = 8;
-    m.head_dim = 128;
-    m.max_model_len = 8192;
-    m.layer_kinds.assign(32, ModelLayerKind::full_attention);
-  } else if (name == "tiny-llama") {
-    // A Llama-shaped model small enough to serve a trace on a 2-core CPU in seconds (the
-    // default model of `kvattn run`): 4 layers, GQA 8/2, head 64.
-    m.num_hidden_layers = 4;
-    m.num_attention_heads = 8;
-    m.num_key_value_heads = 2;
-    m.head_dim = 64;
-    m.max_model_len = 4096;
-    m.layer_kinds.assign(4, ModelLayerKind::full_attention);
-  } else if (name == "tiny-gemma2") {
-    // A Gemma-2-shaped miniature: 4 layers alternating sliding window (512) and full.
-    m.num_hidden_layers = 4;
-    m.num_attention_heads = 8;
-    m.num_key_value_heads = 4;
-    m.head_dim = 64;
-    m.max_model_len = 4096;
-    m.sliding_window = 512;
-    for (int i = 0; i < 4; ++i)
-      m.layer_kinds.push_back(i % 2 == 0 ? ModelLayerKind::sliding_window : ModelLayerKind::full_attention);
-  } else if (name == "gemma2-9b") {
-    // Gemma-2-9B: 42 layers alternating sliding window (even layers, 4096) and full.
-    m.num_hidden_layers = 42;
-    m.num_attention_heads = 16;
-    m.num_key_value_heads = 8;
-    m.head_dim = 256;
-    m.max_model_len = 8192;
-    m.sliding_window = 4096;
-    for (int i = 0; i < 42; ++i)
-      m.layer_kinds.push_back(i % 2 == 0 ? ModelLayerKind::sliding_window : ModelLayerKind::full_attention);
-  } else if (name == "hybrid-mamba") {
-    // Bamba-9B-like: 32 layers, attention at 9, 18, 27, Mamba2 elsewhere.
-    m.num_hidden_layers = 32;
-    m.num_attention_heads = 32;
-    m.num_key_value_heads = 8;
-    m.head_dim = 128;
-    m.max_model_len = 8192;
-    for (int i = 0; i < 32; ++i)
-      m.layer_kinds.push_back(i == 9 || i == 18 || i == 27 ? ModelLayerKind::full_attention
-                                                           : ModelLayerKind::mamba);
-    MambaGeometry g;
-    g.num_heads = 128;
-    g.head_dim = 64;
-    g.d_state = 128;
-    g.n_groups = 1;
-    g.conv_kernel = 4;
-    g.intermediate_size = 2 * 4096;
-    g.dtype = DType::bf16;
-    m.mamba = g;
-  } else {
+  const Preset* p = nullptr;
+  for (const Preset& row : kPresets)
+    if (row.name == name) p = &row;
+  if (p == nullptr)
     throw InvalidArgument(fmt::format(
         "Unknown model {:?}. Valid presets: [{}]; or pass the path of a Hugging Face config.json.",
         std::string(name), fmt::join(model_preset_names(), ", ")));
+  ModelConfig m;
+  m.name = std::string(name);
+  m.dtype = DType::bf16;
+  m.num_hidden_layers = p->layers;
+  m.num_attention_heads = p->q_heads;
+  m.num_key_value_heads = p->kv_heads;
+  m.head_dim = p->head_dim;
+  m.max_model_len = p->max_model_len;
+  for (int64_t i = 0; i < p->layers; ++i) {
+    switch (p->pattern) {
+      case LayerPattern::kAllFull: m.layer_kinds.push_back(ModelLayerKind::full_attention); break;
+      case LayerPattern::kAlternating:
+        m.layer_kinds.push_back(i % 2 == 0 ? ModelLayerKind::sliding_window : ModelLayerKind::full_attention);
+        break;
+      case LayerPattern::kHybridMamba: {
+        const bool attn = std::find(p->attention_at.begin(), p->attention_at.end(), i) != p->attention_at.end();
+        m.layer_kinds.push_back(attn ? ModelLayerKind::full_attention : ModelLayerKind::mamba);
+        break;
+      }
+    }
   }
+  if (p->sliding_window > 0) m.sliding_window = p->sliding_window;
+  if (p->mamba) m.mamba = kBambaMamba;
   m.validate();
   return m;
 }
@@ -466,19 +469,12 @@ std::string format_bytes(int64_t bytes) {
 
 namespace kvattn {
 
-std::vector<std::string> kv_cache_dtype_choices() {
-  return {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"};
-}
-
-DType resolve_kv_cache_dtype(std::string_view s, DType model_dtype) {
-  if (s == "auto") return model_dtype;
-  if (s == "fp8" || s == "fp8_e4m3") return DType::fp8_e4m3;
-  if (s == "fp8_e5m2") return DType::fp8_e5m2;
-  if (s == "bfloat16") return DType::bf16;
-  if (s == "float16") return DType::f16;
-  throw InvalidArgument(fmt::format("Unknown --kv-cache-dtype {:?}. Valid choices: [{}]; \"auto\" follows the "
-                                    "model dtype.",
-                                    std::string(s), fmt::join(kv_cache_dtype_choices(), ", ")));
+DType resolve_kv_cache_dtype(KVCacheDType t, DType model_dtype) {
+  if (is_nvfp4(t))
+    throw Unsupported(fmt::format("--kv-cache-dtype {} has no kvattn kernel; use auto, bfloat16, float16, fp8, "
+                                  "fp8_e4m3 or fp8_e5m2",
+                                  kv_cache_dtype_name(t)));
+  return kv_cache_storage_dtype(t, model_dtype);
 }
 
 namespace {
@@ -573,8 +569,8 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
   // then narrow it (resolve_kv_cache_layout).
   std::vector<KVCacheSpecPtr> specs;
   for (const auto& l : plan.layer_specs) specs.push_back(l.spec);
-  std::vector<std::string> default_names;
-  for (KVCacheLayout l : kDefaultLayoutPreference) default_names.push_back(layout_name(l));
+  const std::vector<LayoutList> default_pref = {
+      LayoutList(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end())};
   // The candidates: layouts resolve_kv_cache_layout accepts as the requested layout (the spec
   // rules of its step 3) and in which the planner can express the groups' page sizes
   // (validate_kv_cache_config: mixed page sizes need block-compact, and block-outer when there
@@ -584,7 +580,7 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
   for (KVCacheLayout l : kDefaultLayoutPreference) {
     CacheConfig c;
     try {
-      resolve_kv_cache_layout(c, {default_names}, specs, std::string(layout_name(l)));
+      resolve_kv_cache_layout(c, default_pref, specs, l, std::nullopt);
       spec_ok.push_back(l);
       validate_kv_cache_config(l, groups);
       plan.layout_candidates.push_back(l);
@@ -595,27 +591,28 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
                "no KV cache layout can hold model {}: its specs allow {} but none of them can express its "
                "mixed page sizes across {} groups; use a uniform KV cache dtype / block size",
                m.name, format_layout_names(spec_ok), groups.size());
-  const bool automatic = opt.layout == "auto" || opt.layout.empty();
+  const bool automatic = !opt.layout.has_value();
   auto is_candidate = [&](KVCacheLayout l) {
     return std::find(plan.layout_candidates.begin(), plan.layout_candidates.end(), l) != plan.layout_candidates.end();
   };
   if (!automatic) {
-    const KVCacheLayout want = layout_from_name(opt.layout);  // InvalidArgument listing the layouts
+    const KVCacheLayout want = *opt.layout;
     if (!is_candidate(want))
       throw InvalidArgument(fmt::format(
           "--layout {} cannot hold the KV cache of {}: {}. Valid layouts for this model: {}; or use --layout auto.",
-          opt.layout, m.name,
+          layout_name(want), m.name,
           std::find(spec_ok.begin(), spec_ok.end(), want) == spec_ok.end()
               ? "its specs have mixed (heads, states, page) shapes, which need a block-compact layout"
               : "its groups have mixed page sizes, which need a block-compact, block-outermost layout",
           format_layout_names(plan.layout_candidates)));
     CacheConfig cache_config;
-    plan.layout = resolve_kv_cache_layout(cache_config, {default_names}, specs, std::string(layout_name(want)));
-    plan.layout_reason = fmt::format("requested with --layout {}; the model allows {}", opt.layout,
+    plan.layout = resolve_kv_cache_layout(cache_config, default_pref, specs, want, std::nullopt);
+    plan.layout_reason = fmt::format("requested with --layout {}; the model allows {}", layout_name(want),
                                      format_layout_names(plan.layout_candidates));
   } else {
     CacheConfig cache_config;
-    const KVCacheLayout resolved = resolve_kv_cache_layout(cache_config, {default_names}, specs);
+    const KVCacheLayout resolved =
+        resolve_kv_cache_layout(cache_config, default_pref, specs, std::nullopt, std::nullopt);
     plan.layout_reason = fmt::format(
         "no backend declares supported layouts, so vLLM's default preference {} applies",
         format_layout_names(LayoutList(kDefaultLayoutPreference.begin(), kDefaultLayoutPreference.end())));
@@ -647,7 +644,7 @@ KVPlan plan_kv_cache(const ModelConfig& model_in, const PlanOptions& opt) {
                                       "--gpu-memory or lower --max-model-len.)",
                                       m.name, format_bytes(opt.gpu_memory), opt.gpu_memory, cfg.failure().message));
   plan.config = std::move(cfg).value();
-  plan.config.kv_cache_layout = std::string(layout_name(plan.layout));
+  plan.config.kv_cache_layout = plan.layout;
   plan.bytes_per_block = get_kv_cache_bytes_per_block(plan.config.kv_cache_groups, plan.layout);
   plan.total_bytes = plan.config.kv_cache_tensors.empty() ? 0 : plan.config.kv_cache_tensors.front().size;
   for (const auto& g : plan.config.kv_cache_groups)

@@ -168,8 +168,8 @@ LLM LLM::open(const std::filesystem::path& model_dir, const ModelLoadConfig& loa
   ModelRunner::Options ro;
   ro.device = Device::parse(load.device);
   ro.compute_dtype = ModelRunner::parse_dtype_option(load.dtype);
-  ro.kv_cache_dtype = load.kv_cache_dtype;
-  if (load.layout != "auto") ro.layout = layout_from_name(load.layout);
+  ro.kv_cache_dtype = parse_kv_cache_dtype(load.kv_cache_dtype);
+  ro.layout = parse_layout_option(load.layout);
   KVATTN_CHECK(load.kv_cache_memory >= 0, "kv_cache_memory must be >= 0 bytes, got {}", load.kv_cache_memory);
   ro.kv_cache_memory = load.kv_cache_memory;
   ModelRunner::check_gpu_memory_utilization(load.gpu_memory_utilization);

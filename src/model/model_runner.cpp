@@ -151,7 +151,7 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
   traits_ = arch_traits(cfg_);
   model_name_ = dir.path.string();
   const int64_t max_len = o.max_model_len > 0 ? o.max_model_len : cfg_.max_position_embeddings;
-  const DType kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, compute_dtype_);  // names the choices
+  const DType kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, compute_dtype_);
 
   for (int64_t i = 0; i < o.max_num_seqs; ++i) id_strings_.push_back(std::to_string(i));
   tokens_.resize(static_cast<size_t>(o.max_num_batched_tokens));
@@ -298,7 +298,7 @@ void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const s
   PlanOptions po;
   po.block_size = o.block_size;
   po.kv_cache_dtype = o.kv_cache_dtype;
-  po.layout = o.layout ? layout_name(*o.layout) : "auto";
+  po.layout = o.layout;
   po.max_num_batched_tokens = o.max_num_batched_tokens;
   po.gpu_memory = budget;
   try {
@@ -331,13 +331,14 @@ void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const s
   bc_.max_num_seqs = o.max_num_seqs;
   bc_.max_num_batched_tokens = o.max_num_batched_tokens;
   bc_.cache_dtype = o.kv_cache_dtype;
-  bc_.cache_config.kv_cache_layout = layout_name(plan_.layout);
+  bc_.cache_config.kv_cache_layout = plan_.layout;
   bc_.flashinfer_workspace_buffer_size = 0;
   bc_.layers = &registry_;
   backend_ = AttentionBackendRegistry::global().get("FLASHINFER");
   if (!backend_->supports_kv_cache_dtype(o.kv_cache_dtype, bc_))
     throw Unsupported(fmt::format("--kv-cache-dtype {} is not supported by the attention backend; valid: {}",
-                                  o.kv_cache_dtype, fmt::join(backend_->supported_kv_cache_dtypes(), ", ")));
+                                  kv_cache_dtype_name(o.kv_cache_dtype),
+                                  kv_cache_dtype_names(backend_->supported_kv_cache_dtypes())));
   const BlockSizeBackend bsb = backend_->block_size_backend(bc_);
   std::vector<int64_t> kernel_block_sizes;
   for (const auto& gs : plan_.config.kv_cache_groups)

@@ -1,7 +1,7 @@
 // src/ops/common.h — argument checking shared by every device, and small CPU helpers.
 //
-// The entry points in ops.cpp call validate_*() once; the CPU reference, the optimised CPU
-// path and the CUDA dispatch all rely on what those checks guarantee.
+// The entry points (src/ops/<header>.cpp) call validate_*() once; the CPU reference, the
+// optimised CPU path and the CUDA dispatch all rely on what those checks guarantee.
 #pragma once
 
 #include <fmt/format.h>

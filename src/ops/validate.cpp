@@ -89,14 +89,21 @@ CacheWriteDims validate_reshape_and_cache(const ReshapeAndCacheArgs& a) {
                a.key_cache.shape().str(), d.num_heads, d.head_size);
   KVATTN_CHECK(d.block_size > 0, "{}: key_cache block_size (dim 1) must be > 0, got shape {}", op,
                a.key_cache.shape().str());
-  if (a.kv_cache_dtype == KVCacheDType::Auto) {
-    KVATTN_CHECK(a.key_cache.dtype() == a.key.dtype(),
-                 "{}: kv_cache_dtype \"auto\" stores the model dtype {}, but key_cache is {}; pass "
-                 "kv_cache_dtype \"fp8_e4m3\"/\"fp8_e5m2\" for a quantised cache", op,
-                 dtype_name(a.key.dtype()), dtype_name(a.key_cache.dtype()));
-    d.cache_dtype = a.key.dtype();
+  if (is_nvfp4(a.kv_cache_dtype))
+    throw Unsupported(fmt::format("{}: kv_cache_dtype \"{}\" has no kvattn kernel; use one of auto, bfloat16, "
+                                  "float16, fp8, fp8_e4m3, fp8_e5m2", op, kv_cache_dtype_name(a.kv_cache_dtype)));
+  const DType want = kv_cache_storage_dtype(a.kv_cache_dtype, a.key.dtype());
+  if (!is_fp8(a.kv_cache_dtype)) {
+    KVATTN_CHECK(a.key_cache.dtype() == want,
+                 "{}: kv_cache_dtype \"{}\" stores {}, but key_cache is {}; pass the cache's own kv_cache_dtype "
+                 "(\"fp8_e4m3\"/\"fp8_e5m2\" for a quantised cache)", op, kv_cache_dtype_name(a.kv_cache_dtype),
+                 dtype_name(want), dtype_name(a.key_cache.dtype()));
+    KVATTN_CHECK(want == a.key.dtype(),
+                 "{}: kv_cache_dtype \"{}\" stores {}, but key is {}; an unquantised cache takes key/value of "
+                 "its own dtype (convert them first, or use kv_cache_dtype \"auto\")", op,
+                 kv_cache_dtype_name(a.kv_cache_dtype), dtype_name(want), dtype_name(a.key.dtype()));
+    d.cache_dtype = want;
   } else {
-    const DType want = a.kv_cache_dtype == KVCacheDType::Fp8E4M3 ? DType::fp8_e4m3 : DType::fp8_e5m2;
     KVATTN_CHECK(a.key_cache.dtype() == want || a.key_cache.dtype() == DType::u8,
                  "{}: kv_cache_dtype \"{}\" needs a {} (or uint8) cache, got {}", op,
                  kv_cache_dtype_name(a.kv_cache_dtype), dtype_name(want), dtype_name(a.key_cache.dtype()));
@@ -124,7 +131,7 @@ CacheWriteDims validate_reshape_and_cache(const ReshapeAndCacheArgs& a) {
                    "valid slots are [0, {}) or negative to skip the token", op, t, s, d.num_blocks,
                    d.block_size, num_slots, num_slots);
     }
-    if (a.kv_cache_dtype != KVCacheDType::Auto) {
+    if (is_fp8(a.kv_cache_dtype)) {
       for (const auto& [t, name] : {std::pair{&a.k_scale, "k_scale"}, std::pair{&a.v_scale, "v_scale"}}) {
         const Tensor c = t->contiguous();
         for (int64_t i = 0; i < c.numel(); ++i) {

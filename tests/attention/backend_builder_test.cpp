@@ -35,7 +35,7 @@ struct Fixture {
     cfg.max_num_batched_tokens = 512;
     cfg.num_sms = 4;
     cfg.flashinfer_workspace_buffer_size = 0;
-    cfg.cache_config.kv_cache_layout = "LBNHC";
+    cfg.cache_config.kv_cache_layout = KVCacheLayout::LBNHC;
     cfg.layers = &registry;
     AttentionImplParams p;
     p.num_heads = 8;
@@ -170,12 +170,12 @@ TEST(BackendBuilder, StaticDecisionsPerPlatform) {
 TEST(BackendBuilder, QueryDtypePerPhase) {
   auto dtypes = [](std::optional<DeviceCapability> cap, const char* kv, bool disable = false) {
     Fixture f(cap);
-    f.cfg.cache_dtype = kv;
+    f.cfg.cache_dtype = parse_kv_cache_dtype(kv);
     f.cfg.attention_config.disable_flashinfer_q_quantization = disable;
     AttentionSpecOptions o;
     o.kv_quant_mode = KVQuantMode::FP8_PER_TENSOR;
     f.spec = FullAttentionSpec(16, 2, 64, DType::fp8_e4m3, o);
-    for (auto& p : f.params) p.kv_cache_dtype = kv;
+    for (auto& p : f.params) p.kv_cache_dtype = parse_kv_cache_dtype(kv);
     auto b = f.make();
     return std::make_pair(b->q_data_type_prefill(), b->q_data_type_decode());
   };
@@ -190,7 +190,7 @@ TEST(BackendBuilder, QueryDtypePerPhase) {
 TEST(BackendBuilder, ConstructionRejectionsWithReasons) {
   {
     Fixture f;
-    f.cfg.cache_dtype = "nvfp4";
+    f.cfg.cache_dtype = KVCacheDType::Nvfp4;
     AttentionSpecOptions o;
     o.kv_quant_mode = KVQuantMode::NVFP4;
     f.spec = FullAttentionSpec(16, 2, 64, DType::u8, o);
@@ -363,7 +363,7 @@ TEST(BackendBuilder, ImplRejectionsWithReasons) {
   EXPECT_THROW_WITH(Unsupported, impl.forward(layer, q, Tensor(), Tensor(), kv, &md, out, Tensor::zeros({1}, DType::f32)),
                     "output quantisation fusion");
   p = f.params[0];
-  p.kv_cache_dtype = "nvfp4";
+  p.kv_cache_dtype = KVCacheDType::Nvfp4;
   FlashInferImpl nv(p, f.cfg);
   EXPECT_THROW_WITH(Unsupported, nv.do_kv_cache_update(layer, q, q, kv, Tensor::zeros({1}, DType::i64)), "NVFP4");
   EXPECT_THROW_WITH(Unsupported, nv.forward(layer, q, Tensor(), Tensor(), kv, &md, out), "NVFP4");

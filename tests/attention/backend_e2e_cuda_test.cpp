@@ -47,7 +47,7 @@ TEST(BackendE2ECuda, Sm90XqaDecodeFp8AndSpecDecode) {
   EXPECT_EQ(r.kernel_path, "prefill=none decode=xqa");
   E2EOptions f = cuda_options();
   f.platform.capability = DeviceCapability{9, 0};
-  f.kv_cache_dtype = "fp8";
+  f.kv_cache_dtype = KVCacheDType::Fp8;
   f.k_scale = 0.5;
   r = expect_matches_oracle(f, make_batch("sm90_fp8", {48, 64, 40}, {1, 1, 40}));
   EXPECT_EQ(r.kernel_path, "prefill=native decode=xqa");
@@ -58,7 +58,7 @@ TEST(BackendE2ECuda, Sm100TrtllmPathsAndFp8Dequant) {
   E2EOptions o = cuda_options();
   o.platform.capability = DeviceCapability{10, 0};
   o.layout = KVCacheLayout::LBHNC;
-  o.kv_cache_dtype = "fp8";
+  o.kv_cache_dtype = KVCacheDType::Fp8;
   o.attention_config.disable_flashinfer_q_quantization = true;
   o.attention_config.use_trtllm_attention = true;
   auto r = expect_matches_oracle(o, make_batch("sm100_fp8_bf16q", {48, 40, 70}, {1, 40, 20}));

@@ -90,7 +90,7 @@ TEST(BackendE2E, Fp8KVCache) {
   for (const char* kv : {"fp8", "fp8_e5m2"}) {
     SCOPED_TRACE(kv);
     E2EOptions o = base();
-    o.kv_cache_dtype = kv;
+    o.kv_cache_dtype = parse_kv_cache_dtype(kv);
     o.k_scale = 0.5;
     o.v_scale = 0.25;
     expect_matches_oracle(o, spec);
@@ -159,7 +159,7 @@ TEST(BackendE2E, Sm90XqaDecodeWithSpecDecodeMasks) {
 TEST(BackendE2E, Sm90Fp8KVQuantisesPrefillQueryOnly) {
   E2EOptions o = base();
   o.platform.capability = DeviceCapability{9, 0};
-  o.kv_cache_dtype = "fp8";
+  o.kv_cache_dtype = KVCacheDType::Fp8;
   o.q_scale = 0.5;
   o.k_scale = 0.5;
   auto r = expect_matches_oracle(o, make_batch("sm90_fp8", {48, 64, 40}, {1, 1, 40}));
@@ -179,7 +179,7 @@ TEST(BackendE2E, Sm100Fp8QueryAndFp8KV) {
   E2EOptions o = base();
   o.platform.capability = DeviceCapability{10, 0};
   o.layout = KVCacheLayout::BLHNC;
-  o.kv_cache_dtype = "fp8";
+  o.kv_cache_dtype = KVCacheDType::Fp8;
   o.q_scale = 0.25;
   o.k_scale = 0.5;
   o.v_scale = 0.5;
@@ -191,7 +191,7 @@ TEST(BackendE2E, Sm100Fp8KVWithModelDtypeQueryDequantisesPrefillPages) {
   E2EOptions o = base();
   o.platform.capability = DeviceCapability{10, 0};
   o.layout = KVCacheLayout::LBHNC;
-  o.kv_cache_dtype = "fp8";
+  o.kv_cache_dtype = KVCacheDType::Fp8;
   o.attention_config.disable_flashinfer_q_quantization = true;
   o.attention_config.use_trtllm_attention = true;
   o.k_scale = 0.5;
@@ -291,7 +291,7 @@ TEST(BackendE2ERejects, TrtllmGenDecodeNeedsAnHndLayout) {
 
 TEST(BackendE2ERejects, CascadeWithAnFp8Cache) {
   E2EOptions o;
-  o.kv_cache_dtype = "fp8";
+  o.kv_cache_dtype = KVCacheDType::Fp8;
   o.common_prefix_len = 16;
   const std::string e = first_error(o, make_batch("cascade_fp8", {40, 30}, {1, 1}));
   EXPECT_NE(e.find("cascade attention needs one query dtype for prefill and decode and an unquantised KV cache"),

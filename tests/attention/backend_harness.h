@@ -72,7 +72,7 @@ struct E2EOptions {
   std::string backend = "FLASHINFER";
   KVCacheLayout layout = KVCacheLayout::LBNHC;
   DType dtype = DType::bf16;
-  std::string kv_cache_dtype = "auto";
+  KVCacheDType kv_cache_dtype = KVCacheDType::Auto;
   int64_t num_q_heads = 4;  // total over DCP ranks
   int64_t num_kv_heads = 2;
   int64_t head_size = 64;
@@ -215,8 +215,7 @@ class E2ERunner {
   static std::string layer_name(int64_t i) { return "model.layers." + std::to_string(i) + ".self_attn.attn"; }
 
   DType kv_spec_dtype() const {
-    if (o_.kv_cache_dtype == "auto") return o_.dtype;
-    return o_.kv_cache_dtype == "fp8_e5m2" ? DType::fp8_e5m2 : DType::fp8_e4m3;
+    return kv_cache_storage_dtype(o_.kv_cache_dtype, o_.dtype);
   }
   int64_t total_layers() const { return o_.num_layers + (o_.shared_layer ? 1 : 0); }
 
@@ -270,7 +269,7 @@ class E2ERunner {
 
     // ---- spec, plan, allocation ---------------------------------------------------------
     AttentionSpecOptions so;
-    if (o_.kv_cache_dtype != "auto") so.kv_quant_mode = KVQuantMode::FP8_PER_TENSOR;
+    so.kv_quant_mode = get_kv_quant_mode(o_.kv_cache_dtype);
     auto spec = FullAttentionSpec(o_.block_size, o_.num_kv_heads, o_.head_size, kv_spec_dtype(), so);
     std::vector<LayerKVCacheSpec> layers;
     for (int64_t l = 0; l < o_.num_layers; ++l) layers.push_back({layer_name(l), spec});
@@ -308,7 +307,7 @@ class E2ERunner {
     cfg.cp_kv_cache_interleave_size = o_.dcp_interleave;
     cfg.dcp_comm_backend = o_.dcp_comm_backend;
     cfg.cache_dtype = o_.kv_cache_dtype;
-    cfg.cache_config.kv_cache_layout = layout_name(o_.layout);
+    cfg.cache_config.kv_cache_layout = o_.layout;
     cfg.cudagraph_decode_full = o_.cudagraph;
     cfg.attention_config = o_.attention_config;
     cfg.flashinfer_workspace_buffer_size = 0;
@@ -495,7 +494,7 @@ class E2ERunner {
                     const Tensor& out, int64_t total_tokens, float poison, E2EResult& res) {
     const int64_t D = o_.head_size, Hkv = o_.num_kv_heads;
     const int64_t kl = kv_layer_of(l);
-    const bool fp8_kv = o_.kv_cache_dtype != "auto";
+    const bool fp8_kv = is_fp8(o_.kv_cache_dtype);
     const DType kvd = kv_spec_dtype();
     // fp8 queries (SM90 prefill / SM100) are quantised by the backend: the oracle does the same.
     const bool fp8_q = fp8_kv && !o_.attention_config.disable_flashinfer_q_quantization &&

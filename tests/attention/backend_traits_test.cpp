@@ -41,10 +41,10 @@ TEST(BackendTraitsNative, DeclaredTraitsOnCpu) {
   EXPECT_TRUE(b.supports_dtype(DType::f16));
   EXPECT_FALSE(b.supports_dtype(DType::f32));
   for (const char* kv : {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"})
-    EXPECT_TRUE(b.supports_kv_cache_dtype(kv, c)) << kv;
-  EXPECT_FALSE(b.supports_kv_cache_dtype("nvfp4", c));
-  EXPECT_FALSE(b.supports_kv_cache_dtype("nvfp4", config(DeviceCapability{10, 0})));  // no kvattn NVFP4 kernel
-  EXPECT_FALSE(b.supports_kv_cache_dtype("int8", c));
+    EXPECT_TRUE(b.supports_kv_cache_dtype(parse_kv_cache_dtype(kv), c)) << kv;
+  EXPECT_FALSE(b.supports_kv_cache_dtype(KVCacheDType::Nvfp4, c));
+  EXPECT_FALSE(b.supports_kv_cache_dtype(KVCacheDType::Nvfp4, config(DeviceCapability{10, 0})));  // no NVFP4 kernel
+  EXPECT_THROW((void)parse_kv_cache_dtype("int8"), InvalidArgument);  // not a kv_cache_dtype name
   EXPECT_EQ(exact_sizes(b.get_supported_kernel_block_sizes(nullptr, c)), (std::vector<int64_t>{16, 32, 64}));
   EXPECT_EQ(b.get_supported_head_sizes(), (std::vector<int64_t>{64, 128, 256, 512}));
   EXPECT_TRUE(b.supports_head_size(256));
@@ -130,7 +130,7 @@ TEST(BackendTraitsNative, ValidateConfigurationListsEveryReason) {
   AttentionSelectorConfig bad;
   bad.head_size = 80;
   bad.dtype = DType::f32;
-  bad.kv_cache_dtype = "nvfp4";
+  bad.kv_cache_dtype = KVCacheDType::Nvfp4;
   bad.block_size = 8;
   bad.use_mla = true;
   bad.use_sparse = true;
@@ -267,7 +267,7 @@ TEST(BackendTraitsNative, TrtllmAvailabilityRules) {
   // use_trtllm_attention decision table.
   auto use = [](const BackendConfig& c, int64_t tokens, std::string_view kv, DType q, bool prefill,
                 std::optional<bool> force, bool sinks = false, bool spec = false, int64_t dcp = 1) {
-    return use_trtllm_attention(c, 32, 8, tokens, 4096, dcp, kv, q, prefill, force, sinks, spec);
+    return use_trtllm_attention(c, 32, 8, tokens, 4096, dcp, parse_kv_cache_dtype(kv), q, prefill, force, sinks, spec);
   };
   EXPECT_TRUE(use(sm100, 1000, "auto", DType::bf16, true, std::nullopt));
   EXPECT_FALSE(use(sm100, 1000, "fp8", DType::bf16, true, std::nullopt));

@@ -66,7 +66,7 @@ TEST(NoAllocation, NativeBuildAllocatesNothingWhenWarm) {
   cfg.max_num_batched_tokens = 1024;
   cfg.num_sms = 16;
   cfg.flashinfer_workspace_buffer_size = 0;
-  cfg.cache_config.kv_cache_layout = "LBNHC";
+  cfg.cache_config.kv_cache_layout = KVCacheLayout::LBNHC;
   cfg.layers = &registry;
   AttentionImplParams p;
   p.num_heads = 8;

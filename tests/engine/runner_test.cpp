@@ -77,13 +77,13 @@ TEST(Runner, TwoGroupsLayoutsAndFp8) {
   RunConfig c = small_config();
   c.model = "tiny-gemma2";  // sliding-window and full groups
   c.num_layers = 4;
-  c.layout = "BHLNC";
+  c.layout = KVCacheLayout::BHLNC;
   RunStats s = run_trace(c, small_trace(6));
   EXPECT_TRUE(s.all_outputs_correct);
   EXPECT_EQ(s.layout, "BHLNC");
   c = small_config();
-  c.kv_cache_dtype = "fp8_e4m3";
-  c.layout = "HND";
+  c.kv_cache_dtype = KVCacheDType::Fp8E4M3;
+  c.layout = layout_from_name("HND");
   c.block_size = 32;
   s = run_trace(c, small_trace(6));
   EXPECT_TRUE(s.all_outputs_correct);
@@ -112,9 +112,7 @@ TEST(Runner, BadConfigurationIsAClearError) {
   EXPECT_THROW(run_trace(c, Trace{}), InvalidArgument);
   c.num_layers = 99;
   EXPECT_THROW(run_trace(c, small_trace(2)), InvalidArgument);
-  c = small_config();
-  c.layout = "XYZ";
-  EXPECT_THROW(run_trace(c, small_trace(2)), InvalidArgument);
+  EXPECT_THROW((void)parse_layout_option("XYZ"), InvalidArgument);  // the CLI's --layout parse
 }
 
 TEST(Runner, RejectedRequestNamesItsTraceLineAndTheOthersAreServed) {

@@ -198,7 +198,7 @@ TEST(LayoutTest, CacheConfigGetBeforeResolutionRaises) {
 TEST(LayoutTest, RecordRoundTripAliasesAndWriteOnce) {
   CacheConfig c;
   record_kv_cache_layout(c, "NHD");
-  EXPECT_EQ(c.kv_cache_layout, std::optional<std::string>("LBNHC"));
+  EXPECT_EQ(c.kv_cache_layout, std::optional<KVCacheLayout>(L::LBNHC));
   EXPECT_EQ(c.get_resolved_kv_cache_layout(), L::LBNHC);
   record_kv_cache_layout(c, "LBNHC");  // same layout again: fine
   record_kv_cache_layout(c, "NHD");
@@ -212,7 +212,7 @@ TEST(LayoutTest, RecordRoundTripAliasesAndWriteOnce) {
   }
   CacheConfig d;
   record_kv_cache_layout(d, "HND");
-  EXPECT_EQ(*d.kv_cache_layout, "LBHNC");
+  EXPECT_EQ(*d.kv_cache_layout, L::LBHNC);
   CacheConfig e;
   EXPECT_THROW(record_kv_cache_layout(e, "nhd"), InvalidArgument);
   EXPECT_FALSE(e.kv_cache_layout.has_value());
@@ -223,11 +223,11 @@ std::vector<std::string> names_of(const LayoutList& l) { return layout_names(l);
 TEST(LayoutTest, ResolveRecordsAndPresetWins) {
   CacheConfig c;
   EXPECT_EQ(resolve_kv_cache_layout(c, {names_of({L::BLHNC, L::LBHNC})}), L::BLHNC);
-  EXPECT_EQ(*c.kv_cache_layout, "BLHNC");
+  EXPECT_EQ(*c.kv_cache_layout, L::BLHNC);
   // Second resolution: preset wins, even against the request and supported sets.
   EXPECT_EQ(resolve_kv_cache_layout(c, {{"LBNHC"}}, {}, std::string("LBNHC")), L::BLHNC);
   CacheConfig p;
-  p.kv_cache_layout = "LHBNC";
+  p.kv_cache_layout = KVCacheLayout::LHBNC;
   EXPECT_EQ(resolve_kv_cache_layout(p, {{"LBNHC"}}), L::LHBNC);
   CacheConfig q;
   EXPECT_THROW((void)resolve_kv_cache_layout(q, {}), InvalidArgument);
@@ -251,7 +251,7 @@ TEST(LayoutTest, ResolveEnvOverride) {
   const std::vector<std::vector<std::string>> sets = {{"LBNHC", "LBHNC"}};
   CacheConfig c;
   EXPECT_EQ(resolve_kv_cache_layout(c, sets, {}, std::string("HND")), L::LBHNC);
-  EXPECT_EQ(*c.kv_cache_layout, "LBHNC");
+  EXPECT_EQ(*c.kv_cache_layout, L::LBHNC);
   CacheConfig d;
   try {
     (void)resolve_kv_cache_layout(d, sets, {}, std::string("BLHNC"));
@@ -346,7 +346,7 @@ TEST(LayoutTest, ResolveConnectorPreference) {
   EXPECT_EQ(resolve_kv_cache_layout(a, sets, {}, std::nullopt, std::string("HND")), L::LBHNC);
   CacheConfig b;  // incompatible connector preference: warning + first candidate
   EXPECT_EQ(resolve_kv_cache_layout(b, sets, {}, std::nullopt, std::string("BLHNC")), L::LBNHC);
-  EXPECT_EQ(*b.kv_cache_layout, "LBNHC");
+  EXPECT_EQ(*b.kv_cache_layout, L::LBNHC);
   CacheConfig c;  // the explicit request beats the connector
   EXPECT_EQ(resolve_kv_cache_layout(c, sets, {}, std::string("LBNHC"), std::string("HND")), L::LBNHC);
 }

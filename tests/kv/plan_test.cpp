@@ -167,8 +167,8 @@ TEST(Plan, Llama3At16GiB) {
 
 TEST(Plan, LayoutOverrideAndFp8) {
   PlanOptions o = budget(16 * kGiB);
-  o.layout = "BLHNC";
-  o.kv_cache_dtype = "fp8";
+  o.layout = layout_from_name("BLHNC");
+  o.kv_cache_dtype = KVCacheDType::Fp8;
   const KVPlan p = plan_kv_cache(model_preset("llama3-8b"), o);
   EXPECT_EQ(p.layout, KVCacheLayout::BLHNC);
   EXPECT_NE(p.layout_reason.find("--layout BLHNC"), std::string::npos);
@@ -179,7 +179,7 @@ TEST(Plan, LayoutOverrideAndFp8) {
   EXPECT_EQ(p.views[0].strides, (Dims{32 * 32768, 16 * 256, 256, 1}));
   EXPECT_EQ(p.views[3].byte_offset, 3 * 32768);
   PlanOptions alias = budget(16 * kGiB);
-  alias.layout = "HND";
+  alias.layout = layout_from_name("HND");
   EXPECT_EQ(plan_kv_cache(model_preset("llama3-8b"), alias).layout, KVCacheLayout::LBHNC);
 }
 
@@ -238,26 +238,27 @@ TEST(Plan, MixedShapesNeedBlockOuterLayout) {
   EXPECT_EQ(p.views[1].shape, (Dims{p.config.num_blocks, 8, 16, 256}));
   EXPECT_EQ(p.views[0].strides[0], 131072 / 2);
   PlanOptions o = budget(kGiB);
-  o.layout = "LHBNC";
+  o.layout = layout_from_name("LHBNC");
   std::string msg = message_of([&] { (void)plan_kv_cache(m, o); });
   EXPECT_NE(msg.find("mixed (heads, states, page) shapes"), std::string::npos) << msg;
   EXPECT_NE(msg.find("['BLNHC', 'BLHNC']"), std::string::npos) << msg;
-  o.layout = "NHD";  // LBNHC: block-compact but layer-outer
+  o.layout = layout_from_name("NHD");  // LBNHC: block-compact but layer-outer
   msg = message_of([&] { (void)plan_kv_cache(m, o); });
   EXPECT_NE(msg.find("mixed page sizes"), std::string::npos) << msg;
-  o.layout = "BLHNC";
+  o.layout = layout_from_name("BLHNC");
   EXPECT_EQ(plan_kv_cache(m, o).layout, KVCacheLayout::BLHNC);
 }
 
 TEST(Plan, BadInputsSayWhatToChange) {
   const ModelConfig llama = model_preset("llama3-8b");
   PlanOptions o = budget(16 * kGiB);
-  o.kv_cache_dtype = "int3";
-  std::string m = message_of([&] { (void)plan_kv_cache(llama, o); });
-  EXPECT_NE(m.find("auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, float16"), std::string::npos) << m;
+  std::string m = message_of([&] { (void)parse_kv_cache_dtype("int3"); });
+  EXPECT_NE(m.find("int3"), std::string::npos) << m;
+  EXPECT_NE(m.find("auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, nvfp4"), std::string::npos) << m;
+  o.kv_cache_dtype = KVCacheDType::Nvfp4;
+  EXPECT_THROW((void)plan_kv_cache(llama, o), Unsupported);
   o = budget(16 * kGiB);
-  o.layout = "XYZ";
-  m = message_of([&] { (void)plan_kv_cache(llama, o); });
+  m = message_of([&] { (void)parse_layout_option("XYZ"); });
   EXPECT_NE(m.find("XYZ"), std::string::npos) << m;
   EXPECT_NE(m.find("LBHNC"), std::string::npos) << m;
   // Too small for one 8192-token request (512 blocks + the null block of 2 MiB).

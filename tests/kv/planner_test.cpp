@@ -142,7 +142,7 @@ TEST(PlannerTest, Llama3PlanLayerOuter) {
   ASSERT_TRUE(r.ok()) << r.failure().message;
   const KVCacheConfig& c = r.value();
   EXPECT_EQ(c.num_blocks, 5120);  // 10 GiB / (32 * 64 KiB)
-  EXPECT_EQ(c.kv_cache_layout, std::optional<std::string>("LBNHC"));
+  EXPECT_EQ(c.kv_cache_layout, std::optional<KVCacheLayout>(KVCacheLayout::LBNHC));
   ASSERT_EQ(c.kv_cache_tensors.size(), 1u);
   const auto& t = c.kv_cache_tensors[0];
   EXPECT_EQ(t.size, 10 * kGiB);

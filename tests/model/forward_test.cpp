@@ -43,11 +43,11 @@ const ReferenceModel& model_for(const std::string& arch) {
   return it->second;
 }
 
-ModelRunner::Options options(std::optional<KVCacheLayout> layout = std::nullopt, std::string kv_dtype = "auto") {
+ModelRunner::Options options(std::optional<KVCacheLayout> layout = std::nullopt, KVCacheDType kv_dtype = KVCacheDType::Auto) {
   ModelRunner::Options o;
   o.device = Device::cpu();
   o.compute_dtype = DType::f32;
-  o.kv_cache_dtype = std::move(kv_dtype);
+  o.kv_cache_dtype = kv_dtype;
   o.layout = layout;
   o.kv_cache_memory = 8 << 20;
   o.max_model_len = 256;
@@ -105,11 +105,11 @@ TEST_P(ForwardTest, EveryKvCacheLayoutMatchesReference) {
 
 TEST_P(ForwardTest, Fp8KvCacheMatchesFp8RoundedReference) {
   const ModelDir dir = open();
-  ModelRunner runner(dir, options(std::nullopt, "fp8"));
+  ModelRunner runner(dir, options(std::nullopt, KVCacheDType::Fp8));
   EXPECT_EQ(runner.kv_cache_dtype(), DType::fp8_e4m3);
   // Against the reference whose keys and values are rounded to e4m3 as the cache stores them.
   const Outcome q = run_prompts(runner, model(), 7, 3, /*fp8_reference=*/true);
-  ModelRunner runner2(dir, options(std::nullopt, "fp8"));
+  ModelRunner runner2(dir, options(std::nullopt, KVCacheDType::Fp8));
   // Against the unrounded reference: the error fp8 storage itself costs.
   const Outcome o = run_prompts(runner2, model(), 7, 3);
   std::printf("%s fp8 KV cache: max |dlogit| %.3g vs the e4m3-rounded reference, %.3g vs the exact one (max "

@@ -105,11 +105,11 @@ double bound(DType t, const CudaModel& m) {
 }
 
 ModelRunner::Options options(DType t, std::optional<KVCacheLayout> layout = std::nullopt,
-                             std::string kv_dtype = "auto") {
+                             KVCacheDType kv_dtype = KVCacheDType::Auto) {
   ModelRunner::Options o;
   o.device = Device::cuda(0);
   o.compute_dtype = t;
-  o.kv_cache_dtype = std::move(kv_dtype);
+  o.kv_cache_dtype = kv_dtype;
   o.layout = layout;
   o.kv_cache_memory = 8 << 20;
   o.max_model_len = 256;
@@ -213,7 +213,7 @@ TEST_P(CudaArchTest, Fp8KvCacheWithBf16ComputeMatchesFp8RoundedReference) {
   const CudaModel& c = model_for(GetParam());
   const ReferenceModel& m = c.ref;
   const ModelDir dir = open_model_dir(m.dir, false);
-  ModelRunner runner(dir, options(DType::bf16, std::nullopt, "fp8"));
+  ModelRunner runner(dir, options(DType::bf16, std::nullopt, KVCacheDType::Fp8));
   EXPECT_EQ(runner.kv_cache_dtype(), DType::fp8_e4m3);
   const Outcome q = run_prompts(runner, m, 7, 3, /*fp8_reference=*/true);
   const double b = bound(DType::bf16, c) + 0.05;

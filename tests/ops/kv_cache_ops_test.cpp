@@ -150,8 +150,34 @@ TEST(ReshapeAndCacheFlash, BadArguments) {
     a.value_cache = a.key_cache;
     expect(a, "fp8_e4m3");
   }
-  EXPECT_THROW(parse_kv_cache_dtype("int4"), InvalidArgument);
-  EXPECT_EQ(parse_kv_cache_dtype("fp8"), KVCacheDType::Fp8E4M3);
+  // The cache's own 16-bit dtype by name: a bfloat16 cache takes bfloat16 keys; a float16 cache,
+  // or float32 keys, are refused.
+  {
+    ReshapeAndCacheArgs b;
+    b.key = Tensor::from_vector(std::vector<float>(2 * 2 * 8, 0.5f), Dims{2, 2, 8}).to(DType::bf16);
+    b.value = b.key;
+    b.key_cache = Tensor::zeros({3, 4, 2, 8}, DType::bf16);
+    b.value_cache = Tensor::zeros({3, 4, 2, 8}, DType::bf16);
+    b.slot_mapping = Tensor::from_vector(std::vector<int64_t>{0, 5});
+    b.kv_cache_dtype = KVCacheDType::BFloat16;
+    reshape_and_cache_flash(b);
+    EXPECT_EQ(b.key_cache.select(0, 1).select(0, 1).to(DType::f32).data_ptr<float>()[0], 0.5f);
+    b.kv_cache_dtype = KVCacheDType::Float16;
+    expect(b, "stores float16");
+    b.kv_cache_dtype = KVCacheDType::BFloat16;
+    b.key = b.key.to(DType::f32);
+    b.value = b.key;
+    expect(b, "its own dtype");
+    b.kv_cache_dtype = KVCacheDType::Nvfp4;
+    EXPECT_THROW(reshape_and_cache_flash(b), Unsupported);
+  }
+  {
+    const auto a = base();
+    EXPECT_THROW(reshape_and_cache_flash(a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping, "int4",
+                                         Tensor(), Tensor()),
+                 InvalidArgument);
+  }
+  EXPECT_EQ(parse_kv_cache_dtype("fp8"), KVCacheDType::Fp8);
 }
 
 TEST(ZeroKvBlocks, ZeroesOnlyTheRequestedBlocksOfEverySegment) {

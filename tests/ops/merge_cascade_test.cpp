@@ -156,6 +156,13 @@ TEST(CascadeAttention, MatchesSinglePass) {
       c.logits_soft_cap = 5.0;
       cascade_attention(c);
       EXPECT_LE(rel_error(c.out, full.out), dt == DType::f32 ? 1e-5 : 2e-2) << layout_name(layout);
+      // The shared options refuse what cascade cannot merge: a window, sinks.
+      CascadeAttentionArgs w = c;
+      w.window_left = 3;
+      EXPECT_THROW(cascade_attention(w), InvalidArgument);
+      CascadeAttentionArgs sk = c;
+      sk.sinks = Tensor::zeros({Hkv * G}, DType::f32);
+      EXPECT_THROW(cascade_attention(sk), InvalidArgument);
     }
   }
 }
@@ -209,6 +216,21 @@ TEST(DcpPrefill, MatchesSinglePass) {
     fill_nan(d.out);
     dcp_prefill_attention(d);
     EXPECT_LE(rel_error(d.out, one.out), dt == DType::f32 ? 1e-5 : 2e-2);
+    // The same context given as a vLLM block table (the other form of PagedKVCache).
+    DcpPrefillArgs bt = d;
+    bt.paged_kv_indptr = Tensor();
+    bt.paged_kv_indices = Tensor();
+    bt.paged_kv_last_page_len = Tensor();
+    bt.block_table = full.block_table;
+    std::vector<int32_t> ctx32(ctx.begin(), ctx.end());
+    bt.seq_lens = Tensor::from_vector(ctx32);
+    bt.out = Tensor::empty({T, Hkv * G, D}, dt);
+    fill_nan(bt.out);
+    dcp_prefill_attention(bt);
+    EXPECT_LE(rel_error(bt.out, one.out), dt == DType::f32 ? 1e-5 : 2e-2);
+    DcpPrefillArgs sk = d;
+    sk.sinks = Tensor::zeros({Hkv * G}, DType::f32);
+    EXPECT_THROW(dcp_prefill_attention(sk), InvalidArgument);
   }
 }
 

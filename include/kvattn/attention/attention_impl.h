@@ -25,7 +25,7 @@ struct AttentionImplParams {
   int64_t num_kv_heads = 0;
   std::optional<std::vector<float>> alibi_slopes;  // rejected by the native backend
   std::optional<int64_t> sliding_window;           // tokens; window_left = sliding_window - 1
-  std::string kv_cache_dtype = "auto";
+  KVCacheDType kv_cache_dtype = KVCacheDType::Auto;
   std::optional<double> logits_soft_cap;
   AttentionType attn_type = AttentionType::DECODER;
   std::optional<std::string> kv_sharing_target_layer_name;

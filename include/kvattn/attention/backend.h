@@ -22,6 +22,7 @@
 
 #include "kvattn/core/device.h"
 #include "kvattn/core/dtype.h"
+#include "kvattn/core/kv_cache_dtype.h"
 #include "kvattn/kv/block_size.h"
 #include "kvattn/kv/kv_cache_layout.h"
 #include "kvattn/kv/kv_cache_spec.h"
@@ -104,7 +105,7 @@ struct BackendConfig {
   int64_t cp_kv_cache_interleave_size = 1;
   std::string dcp_comm_backend = "ag_rs";  // "ag_rs" | "a2a"
   // cache
-  std::string cache_dtype = "auto";  // "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"
+  KVCacheDType cache_dtype = KVCacheDType::Auto;  // vLLM cache_config.cache_dtype
   CacheConfig cache_config;          // resolved kv_cache_layout
   // compilation
   bool cudagraph_decode_full = false;  // compilation_config.cudagraph_mode.decode_mode() == FULL
@@ -135,7 +136,7 @@ bool can_use_trtllm_attention(const BackendConfig& config, int64_t num_qo_heads,
                               bool is_prefill = false);
 bool use_trtllm_attention(const BackendConfig& config, int64_t num_qo_heads, int64_t num_kv_heads,
                           int64_t num_tokens, int64_t max_seq_len, int64_t dcp_world_size,
-                          std::string_view kv_cache_dtype, DType q_dtype, bool is_prefill,
+                          KVCacheDType kv_cache_dtype, DType q_dtype, bool is_prefill,
                           std::optional<bool> force_use_trtllm, bool has_sinks, bool has_spec);
 
 // ---------------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ bool use_trtllm_attention(const BackendConfig& config, int64_t num_qo_heads, int
 struct AttentionSelectorConfig {
   int64_t head_size = 128;
   DType dtype = DType::bf16;
-  std::string kv_cache_dtype = "auto";
+  KVCacheDType kv_cache_dtype = KVCacheDType::Auto;
   std::optional<int64_t> block_size;  // nullopt = not decided yet
   bool use_mla = false;
   bool has_sink = false;
@@ -170,12 +171,12 @@ class AttentionBackend {
 
   // ---- dtypes -----------------------------------------------------------------------
   virtual std::vector<DType> supported_dtypes() const { return {DType::f16, DType::bf16}; }
-  virtual std::vector<std::string> supported_kv_cache_dtypes() const {
-    return {"auto", "float16", "bfloat16"};
+  virtual std::vector<KVCacheDType> supported_kv_cache_dtypes() const {
+    return {KVCacheDType::Auto, KVCacheDType::Float16, KVCacheDType::BFloat16};
   }
   bool supports_dtype(DType dtype) const;
-  // "auto"-style names: in supported_kv_cache_dtypes() (an empty list accepts all).
-  virtual bool supports_kv_cache_dtype(std::string_view kv_cache_dtype, const BackendConfig& config) const;
+  // In supported_kv_cache_dtypes() (an empty list accepts all).
+  virtual bool supports_kv_cache_dtype(KVCacheDType kv_cache_dtype, const BackendConfig& config) const;
 
   // ---- geometry -----------------------------------------------------------------------
   // Default [MultipleOf(1)].  `spec` may be null.

@@ -32,9 +32,9 @@ namespace kvattn {
 class FlashInferBackend final : public AttentionBackend {
  public:
   std::string get_name() const override { return "FLASHINFER"; }
-  std::vector<std::string> supported_kv_cache_dtypes() const override;
+  std::vector<KVCacheDType> supported_kv_cache_dtypes() const override;
   // nvfp4*: only with the SM100 trtllm-gen path — and kvattn has no NVFP4 kernel, so never.
-  bool supports_kv_cache_dtype(std::string_view kv_cache_dtype, const BackendConfig& config) const override;
+  bool supports_kv_cache_dtype(KVCacheDType kv_cache_dtype, const BackendConfig& config) const override;
   // [16, 32, 64]; [16 .. 1024] when GQA on SM100 with trtllm-gen usable.
   std::vector<KernelBlockSize> get_supported_kernel_block_sizes(const KVCacheSpec* spec,
                                                                 const BackendConfig& config) const override;
@@ -59,8 +59,8 @@ class FlashInferBackend final : public AttentionBackend {
   std::shared_ptr<AttentionImpl> make_impl(const AttentionImplParams& params,
                                            const BackendConfig& config) const override;
 
-  // "fp8"/"fp8_e4m3" -> fp8_e4m3, "fp8_e5m2" -> fp8_e5m2, "nvfp4*" -> u8; else InvalidArgument.
-  static DType get_dtype_for_flashinfer(std::string_view kv_cache_dtype);
+  // fp8 / fp8_e4m3 -> fp8_e4m3, fp8_e5m2 -> fp8_e5m2, nvfp4 -> u8; else InvalidArgument.
+  static DType get_dtype_for_flashinfer(KVCacheDType kv_cache_dtype);
 };
 
 // ---------------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ class FlashInferMetadataBuilder final : public AttentionMetadataBuilder {
   bool use_trtllm_gen_varlen_decode() const noexcept { return use_trtllm_gen_varlen_decode_; }
   bool use_dcp() const noexcept { return dcp_world_size_ > 1; }
   int64_t num_qo_heads() const noexcept { return num_qo_heads_; }
-  const std::string& cache_dtype() const noexcept { return cache_dtype_; }
+  KVCacheDType cache_dtype() const noexcept { return cache_dtype_; }
   DType kv_cache_dtype() const noexcept { return kv_cache_dtype_; }
   const PerLayerParameters& global_hyperparameters() const noexcept { return global_; }
   // max(flashinfer_workspace_buffer_size, max_num_batched_tokens * heads * head_dim * 16).
@@ -214,7 +214,7 @@ class FlashInferMetadataBuilder final : public AttentionMetadataBuilder {
   int64_t dcp_world_size_ = 1, dcp_rank_ = 0, dcp_kv_cache_interleave_size_ = 1;
   bool dcp_a2a_ = false;
   int64_t num_qo_heads_ = 0, num_kv_heads_ = 0, head_dim_ = 0, page_size_ = 0;
-  std::string cache_dtype_ = "auto";
+  KVCacheDType cache_dtype_ = KVCacheDType::Auto;
   bool is_kvcache_nvfp4_ = false;
   DType kv_cache_dtype_ = DType::bf16;
   DType q_data_type_prefill_ = DType::bf16, q_data_type_decode_ = DType::bf16;
@@ -303,12 +303,14 @@ class FlashInferImpl final : public AttentionImpl {
   void run_decode(const FlashInferMetadata& md, const AttentionLayer& layer, const Tensor& query,
                   const Tensor& k_cache, const Tensor& v_cache, const Tensor& output) const;
   AttentionRunArgs run_args(const AttentionLayer& layer, DType q_dtype) const;
+  // The layer's attention options (window, soft cap, scale, sinks) for one kernel call.
+  ops::AttentionOptions layer_options(bool causal, double q_scale) const;
 
   int64_t num_heads_, head_size_, num_kv_heads_;
   double scale_;
   int64_t window_left_ = -1;
   std::optional<double> logits_soft_cap_;
-  std::string cache_dtype_;
+  KVCacheDType cache_dtype_;
   bool is_kvcache_nvfp4_ = false;
   std::optional<std::string> kv_sharing_target_layer_name_;
   Tensor sinks_source_, sinks_;

@@ -40,8 +40,9 @@ class ReferenceBackend final : public AttentionBackend {
  public:
   std::string get_name() const override { return "REFERENCE"; }
   std::vector<DType> supported_dtypes() const override { return {DType::f32, DType::f16, DType::bf16}; }
-  std::vector<std::string> supported_kv_cache_dtypes() const override {
-    return {"auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"};
+  std::vector<KVCacheDType> supported_kv_cache_dtypes() const override {
+    return {KVCacheDType::Auto, KVCacheDType::BFloat16, KVCacheDType::Float16,
+            KVCacheDType::Fp8,  KVCacheDType::Fp8E4M3,  KVCacheDType::Fp8E5M2};
   }
   bool supports_compute_capability(const std::optional<DeviceCapability>& cap) const override { return !cap; }
   bool supports_sink(const BackendConfig&) const override { return true; }

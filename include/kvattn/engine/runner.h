@@ -34,9 +34,9 @@ struct RunConfig {
   std::string model = "tiny-llama";     // preset name or config.json path
   std::optional<int64_t> num_layers;    // serve only the first N layers of the model
   Device device = Device::cpu();
-  std::string layout = "auto";
+  std::optional<KVCacheLayout> layout;  // nullopt = automatic (the planner's resolution)
   std::optional<int64_t> block_size;   // default: the plan's (16; larger for hybrid models)
-  std::string kv_cache_dtype = "auto";
+  KVCacheDType kv_cache_dtype = KVCacheDType::Auto;
   int32_t max_num_seqs = 32;
   int32_t max_num_batched_tokens = 1024;
   std::optional<int64_t> max_model_len;
@@ -74,8 +74,8 @@ struct StepTiming {
 struct RunStats {
   std::string model;
   std::string device;
-  std::string layout;
-  std::string kv_cache_dtype;
+  std::string layout;          // layout_name of the plan's layout
+  std::string kv_cache_dtype;  // dtype_name of the cache's element dtype
   std::string backend;
   int64_t dcp = 1;
   std::string dcp_transport;  // empty without DCP

@@ -42,7 +42,7 @@ struct KVCacheConfig {
   std::vector<KVCacheTensor> kv_cache_tensors;
   std::vector<KVCacheGroupSpec> kv_cache_groups;
   std::optional<int64_t> prefix_cache_retention_interval = std::nullopt;
-  std::optional<std::string> kv_cache_layout = std::nullopt;  // resolved layout name adopted by all workers
+  std::optional<KVCacheLayout> kv_cache_layout = std::nullopt;  // the resolved layout adopted by all workers
 
   // (inferred) blocks `tensor` holds: num_blocks for every ordinary tensor.
   int64_t num_blocks_of(const KVCacheTensor& tensor) const;

@@ -77,6 +77,9 @@ std::vector<std::string> layout_names(const LayoutList& layouts);
 // vLLM's `_layout_from_name`: accepts the six names and the legacy aliases NHD (-> LBNHC) and
 // HND (-> LBHNC).  Throws InvalidArgument naming the bad value and listing the valid layouts.
 KVCacheLayout layout_from_name(std::string_view name);
+// A layout option as the CLI and Python take it: "auto" -> nullopt (resolve automatically), else
+// layout_from_name(name).
+std::optional<KVCacheLayout> parse_layout_option(std::string_view name);
 
 // FlashInfer's name for the block interior: "NHD" or "HND".  LHBNC has no FlashInfer form:
 // throws Unsupported (vLLM asserts; FlashInfer never declares LHBNC).
@@ -97,16 +100,18 @@ LayoutList get_supported_kv_cache_layouts(
 
 // The slice of vLLM's CacheConfig that holds the resolved layout.
 struct CacheConfig {
-  // Resolved layout *name* (canonical, e.g. "LBNHC"); nullopt = not resolved yet.  Resolved once
-  // (resolve_kv_cache_layout) and final afterwards; tests/tools may pre-set it.
-  std::optional<std::string> kv_cache_layout;
+  // The resolved layout; nullopt = not resolved yet.  Resolved once (resolve_kv_cache_layout)
+  // and final afterwards; tests/tools may pre-set it.
+  std::optional<KVCacheLayout> kv_cache_layout;
 
-  // Throws InvalidArgument if unresolved; else layout_from_name(*kv_cache_layout).
+  // Throws InvalidArgument if unresolved; else *kv_cache_layout.
   KVCacheLayout get_resolved_kv_cache_layout() const;
 };
 
-// Adopt a layout resolved elsewhere.  Aliases normalise (NHD -> LBNHC); re-recording the same
-// layout is fine; recording a different one throws InvalidArgument ("already resolved to X").
+// Adopt a layout resolved elsewhere.  Re-recording the same layout is fine; recording a different
+// one throws InvalidArgument ("already resolved to X").  The name form accepts layout_from_name's
+// names (aliases normalise: NHD -> LBNHC).
+void record_kv_cache_layout(CacheConfig& cache_config, KVCacheLayout layout);
 void record_kv_cache_layout(CacheConfig& cache_config, std::string_view layout_name);
 
 // vLLM's resolve_kv_cache_layout (seed version), steps:
@@ -128,6 +133,12 @@ KVCacheLayout resolve_kv_cache_layout(CacheConfig& cache_config,
                                       const std::vector<KVCacheSpecPtr>& kv_cache_specs = {},
                                       const std::optional<std::string>& requested_layout = std::nullopt,
                                       const std::optional<std::string>& connector_layout = std::nullopt);
+// The same over parsed layouts (what the planner and the engine call): every argument explicit,
+// so a braced list of names always picks the form above.
+KVCacheLayout resolve_kv_cache_layout(CacheConfig& cache_config, const std::vector<LayoutList>& supported_layouts,
+                                      const std::vector<KVCacheSpecPtr>& kv_cache_specs,
+                                      std::optional<KVCacheLayout> requested_layout,
+                                      std::optional<KVCacheLayout> connector_layout);
 
 // The valid values of VLLM_KV_CACHE_LAYOUT (envs.py choices, aliases included).
 inline constexpr std::array<std::string_view, 8> kKVCacheLayoutEnvChoices = {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvattn/core/dtype.h"
+#include "kvattn/core/kv_cache_dtype.h"
 #include "kvattn/kv/kv_cache_layout.h"
 
 namespace kvattn {
@@ -47,6 +48,9 @@ bool is_nvfp4(KVQuantMode mode) noexcept;           // NVFP4 only
 // unknown); prefix "fp8" -> FP8_PER_TENSOR; anything else ("auto", "bfloat16") -> NONE.
 KVQuantMode get_kv_quant_mode(std::string_view cache_dtype);
 bool is_quantized_kv_cache(std::string_view cache_dtype);
+// The same for a parsed kv_cache_dtype: fp8 / fp8_e4m3 / fp8_e5m2 -> FP8_PER_TENSOR, nvfp4 -> NVFP4,
+// auto / bfloat16 / float16 -> NONE.
+KVQuantMode get_kv_quant_mode(KVCacheDType cache_dtype) noexcept;
 
 // ---------------------------------------------------------------------------------------
 enum class KVCacheSpecKind : uint8_t {

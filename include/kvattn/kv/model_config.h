@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvattn/core/dtype.h"
+#include "kvattn/core/kv_cache_dtype.h"
 #include "kvattn/core/tensor.h"
 #include "kvattn/kv/kv_cache_config.h"
 #include "kvattn/kv/kv_cache_layout.h"
@@ -92,17 +93,16 @@ std::string format_bytes(int64_t bytes);
 // ---------------------------------------------------------------------------------------
 // Planning
 
-// The valid --kv-cache-dtype values.
-std::vector<std::string> kv_cache_dtype_choices();
-// KV element dtype for a --kv-cache-dtype value ("auto" -> the model dtype; "fp8" ->
-// fp8_e4m3).  InvalidArgument listing the choices otherwise.
-DType resolve_kv_cache_dtype(std::string_view kv_cache_dtype, DType model_dtype);
+// The KV element dtype the planner allocates for a kv_cache_dtype (kv_cache_storage_dtype:
+// auto -> the model dtype, fp8 -> fp8_e4m3, ...).  nvfp4 throws Unsupported (kvattn has no NVFP4
+// kernel).  The accepted names are kv_cache_dtype_choices() (kvattn/core/kv_cache_dtype.h).
+DType resolve_kv_cache_dtype(KVCacheDType kv_cache_dtype, DType model_dtype);
 
 struct PlanOptions {
   std::optional<int64_t> block_size;       // tokens per block; default 16 (hybrid: raised so an
                                            // attention page holds a Mamba state)
-  std::string kv_cache_dtype = "auto";     // see kv_cache_dtype_choices()
-  std::string layout = "auto";             // "auto" or a layout name / alias (NHD, HND)
+  KVCacheDType kv_cache_dtype = KVCacheDType::Auto;
+  std::optional<KVCacheLayout> layout;     // nullopt = automatic (vLLM's resolution)
   int64_t gpu_memory = 0;                  // bytes available to the KV cache
   std::optional<int64_t> max_model_len;    // overrides the model's
   int64_t max_num_batched_tokens = 2048;   // tokens in flight per step (sliding-window memory)
@@ -124,7 +124,7 @@ struct PlannedLayerView {
 struct KVPlan {
   ModelConfig model;
   int64_t block_size = 0;
-  std::string kv_cache_dtype;   // as requested
+  KVCacheDType kv_cache_dtype = KVCacheDType::Auto;  // as requested
   DType kv_dtype = DType::bf16; // element dtype of attention KV
   KVCacheLayout layout = KVCacheLayout::LBNHC;
   std::string layout_reason;    // why this layout (one sentence per step that decided it)

@@ -92,8 +92,8 @@ class TokenizerCodec final : public TextCodec {
 struct ModelLoadConfig {
   std::string device = "cpu";         // cpu | cuda | cuda:N
   std::string dtype = "auto";         // compute: auto | float32 | bfloat16 | float16
-  std::string kv_cache_dtype = "auto";
-  std::string layout = "auto";        // KV cache layout name or auto
+  std::string kv_cache_dtype = "auto";  // a kv_cache_dtype_choices() name (parse_kv_cache_dtype)
+  std::string layout = "auto";        // KV cache layout name (layout_from_name) or auto
   int64_t kv_cache_memory = 0;        // bytes; 0: the runner's default
   double gpu_memory_utilization = 0.9;
   int64_t max_model_len = 0;          // 0: config.json's

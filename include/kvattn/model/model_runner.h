@@ -19,6 +19,7 @@
 
 #include "kvattn/core/device.h"
 #include "kvattn/core/dtype.h"
+#include "kvattn/core/kv_cache_dtype.h"
 #include "kvattn/core/tensor.h"
 #include "kvattn/kv/kv_cache_layout.h"
 
@@ -43,7 +44,7 @@ class ModelRunner {
     // ("auto" means f32); bfloat16 / float16 compute on CPU is Unsupported.  On CUDA f32, bf16
     // and f16; "auto" = the checkpoint's torch_dtype, float32 checkpoints computed in bf16.
     std::optional<DType> compute_dtype;
-    std::string kv_cache_dtype = "auto";  // auto (= compute dtype), float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2
+    KVCacheDType kv_cache_dtype = KVCacheDType::Auto;  // auto = the compute dtype
     std::optional<KVCacheLayout> layout;  // nullopt = "auto" (the planner's choice)
     // Bytes for the KV cache; 0 = the default (CPU: enough for 8 requests of max_model_len,
     // at most 4 GiB, vLLM's CPU default KV space; CUDA: from gpu_memory_utilization).

@@ -11,46 +11,34 @@
 //     combine of DCP is attention/'s job.
 #pragma once
 
-#include <optional>
-
 #include "kvattn/core/tensor.h"
+#include "kvattn/ops/paged_attention.h"
 
 namespace kvattn::ops {
 
-struct CascadeAttentionArgs {
-  Tensor query;    // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16
-  Tensor k_cache;  // [num_pages, page_size, num_kv_heads, head_dim] strided view
-  Tensor v_cache;  // same as k_cache
+// The pages (PagedKVCache) hold each request's own pages, shared prefix removed, in either page
+// form; the options (AttentionOptions) apply to both levels, `causal` to the per-request level
+// only (the shared prefix precedes every row).  No sliding window and no sinks: cascade is never
+// chosen with them (vLLM), and a sink would be counted twice by the merge (InvalidArgument).
+struct CascadeAttentionArgs : PagedKVCache, AttentionOptions {
+  Tensor query;                   // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16
   Tensor qo_indptr;               // [batch + 1] int32/int64
   Tensor shared_kv_page_indices;  // [num_shared_pages] int32/int64: the common prefix, full
                                   //   pages (prefix length = num_shared_pages * page_size)
-  Tensor paged_kv_indptr;         // [batch + 1] per-request suffix pages (shared ones removed)
-  Tensor paged_kv_indices;        // [nnz] int32/int64
-  Tensor paged_kv_last_page_len;  // [batch] int32/int64
   Tensor out;                     // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16
-  double logits_soft_cap = 0.0;
-  std::optional<double> sm_scale;
-  double q_scale = 1.0, k_scale = 1.0, v_scale = 1.0;
-  // No sliding window and no sinks: cascade is never chosen with them (vLLM), and a sink
-  // would be counted twice by the merge.
 };
 void cascade_attention(const CascadeAttentionArgs& args);
 
-struct DcpPrefillArgs {
-  Tensor query;    // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16
-  Tensor k_cache;  // [num_pages, page_size, num_kv_heads, head_dim]: the context
-  Tensor v_cache;
-  Tensor qo_indptr;               // [batch + 1] int32/int64 (also the new tokens' kv indptr)
-  Tensor paged_kv_indptr;         // [batch + 1] context pages per request
-  Tensor paged_kv_indices;        // [nnz]
-  Tensor paged_kv_last_page_len;  // [batch]
-  Tensor key;    // [num_tokens, num_kv_heads, head_dim] new tokens, same dtype as query
-  Tensor value;  // [num_tokens, num_kv_heads, head_dim]
-  Tensor out;    // [num_tokens, num_qo_heads, head_dim]
-  int64_t window_left = -1;
-  double logits_soft_cap = 0.0;
-  std::optional<double> sm_scale;
-  double k_scale = 1.0, v_scale = 1.0;  // the cache's scales (context pass only)
+// The pages (PagedKVCache) hold the cached context only; the options (AttentionOptions) apply to
+// both passes, `causal` to the new tokens' pass (the context precedes them), k_scale / v_scale to
+// the context pass only (the new tokens are not quantised).  No sinks (InvalidArgument: the merge
+// would count them twice).
+struct DcpPrefillArgs : PagedKVCache, AttentionOptions {
+  Tensor query;      // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16
+  Tensor qo_indptr;  // [batch + 1] int32/int64 (also the new tokens' kv indptr)
+  Tensor key;        // [num_tokens, num_kv_heads, head_dim] new tokens, same dtype as query
+  Tensor value;      // [num_tokens, num_kv_heads, head_dim]
+  Tensor out;        // [num_tokens, num_qo_heads, head_dim]
 };
 void dcp_prefill_attention(const DcpPrefillArgs& args);
 

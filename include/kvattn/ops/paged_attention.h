@@ -92,15 +92,14 @@ class PagedAttentionPlan {
   std::shared_ptr<State> state_;
 };
 
-struct PagedAttentionArgs {
-  // ---- inputs -------------------------------------------------------------------------
-  Tensor query;    // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16, any strides
+// The paged KV cache one attention call reads: the caches, where each request's pages are, and
+// the scales that dequantise an fp8 cache.  Shared by PagedAttentionArgs, CascadeAttentionArgs and
+// DcpPrefillArgs (kvattn/ops/cascade.h), so one description of the pages reaches every op.
+struct PagedKVCache {
   Tensor k_cache;  // [num_pages, page_size, num_kv_heads, head_dim] strided view (NHD order of
                    //   the logical axes; HND / packed-C / layer-major layouts through strides)
                    //   f32/f16/bf16/fp8_e4m3/fp8_e5m2 (a u8 cache must be view_as(fp8) first)
   Tensor v_cache;  // same shape and dtype as k_cache, independent strides
-  Tensor qo_indptr;  // [batch + 1] int32/int64, non-decreasing, qo_indptr[0] == 0,
-                     //   qo_indptr[batch] <= num_tokens (vLLM query_start_loc)
   // Page form A — FlashInfer paged indices:
   Tensor paged_kv_indptr;         // [batch + 1] int32/int64, non-decreasing, [0] == 0
   Tensor paged_kv_indices;        // [>= indptr[batch]] int32/int64 page ids in [0, num_pages)
@@ -110,21 +109,38 @@ struct PagedAttentionArgs {
   Tensor block_table;  // [batch, max_blocks] int32/int64; the first ceil(kv_len/page_size)
                        //   entries of each row are page ids in [0, num_pages)
   Tensor seq_lens;     // [batch] int32/int64 kv lengths, <= max_blocks * page_size
+  double k_scale = 1.0;  // folded into sm_scale (1 unless the cache is fp8)
+  double v_scale = 1.0;  // multiplies the output
+
+  PagedKVCache& paged_kv() noexcept { return *this; }
+  const PagedKVCache& paged_kv() const noexcept { return *this; }
+};
+
+// How scores become probabilities: the options every attention op takes.
+struct AttentionOptions {
+  bool causal = true;
+  int64_t window_left = -1;           // -1 = no sliding window
+  double logits_soft_cap = 0.0;       // <= 0 = off
+  std::optional<double> sm_scale;     // default 1 / sqrt(head_dim)
+  double q_scale = 1.0;               // folded into sm_scale (FlashInfer run(q_scale=...))
+  Tensor sinks;                       // optional [num_qo_heads] f32 attention-sink logits
+
+  AttentionOptions& options() noexcept { return *this; }
+  const AttentionOptions& options() const noexcept { return *this; }
+};
+
+struct PagedAttentionArgs : PagedKVCache, AttentionOptions {
+  // ---- inputs (the pages: PagedKVCache; the options: AttentionOptions) -----------------
+  Tensor query;    // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16, any strides
+  Tensor qo_indptr;  // [batch + 1] int32/int64, non-decreasing, qo_indptr[0] == 0,
+                     //   qo_indptr[batch] <= num_tokens (vLLM query_start_loc)
   // ---- outputs ------------------------------------------------------------------------
   Tensor out;  // [num_tokens, num_qo_heads, head_dim] f32/f16/bf16, any strides; may not
                //   alias the inputs
   Tensor lse;  // optional [num_tokens, num_qo_heads] f32, any strides (for vLLM's
                //   [num_qo_heads, num_tokens] layout pass lse_ht.transpose(0, 1))
   LseBase lse_base = LseBase::Two;
-  // ---- options ------------------------------------------------------------------------
-  bool causal = true;
-  int64_t window_left = -1;           // -1 = no sliding window
-  double logits_soft_cap = 0.0;       // <= 0 = off
-  std::optional<double> sm_scale;     // default 1 / sqrt(head_dim)
-  double q_scale = 1.0;               // folded into sm_scale (FlashInfer run(q_scale=...))
-  double k_scale = 1.0;               // folded into sm_scale
-  double v_scale = 1.0;               // multiplies the output
-  Tensor sinks;             // optional [num_qo_heads] f32 attention-sink logits
+  // ---- further options ------------------------------------------------------------------
   Tensor mm_prefix_ranges;  // optional [num_tokens, 2] int32: absolute inclusive [start, end]
                             //   of the PrefixLM range holding each query row, (-1, -1) = none
                             //   (vLLM fill_mm_prefix_query_ranges)

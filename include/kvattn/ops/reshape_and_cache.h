@@ -5,8 +5,8 @@
 // >= 0:  block = slot / block_size, offset = slot % block_size, and for every head h, dim d
 //     key_cache[block, offset, h, d]   = cvt(key[t, h, d])
 //     value_cache[block, offset, h, d] = cvt(value[t, h, d])
-// where cvt is a plain dtype conversion for kv_cache_dtype "auto" and, for fp8,
-// fp8(float(x) / scale[h or 0]) saturating to the format's finite range.
+// where cvt is a plain dtype conversion for kv_cache_dtype auto / bfloat16 / float16 (the cache's
+// dtype) and, for fp8, fp8(float(x) / scale[h or 0]) saturating to the format's finite range.
 //
 // The caches are *strided views* shaped [num_blocks, block_size, num_kv_heads, head_size]
 // (the NHD order of the logical axes; any strides), so every KVCacheLayout works:
@@ -17,22 +17,17 @@
 
 #include <string_view>
 
+#include "kvattn/core/kv_cache_dtype.h"
 #include "kvattn/core/tensor.h"
 
 namespace kvattn::ops {
-
-// The KV-cache storage type, vLLM's `kv_cache_dtype` string ("auto", "fp8", "fp8_e4m3",
-// "fp8_e5m2"; "bfloat16"/"float16"/"float32" are accepted as "auto" when they match).
-enum class KVCacheDType { Auto, Fp8E4M3, Fp8E5M2 };
-// Throws InvalidArgument listing the valid names.
-KVCacheDType parse_kv_cache_dtype(std::string_view name);
-const char* kv_cache_dtype_name(KVCacheDType t) noexcept;
 
 struct ReshapeAndCacheArgs {
   Tensor key;           // [num_tokens_padded, num_kv_heads, head_size] f32/f16/bf16, any strides
   Tensor value;         // [num_tokens_padded, num_kv_heads, head_size] same dtype as key
   Tensor key_cache;     // [num_blocks, block_size, num_kv_heads, head_size] strided view;
-                        //   Auto: dtype == key dtype; fp8: fp8_e4m3/fp8_e5m2 (matching) or u8
+                        //   dtype kv_cache_storage_dtype(kv_cache_dtype, key dtype); fp8 caches
+                        //   may also be u8 (viewed as the fp8 format); nvfp4: Unsupported
   Tensor value_cache;   // same shape and dtype as key_cache (strides may differ)
   Tensor slot_mapping;  // [num_tokens] int64 (or int32); num_tokens <= key rows; -1 = skip
   KVCacheDType kv_cache_dtype = KVCacheDType::Auto;
@@ -44,7 +39,10 @@ struct ReshapeAndCacheArgs {
 // touching memory, then dispatches on key's device.
 void reshape_and_cache_flash(const ReshapeAndCacheArgs& args);
 
-// vLLM argument order.
+// vLLM argument order; the string form parses the name (parse_kv_cache_dtype).
+void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tensor& key_cache,
+                             const Tensor& value_cache, const Tensor& slot_mapping,
+                             KVCacheDType kv_cache_dtype, const Tensor& k_scale, const Tensor& v_scale);
 void reshape_and_cache_flash(const Tensor& key, const Tensor& value, const Tensor& key_cache,
                              const Tensor& value_cache, const Tensor& slot_mapping,
                              std::string_view kv_cache_dtype, const Tensor& k_scale,

@@ -42,7 +42,7 @@ struct Strided4 {
 
 void reshape_and_cache_flash(const ReshapeAndCacheArgs& a, const detail::CacheWriteDims& d) {
   const IndexView slots(a.slot_mapping);
-  const bool fp8 = a.kv_cache_dtype != KVCacheDType::Auto;
+  const bool fp8 = is_fp8(a.kv_cache_dtype);
   const DType src_t = a.key.dtype(), dst_t = d.cache_dtype;
   const int64_t ses = a.key.element_size(), des = dtype_size(dst_t);
   const Strided4 kc(a.key_cache), vc(a.value_cache);

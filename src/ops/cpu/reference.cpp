@@ -22,7 +22,7 @@ void reshape_and_cache_flash(const ReshapeAndCacheArgs& a) {
   const detail::CacheWriteDims d = detail::validate_reshape_and_cache(a);
   require_cpu(a.key, "reshape_and_cache_flash");
   const detail::IndexView slots(a.slot_mapping);
-  const bool fp8 = a.kv_cache_dtype != KVCacheDType::Auto;
+  const bool fp8 = is_fp8(a.kv_cache_dtype);
   for (int64_t t = 0; t < d.num_tokens; ++t) {
     const int64_t slot = slots[t];
     if (slot < 0) continue;  // padding, or a token owned by another DCP rank

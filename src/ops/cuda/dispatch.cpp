@@ -198,7 +198,7 @@ void reshape_and_cache_flash(const ReshapeAndCacheArgs& a) {
   p.head_size = d.head_size;
   p.block_size = d.block_size;
   p.num_blocks = d.num_blocks;
-  if (a.kv_cache_dtype != KVCacheDType::Auto) {
+  if (is_fp8(a.kv_cache_dtype)) {
     p.k_scale = static_cast<const float*>(a.k_scale.data());
     p.v_scale = static_cast<const float*>(a.v_scale.data());
     p.per_head_scale = d.per_head_scale;
