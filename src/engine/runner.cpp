@@ -298,17 +298,7 @@ void Runner::choose_kernel_block_sizes() {
   // the manager's block size when the backend accepts it, else the largest size it accepts that
   // divides it (virtual block splitting); block-outermost packed groups and Mamba keep theirs.
   const BlockSizeBackend bsb = native_backend_->block_size_backend(backend_cfg_);
-  const auto& kv_groups = plan_.config.kv_cache_groups;
-  std::vector<std::vector<AttentionGroup>> attn_groups(kv_groups.size());
-  for (size_t gid = 0; gid < kv_groups.size(); ++gid) {
-    AttentionGroup g;
-    g.backend = &bsb;
-    g.layer_names = kv_groups[gid].layer_names;
-    g.kv_cache_spec = kv_groups[gid].kv_cache_spec;
-    g.kv_cache_group_id = static_cast<int64_t>(gid);
-    attn_groups[gid].push_back(std::move(g));
-  }
-  kernel_block_sizes_ = prepare_kernel_block_sizes(plan_.config, attn_groups);
+  kernel_block_sizes_ = prepare_kernel_block_sizes(plan_.config, one_backend_attention_groups(plan_.config, bsb));
 }
 
 void Runner::setup_layers() {

@@ -151,4 +151,19 @@ KVCacheViews map_kv_caches_to_kernel_blocks(const KVCacheViews& kv_caches,
   return map_kv_caches_to_kernel_blocks(kv_caches, ptrs);
 }
 
+std::vector<std::vector<AttentionGroup>> one_backend_attention_groups(const KVCacheConfig& kv_cache_config,
+                                                                      const BlockSizeBackend& backend) {
+  const auto& kv_groups = kv_cache_config.kv_cache_groups;
+  std::vector<std::vector<AttentionGroup>> groups(kv_groups.size());
+  for (size_t gid = 0; gid < kv_groups.size(); ++gid) {
+    AttentionGroup g;
+    g.backend = &backend;
+    g.layer_names = kv_groups[gid].layer_names;
+    g.kv_cache_spec = kv_groups[gid].kv_cache_spec;
+    g.kv_cache_group_id = static_cast<int64_t>(gid);
+    groups[gid].push_back(std::move(g));
+  }
+  return groups;
+}
+
 }  // namespace kvattn

@@ -16,6 +16,7 @@
 #include "kvattn/batch/input_batch.h"
 #include "kvattn/core/error.h"
 #include "kvattn/kv/allocate.h"
+#include "kvattn/kv/attention_group.h"
 #include "kvattn/kv/block_size.h"
 #include "kvattn/kv/model_config.h"
 #include "kvattn/model/model_dir.h"
@@ -339,11 +340,11 @@ void ModelRunner::Impl::build_attention(int64_t budget, int64_t max_len, const s
     throw Unsupported(fmt::format("--kv-cache-dtype {} is not supported by the attention backend; valid: {}",
                                   kv_cache_dtype_name(o.kv_cache_dtype),
                                   kv_cache_dtype_names(backend_->supported_kv_cache_dtypes())));
+  // One kernel block size per KV cache group, as the worker picks it (vLLM's
+  // prepare_kernel_block_sizes), all on the FlashInfer backend.
   const BlockSizeBackend bsb = backend_->block_size_backend(bc_);
-  std::vector<int64_t> kernel_block_sizes;
-  for (const auto& gs : plan_.config.kv_cache_groups)
-    kernel_block_sizes.push_back(
-        select_common_block_size(gs.kv_cache_spec->block_size(), {&bsb}, {gs.kv_cache_spec.get()}));
+  const std::vector<int64_t> kernel_block_sizes =
+      prepare_kernel_block_sizes(plan_.config, one_backend_attention_groups(plan_.config, bsb));
   views_ = allocate_kv_cache(plan_.config, o.device, plan_.layout, kernel_block_sizes);
 
   // ---- layers: one backend impl each, with the model's scale, window and soft cap --------

@@ -206,5 +206,24 @@ TEST(WorkerBlockSize, PrepareKernelBlockSizesMambaAndEncoderOnly) {
   EXPECT_THROW((void)prepare_kernel_block_sizes(cfg, short_ag), InvalidArgument);
 }
 
+TEST(WorkerBlockSize, OneBackendAttentionGroups) {
+  const auto full = FullAttentionSpec(64, 1, 64, DType::bf16);
+  const auto swa = SlidingWindowSpec(64, 1, 64, DType::bf16, 128);
+  const std::vector<KVCacheGroupSpec> groups = {{{"l.0", "l.2"}, full}, {{"l.1", "l.3"}, swa}};
+  const KVCacheConfig cfg = materialize_kv_cache_config(groups, KVCacheLayout::LBNHC, 2);
+  const BS b16 = BS::with_sizes("B16", {int64_t{16}, int64_t{32}});
+  const auto ag = one_backend_attention_groups(cfg, b16);
+  ASSERT_EQ(ag.size(), 2u);
+  for (size_t gid = 0; gid < ag.size(); ++gid) {
+    ASSERT_EQ(ag[gid].size(), 1u);
+    EXPECT_EQ(ag[gid][0].backend, &b16);
+    EXPECT_EQ(ag[gid][0].kv_cache_group_id, static_cast<int64_t>(gid));
+    EXPECT_EQ(ag[gid][0].layer_names, cfg.kv_cache_groups[gid].layer_names);
+    EXPECT_EQ(ag[gid][0].kv_cache_spec, cfg.kv_cache_groups[gid].kv_cache_spec);
+  }
+  // Both groups' manager blocks of 64 split into the largest accepted size that divides them.
+  EXPECT_EQ(prepare_kernel_block_sizes(cfg, ag), (std::vector<int64_t>{32, 32}));
+}
+
 }  // namespace
 }  // namespace kvattn

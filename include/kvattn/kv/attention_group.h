@@ -78,4 +78,10 @@ KVCacheViews map_kv_caches_to_kernel_blocks(const KVCacheViews& kv_caches,
 KVCacheViews map_kv_caches_to_kernel_blocks(const KVCacheViews& kv_caches,
                                             std::vector<AttentionGroup>& attn_groups);
 
+// The attention groups of a runner with one backend: per KV cache group gid, one group of all
+// its layers on `backend` (what prepare_kernel_block_sizes takes as attn_groups).  `backend`
+// must outlive the result.
+std::vector<std::vector<AttentionGroup>> one_backend_attention_groups(const KVCacheConfig& kv_cache_config,
+                                                                      const BlockSizeBackend& backend);
+
 }  // namespace kvattn
