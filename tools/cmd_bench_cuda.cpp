@@ -1,22 +1,25 @@
-// `kvattn bench-cuda`: the CUDA kernels on the shapes of docs/PERFORMANCE.md, timed with CUDA
-// events (median), next to the copy bandwidth and the mma.sync and wgmma bf16 rates measured in
-// the same run.  The prefill section also times the Hopper prefill shapes (plans kept) on the
-// wgmma kernel (src/ops/cuda/hopper_prefill.cu, forced) and on the mma.sync kernel, each row
-// tagged with the kernel that ran and FlashInfer's FA3 paged figure for the shape.  Setup (as the FlashInfer anchors): bf16, 32 query heads / 8 KV heads, head dim 128,
-// page 16, cache [num_pages, 2, page, Hkv, D] (K and V of a page adjacent, NHD), page ids a
-// random permutation of a ~9 GB pool; calls rotate over disjoint page sets when one call's
-// KV is under 256 MB, so the data is not L2-resident.
+// `kvattn bench-cuda`: the product table of the CUDA kernels on the shapes of
+// docs/PERFORMANCE.md — for each target shape kvattn's time and rate (CUDA events, median), the
+// ceiling measured in the same run (device copy, mma.sync / wgmma rate), FlashInfer's figure for
+// the shape on an H200 and the target.  Setup (as the FlashInfer anchors): bf16, 32 query heads /
+// 8 KV heads, head dim 128, page 16, cache [num_pages, 2, page, Hkv, D] (K and V of a page
+// adjacent, NHD), page ids a random permutation of a ~9 GB pool; calls rotate over disjoint page
+// sets when one call's KV is under 256 MB, so the data is not L2-resident.  Decode and prefill
+// targets are timed on a plan kept across calls ("[plan kept]": an ops::PagedAttentionPlan
+// planned before the timing, what the layers after the first of an engine step run, and what
+// FlashInfer's anchors time, run() after a host-side plan()).
 //
-//   kvattn bench-cuda [--quick] [--only decode|prefill|write|merge|small]
+//   kvattn bench-cuda [--quick] [--only decode|prefill|write|merge|small] [--diagnostics] [--json]
 //
-// The target decode and prefill shapes run twice: "[plan per call]" (every call runs its plan
-// kernel) and "[plan kept]" (an ops::PagedAttentionPlan planned before the timing: what the
-// layers after the first of an engine step run, and what FlashInfer's anchors time, run()
-// after a host-side plan()).
+// --diagnostics adds the rows that explain the product figures (plan per call, other paths and
+// kernels on the same calls through the tool's routing hooks, loads-only ceilings, probes, the
+// wgmma consumer schedules); --json writes bench/plot.py's input.  The instruments (ceilings,
+// probes, event timing) are tools/cuda/, part of this tool, not of the library.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -30,11 +33,12 @@
 #include "kvattn/core/cuda_runtime_api.h"
 #include "kvattn/core/tensor.h"
 #include "kvattn/ops/ops.h"
+#include <nlohmann/json.hpp>
 #if defined(KVATTN_WITH_CUDA)
+#include "cuda/bench_routing.h"
+#include "cuda/bench_support.h"
 #include "ops/cuda/hopper_prefill.h"
-#include "ops/cuda/kernels.h"
-#include "ops/cuda/page_decode.h"
-#include "ops/cuda/small_decode.h"
+#include "ops/cuda/routing.h"
 #endif
 
 namespace kvattn::tools {
@@ -47,13 +51,19 @@ struct Opts {
   bool fp8 = false;
   bool mixed = false;  // --batch case with lengths U[256, kv_len] (the 128xU row's generator)
   int64_t long_len = 0;  // --batch case: the last request's length instead (one long request among short ones)
-  std::string variants;  // --batch case once per "opts/splits" pair of the decode v6 path
+  std::string variants;  // --batch case once per "opts/splits[/chunk]" setting of attn_kernel's decode
+  bool diagnostics = false;  // --diagnostics: variants, probes and loads-only ceilings among the rows
+  bool json = false;         // --json: one JSON object (bench/plot.py's input) instead of the table
+  int64_t iters = 0, spaced_us = 0, gather_ctas = 0;  // measurement settings (tools/cuda/bench_support.h)
+  bool loop_mean = false;
+  std::string gather_timeline;
   bool kept_plan = false;  // --kept-plan: the --batch case on a plan kept across calls
   bool sequential_pages = false;  // --sequential-pages: decode page ids in pool order (diagnostic)
 };
 
 #if defined(KVATTN_WITH_CUDA)
 namespace k = kvattn::ops::cuda_impl::k;
+namespace cb = kvattn::tools::cuda_bench;
 
 constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
 // --sequential-pages: decode requests read consecutive pool pages instead of a random permutation
@@ -118,8 +128,29 @@ struct Row {
   std::string unit, target;
 };
 
+// --json: the rows are collected and written as one object at the end (finish)
+bool g_json = false;
+std::vector<Row>& json_rows() {
+  static std::vector<Row> rows;
+  return rows;
+}
+
 void print_row(const Row& r) {
+  if (g_json) {
+    json_rows().push_back(r);
+    return;
+  }
   fmt::print("{:<44} {:>10.1f} us {:>9.3f} {:<8} {}\n", r.name, r.us, r.value, r.unit, r.target);
+  std::fflush(stdout);
+}
+
+// --json: {"device", "sms", "rows": [{"name", "us", "value", "unit", "target"}]} (bench/plot.py SCHEMA)
+void finish(const std::string& device, int sms) {
+  if (!g_json) return;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Row& r : json_rows())
+    rows.push_back({{"name", r.name}, {"us", r.us}, {"value", r.value}, {"unit", r.unit}, {"target", r.target}});
+  fmt::print("{}\n", nlohmann::json{{"device", device}, {"sms", sms}, {"rows", rows}}.dump(1));
   std::fflush(stdout);
 }
 
@@ -193,7 +224,7 @@ Row bench_decode(const std::string& name, const Pool& pool, const std::vector<in
     ops::paged_attention(x->a);
   };
   for (size_t s = 0; kept_plan && s < ds.size(); ++s) call(&ctx, static_cast<int>(s));  // the step's plans
-  const double us = k::time_median_us(call, &ctx, 10, quick ? 20 : 60);
+  const double us = cb::time_median_us(call, &ctx, 10, quick ? 20 : 60);
   // host time to submit one call (no sync inside the loop): when it is near the event time,
   // the event time measures the host, not the kernel
   double host_us = 0;
@@ -255,7 +286,7 @@ Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t 
     a.plan = &plan;
     ops::paged_attention(a);
   }
-  const double us = k::time_median_us([](void* c, int) { ops::paged_attention(*static_cast<ops::PagedAttentionArgs*>(c)); },
+  const double us = cb::time_median_us([](void* c, int) { ops::paged_attention(*static_cast<ops::PagedAttentionArgs*>(c)); },
                                       &a, 3, quick ? 5 : 20);
   const double ctx = double(L - Lq);
   const double pairs = causal ? double(Lq) * ctx + double(Lq) * (Lq + 1) / 2 : double(Lq) * L;
@@ -295,7 +326,7 @@ Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool qui
   ctx.a.key_cache = pool.k;
   ctx.a.value_cache = pool.v;
   ctx.slots = &slots;
-  const double us = k::time_median_us(
+  const double us = cb::time_median_us(
       [](void* c, int i) {
         auto* x = static_cast<Ctx*>(c);
         x->a.slot_mapping = (*x->slots)[static_cast<size_t>(i) % x->slots->size()];
@@ -321,7 +352,7 @@ Tensor first_set_page_ids(const Pool& pool, int64_t count) {
 
 // A lower bound of the read ceiling of decode's access pattern: the K / V rows of B uniform
 // requests of L keys on the pages bench_decode gives its first set (same permutation), loaded
-// and discarded in the decode's unit order (k::measure_kv_gather_tbps).
+// and discarded in the decode's unit order (cb::measure_kv_gather_tbps).
 // mode 1: balanced ranges of tiles; 2: balanced ranges of whole pages (every KV head at once);
 // 3: the same pages by the bulk copy engine (the highest read rate measured over these pages);
 // 4: mode 3 with pages claimed in blocks of 4 at run time (no equal-range imbalance at the end).
@@ -341,14 +372,14 @@ Row bench_gather(const Pool& pool, int64_t B, int64_t L, int mode = 0) {
   }
   const Tensor indices = first_set_page_ids(pool, B * n);
   const int64_t es = pool.k.element_size();
-  r.value = k::measure_kv_gather_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * es, pool.k.stride(1) * es,
+  r.value = cb::measure_kv_gather_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * es, pool.k.stride(1) * es,
                                       pool.k.stride(2) * es, indices.data_ptr<int32_t>(), static_cast<int>(B),
                                       static_cast<int>(L / 64), static_cast<int>(kHkv), mode);
   return r;
 }
 
-// The whole-page decode probe (k::measure_page_decode_probe_tbps) on the pages bench_gather uses.
-// mode: 0 merge untimed, 1 one launch, 2 two launches (see k::measure_page_decode_probe_tbps)
+// The whole-page decode probe (cb::measure_page_decode_probe_tbps) on the pages bench_gather uses.
+// mode: 0 merge untimed, 1 one launch, 2 two launches (see cb::measure_page_decode_probe_tbps)
 Row bench_page_probe(const Pool& pool, int64_t B, int64_t L, int mode) {
   const int64_t n = L / kPage;
   Row r;
@@ -361,7 +392,7 @@ Row bench_page_probe(const Pool& pool, int64_t B, int64_t L, int mode) {
   }
   const Tensor indices = first_set_page_ids(pool, B * n);
   double err = -1;
-  r.value = k::measure_page_decode_probe_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * pool.k.element_size(),
+  r.value = cb::measure_page_decode_probe_tbps(pool.k.data(), pool.v.data(), pool.k.stride(0) * pool.k.element_size(),
                                               indices.data_ptr<int32_t>(), static_cast<int>(B), static_cast<int>(n), mode,
                                               &err);
   r.target = r.value > 0 ? fmt::format("max |err| vs f32 reference {:.2e}", err) : "(shape not covered)";
@@ -385,7 +416,7 @@ Row bench_merge(int64_t T, const std::string& target, bool quick) {
     fill_device_random(x.sl, 50 + i);
     s.push_back(x);
   }
-  const double us = k::time_median_us(
+  const double us = cb::time_median_us(
       [](void* c, int i) {
         auto* v = static_cast<std::vector<Set>*>(c);
         const Set& x = (*v)[static_cast<size_t>(i) % v->size()];
@@ -401,294 +432,318 @@ Row bench_merge(int64_t T, const std::string& target, bool quick) {
   return r;
 }
 
+// Runs the decode rows of `name` on `lens` under the routing `change` makes (then restores it).
+template <typename F>
+Row with_routing(F change, const std::function<Row()>& row) {
+  const k::KernelRouting saved = cb::routing();
+  change(cb::routing());
+  Row r = row();
+  cb::routing() = saved;
+  return r;
+}
+
+// The diagnostic modes (--batch, --only small): a shape or a path in detail.
+int run_batch(const Opts& o) {
+  KVATTN_CHECK(!o.mixed || o.kv_len >= 256, "bench-cuda: --mixed draws lengths from U[256, --kv-len]; --kv-len {} is "
+               "below 256", o.kv_len);
+  std::vector<int64_t> lens(static_cast<size_t>(o.batch), o.kv_len);
+  if (o.mixed) {
+    std::mt19937 rng(99);
+    std::uniform_int_distribution<int64_t> u(256, o.kv_len);
+    for (auto& x : lens) x = u(rng);
+  }
+  if (o.long_len > 0) lens.back() = o.long_len;
+  int64_t pages = 0;
+  for (int64_t x : lens) pages += (x + kPage - 1) / kPage;
+  const DType dt = o.fp8 ? DType::fp8_e4m3 : DType::bf16;
+  Pool one = make_pool(std::max<int64_t>(pages * 2 + 1, 1024), dt);
+  const std::string name = fmt::format("decode {} {}x{}{}", o.fp8 ? "fp8" : "bf16", o.batch, o.mixed ? "U[256," : "",
+                                       o.kv_len) + (o.mixed ? "]" : "") +
+                           (o.long_len > 0 ? fmt::format(" (last {})", o.long_len) : std::string()) +
+                           (o.sequential_pages ? " [sequential pages]" : "");
+  if (o.variants.empty()) {
+    // bf16 uniform lengths of whole 512-key chunks: the loads-only kernel over the same pages first
+    if (!o.fp8 && !o.mixed && o.long_len == 0 && o.kv_len % 512 == 0) {
+      for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(one, o.batch, o.kv_len, mode));
+      for (int mode : {0, 1, 2}) print_row(bench_page_probe(one, o.batch, o.kv_len, mode));
+    }
+    print_row(bench_decode(name, one, lens, dt, "", true, o.kept_plan));
+    // the same call with the whole-page decode path off (attn_kernel's decode), same process
+    print_row(with_routing([](k::KernelRouting& r) { r.page_decode = k::Route::off; },
+                           [&] { return bench_decode(name + " [page path off]", one, lens, dt, "", true, o.kept_plan); }));
+    return 0;
+  }
+  // A/B of attn_kernel's decode settings in one process (routing.h decode_options / splits / chunk)
+  for (size_t pos = 0; pos < o.variants.size();) {
+    size_t end = o.variants.find(',', pos);
+    if (end == std::string::npos) end = o.variants.size();
+    const std::string v = o.variants.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t slash = v.find('/');
+    const size_t slash2 = slash == std::string::npos ? slash : v.find('/', slash + 1);
+    const int opts = std::atoi(v.c_str()), splits = slash == std::string::npos ? 0 : std::atoi(v.c_str() + slash + 1);
+    const int chunk = slash2 == std::string::npos ? 0 : std::atoi(v.c_str() + slash2 + 1);
+    print_row(with_routing(
+        [&](k::KernelRouting& r) {
+          r.decode_options = opts & k::kDecodeOptsMask;
+          r.decode_splits = splits;
+          r.decode_chunk = chunk;
+        },
+        [&] {
+          return bench_decode(fmt::format("{} [opts {} splits {}{}]{}", name, opts, splits,
+                                          chunk > 0 ? fmt::format(" chunk {}", chunk) : std::string(),
+                                          o.kept_plan ? " [plan kept]" : ""),
+                              one, lens, dt, "", o.quick, o.kept_plan);
+        }));
+  }
+  return 0;
+}
+
+int run_small(const Opts& o, const Pool& pool) {
+  auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };
+  // the small-call path's measurement set: what a launch and its drain add to a spinning grid,
+  // the cluster kernel on 1 x 1024 (three rows), 4 warps against the automatic warp choice and the
+  // 8-warp route off against on (A/Bs, two rounds each), 1 x 8192 and 8 x 1024, then one request
+  // of 1024 to 8192 keys at a bound of 4, 8 and 16 pieces per unit
+  for (const auto& [ctas, cl, sm] : {std::tuple{128, 1, 0}, std::tuple{128, 16, 98304}, std::tuple{128, 8, 98304}})
+    print_row(Row{fmt::format("launch + drain: {} CTAs, cluster {}, smem {} (8 us spin)", ctas, cl, sm),
+                  cb::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
+  for (int round = 0; round < 3; ++round)
+    print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
+  using Shapes = std::initializer_list<std::pair<int, int>>;
+  // one routing setting A/B in this process: every arm on every shape, alternated over two rounds
+  auto ab = [&](std::initializer_list<std::pair<bool, const char*>> arms, void (*set)(k::KernelRouting&, bool),
+                Shapes shapes) {
+    for (int round = 0; round < 2; ++round)
+      for (const auto& [value, tag] : arms)
+        for (const auto& [b, l] : shapes)
+          print_row(with_routing([&, v = value](k::KernelRouting& r) { set(r, v); }, [&] {
+            return bench_decode(fmt::format("decode bf16 {}x{} [{}]", b, l, tag), pool, uni(b, l), DType::bf16, "",
+                                o.quick);
+          }));
+  };
+  // warps per CTA of the cluster kernel: 4, then automatic (8 where they fit)
+  ab({{true, "warps 4"}, {false, "warps auto"}}, [](k::KernelRouting& r, bool v) { r.small_warps4 = v; },
+     Shapes{{1, 1024}, {1, 2048}, {1, 4096}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 1024}});
+  // the 8-warp route (calls below 4 pieces per unit on 4 warps whose 8-warp clusters fill >= 3/4
+  // of the SMs) off and on; off runs them on attn_kernel's small form
+  ab({{false, "route8 off"}, {true, "route8 on"}}, [](k::KernelRouting& r, bool v) { r.small_route8 = v; },
+     Shapes{{8, 1024}, {12, 1024}, {16, 1024}, {8, 2048}, {8, 4096}, {12, 4096}, {16, 4096}});
+  print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
+  print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
+  // pieces per unit (the cluster size) against the keys per piece
+  for (int64_t len : {1024, 2048, 4096, 8192})
+    for (int cmax : {4, 8, 16})
+      print_row(with_routing([cmax](k::KernelRouting& r) { r.small_cluster_max = cmax; }, [&] {
+        return bench_decode(fmt::format("decode bf16 1x{} [pieces <= {}]", len, cmax), pool, uni(1, len), DType::bf16,
+                            "", o.quick);
+      }));
+  return 0;
+}
+
 int run(const Opts& o) {
   g_sequential_pages = o.sequential_pages;
+  g_json = o.json;
+  cb::settings().iters = static_cast<int>(o.iters);
+  cb::settings().spaced_us = static_cast<int>(o.spaced_us);
+  cb::settings().loop_mean = o.loop_mean;
+  cb::settings().gather_ctas = static_cast<int>(o.gather_ctas);
+  cb::settings().gather_timeline = o.gather_timeline;
   if (!kvattn::cuda::available()) {
     fmt::print(stderr, "bench-cuda: no CUDA device visible\n");
     return 2;
   }
-  fmt::print("kvattn bench-cuda on {} ({} SMs)\n", kvattn::cuda::device_name(0), kvattn::cuda::multiprocessor_count(0));
-  fmt::print("{:<44} {:>13} {:>9} {:<8} {}\n", "case", "median", "rate", "unit", "target");
-  Row copy{"ceiling: device copy 2 GiB (read+write)", 0, k::measure_copy_tbps(int64_t(2) << 30), "TB/s", "(anchor 4.23-4.25)"};
-  print_row(copy);
-  Row mma{"ceiling: mma.sync bf16 m16n8k16, registers", 0, k::measure_mma_tflops(), "TFLOP/s", "(cuBLAS 8192^3 ~790)"};
-  print_row(mma);
-  print_row(Row{"ceiling: stream 2 reads + 1 write, 3 x 64 MiB", 0, k::measure_stream3_tbps(int64_t(64) << 20), "TB/s",
-                "(merge's pattern)"});
-  // floor of a one-launch op's event time: empty kernels timed back to back as the ops are
-  print_row(Row{"ceiling: empty launch, 1 CTA", k::measure_empty_launch_us(1, 1), 0, "", "(launch floor)"});
-  print_row(Row{"ceiling: empty launch, 128 CTAs", k::measure_empty_launch_us(128, 1), 0, "", ""});
-  print_row(Row{"ceiling: empty launch, 128 CTAs in clusters of 16", k::measure_empty_launch_us(128, 16), 0, "", ""});
-  const bool all = o.only.empty();
-  if (o.batch > 0) {
-    KVATTN_CHECK(!o.mixed || o.kv_len >= 256, "bench-cuda: --mixed draws lengths from U[256, --kv-len]; --kv-len {} is "
-                 "below 256", o.kv_len);
-    std::vector<int64_t> lens(static_cast<size_t>(o.batch), o.kv_len);
-    if (o.mixed) {
-      std::mt19937 rng(99);
-      std::uniform_int_distribution<int64_t> u(256, o.kv_len);
-      for (auto& x : lens) x = u(rng);
-    }
-    if (o.long_len > 0) lens.back() = o.long_len;
-    int64_t pages = 0;
-    for (int64_t x : lens) pages += (x + kPage - 1) / kPage;
-    Pool one = make_pool(std::max<int64_t>(pages * 2 + 1, 1024), o.fp8 ? DType::fp8_e4m3 : DType::bf16);
-    const std::string name = fmt::format("decode {} {}x{}{}", o.fp8 ? "fp8" : "bf16", o.batch, o.mixed ? "U[256," : "",
-                                         o.kv_len) + (o.mixed ? "]" : "") +
-                             (o.long_len > 0 ? fmt::format(" (last {})", o.long_len) : std::string()) +
-                             (o.sequential_pages ? " [sequential pages]" : "");
-    if (o.variants.empty()) {
-      // bf16 uniform lengths of whole 512-key chunks: the loads-only kernel over the same pages first
-      if (!o.fp8 && !o.mixed && o.long_len == 0 && o.kv_len % 512 == 0) {
-        for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(one, o.batch, o.kv_len, mode));
-        for (int mode : {0, 1, 2}) print_row(bench_page_probe(one, o.batch, o.kv_len, mode));
-      }
-      print_row(bench_decode(name, one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true, o.kept_plan));
-      // the same call with the whole-page decode path off (attn_kernel's decode), same process
-      const k::PageDecodeMode pm = k::page_decode_mode();
-      k::set_page_decode_mode(k::PageDecodeMode::off);
-      print_row(bench_decode(name + " [page path off]", one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", true,
-                             o.kept_plan));
-      k::set_page_decode_mode(pm);
-      return 0;
-    }
-    // A/B of the v6 path's knobs in one process (kernels.h set_decode_options / _splits)
-    const int opts0 = k::decode_options();
-    for (size_t pos = 0; pos < o.variants.size();) {
-      size_t end = o.variants.find(',', pos);
-      if (end == std::string::npos) end = o.variants.size();
-      const std::string v = o.variants.substr(pos, end - pos);
-      pos = end + 1;
-      const size_t slash = v.find('/');
-      const size_t slash2 = slash == std::string::npos ? slash : v.find('/', slash + 1);
-      const int opts = std::atoi(v.c_str()), splits = slash == std::string::npos ? 0 : std::atoi(v.c_str() + slash + 1);
-      const int chunk = slash2 == std::string::npos ? 0 : std::atoi(v.c_str() + slash2 + 1);
-      k::set_decode_options(opts);
-      k::set_decode_splits(splits);
-      k::set_decode_chunk(chunk);
-      print_row(bench_decode(fmt::format("{} [opts {} splits {}{}]{}", name, opts, splits,
-                                         chunk > 0 ? fmt::format(" chunk {}", chunk) : std::string(),
-                                         o.kept_plan ? " [plan kept]" : ""),
-                             one, lens, o.fp8 ? DType::fp8_e4m3 : DType::bf16, "", o.quick, o.kept_plan));
-    }
-    k::set_decode_options(opts0);
-    k::set_decode_splits(0);
-    k::set_decode_chunk(0);
-    return 0;
+  const std::string device = kvattn::cuda::device_name(0);
+  const int sms = kvattn::cuda::multiprocessor_count(0);
+  if (!g_json) {
+    fmt::print("kvattn bench-cuda on {} ({} SMs)\n", device, sms);
+    fmt::print("{:<44} {:>13} {:>9} {:<8} {}\n", "case", "median", "rate", "unit",
+               "same-run ceiling | FlashInfer anchor | target");
   }
+  const double copy_tbps = cb::measure_copy_tbps(int64_t(2) << 30);
+  const double mma_tflops = cb::measure_mma_tflops();
+  print_row(Row{"ceiling: device copy 2 GiB (read+write)", 0, copy_tbps, "TB/s", "(anchor 4.23-4.25)"});
+  print_row(Row{"ceiling: mma.sync bf16 m16n8k16, registers", 0, mma_tflops, "TFLOP/s", "(cuBLAS 8192^3 ~790)"});
+  const double stream3 = cb::measure_stream3_tbps(int64_t(64) << 20);
+  print_row(Row{"ceiling: stream 2 reads + 1 write, 3 x 64 MiB", 0, stream3, "TB/s", "(merge's pattern)"});
+  const bool diag = o.diagnostics;
+  if (diag) {  // floor of a one-launch op's event time: empty kernels timed back to back as the ops are
+    print_row(Row{"ceiling: empty launch, 1 CTA", cb::measure_empty_launch_us(1, 1), 0, "", "(launch floor)"});
+    print_row(Row{"ceiling: empty launch, 128 CTAs", cb::measure_empty_launch_us(128, 1), 0, "", ""});
+    print_row(Row{"ceiling: empty launch, 128 CTAs in clusters of 16", cb::measure_empty_launch_us(128, 16), 0, "", ""});
+  }
+  int rc = 0;
+  if (o.batch > 0) {
+    rc = run_batch(o);
+    finish(device, sms);
+    return rc;
+  }
+  const bool all = o.only.empty();
   // pool: 140k pages of 64 KiB (bf16) = 9.2 GB
   const int64_t pool_pages = o.quick ? 40000 : 140000;
   Pool pool = make_pool(pool_pages, DType::bf16);
   auto uni = [](int64_t b, int64_t l) { return std::vector<int64_t>(static_cast<size_t>(b), l); };  // b requests of l keys
   if (o.only == "small") {
-    // the small-call path's measurement set (not part of the default run): what a launch and its
-    // drain add to a spinning grid, the cluster kernel on 1 x 1024 (three rows), 4 warps against
-    // the automatic warp choice and the 8-warp route off against on (A/Bs, two rounds each),
-    // 1 x 8192 and 8 x 1024, one stage timeline of a 1 x 1024 call (stderr), then one request of
-    // 1024 to 8192 keys at a bound of 4, 8 and 16 pieces per unit
-    for (const auto& [ctas, cl, sm] : {std::tuple{128, 1, 0}, std::tuple{128, 16, 98304}, std::tuple{128, 8, 98304}})
-      print_row(Row{fmt::format("launch + drain: {} CTAs, cluster {}, smem {} (8 us spin)", ctas, cl, sm),
-                    k::measure_spin_launch_us(ctas, cl, sm, 8.0) - 8.0, 0, "", ""});
-    for (int round = 0; round < 3; ++round)
-      print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
-    // A/B of one host knob in this process: every arm (knob value, row tag) on every shape
-    // (requests x keys), alternated over two rounds, then the knob put back
-    using Arms = std::initializer_list<std::pair<int, const char*>>;
-    using Shapes = std::initializer_list<std::pair<int, int>>;
-    auto knob_ab = [&](void (*set)(int), int restore, Arms arms, Shapes shapes) {
-      for (int round = 0; round < 2; ++round)
-        for (const auto& [value, tag] : arms) {
-          set(value);
-          for (const auto& [b, l] : shapes)
-            print_row(bench_decode(fmt::format("decode bf16 {}x{} [{}]", b, l, tag), pool, uni(b, l), DType::bf16, "",
-                                   o.quick));
-        }
-      set(restore);
-    };
-    // warps per CTA of the cluster kernel: 4, then automatic (8 where they fit)
-    knob_ab([](int w) { k::set_small_warps(w); }, k::small_warps(), Arms{{4, "warps 4"}, {0, "warps auto"}},
-            Shapes{{1, 1024}, {1, 2048}, {1, 4096}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 1024}});
-    // the 8-warp route (calls below 4 pieces per unit on 4 warps, whose 8-warp clusters fill
-    // >= 3/4 of the SMs) off and on; off runs them on the v8 kernel
-    knob_ab([](int r) { k::set_small_route8(r != 0); }, k::small_route8() ? 1 : 0, Arms{{0, "route8 off"}, {1, "route8 on"}},
-            Shapes{{8, 1024}, {12, 1024}, {16, 1024}, {8, 2048}, {8, 4096}, {12, 4096}, {16, 4096}});
-    print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
-    print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
-    k::small_timeline_after(20);
-    print_row(bench_decode("decode bf16 1x1024 (timeline)", pool, uni(1, 1024), DType::bf16, "", true));
-    // pieces per unit (the cluster size) against the keys per piece
-    const int c0 = k::small_cluster_max();
-    for (int64_t len : {1024, 2048, 4096, 8192})
-      for (int cmax : {4, 8, 16}) {
-        k::set_small_cluster_max(cmax);
-        print_row(bench_decode(fmt::format("decode bf16 1x{} [pieces <= {}]", len, cmax), pool, uni(1, len), DType::bf16,
-                               "", o.quick));
-      }
-    k::set_small_cluster_max(c0);
-    return 0;
+    rc = run_small(o, pool);
+    finish(device, sms);
+    return rc;
   }
+  // a product row: the same-run ceiling and the FlashInfer anchor next to its target
+  auto product = [](Row r, const std::string& ceiling, const std::string& anchor, const std::string& target) {
+    r.target = fmt::format("{} | {} | {}", ceiling.empty() ? "-" : ceiling, anchor.empty() ? "-" : anchor,
+                           target.empty() ? "-" : target) + (r.target.empty() ? "" : " " + r.target);
+    return r;
+  };
+  const std::string copy_ceiling = fmt::format("copy {:.2f} TB/s", copy_tbps);
   if (all || o.only == "decode") {
-    print_row(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
-    print_row(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "(FI 23.7 us)", o.quick));
-    print_row(bench_decode("decode bf16 16x4096", pool, uni(16, 4096), DType::bf16, "(FI 3.4-3.5)", o.quick));
-    // the same small shapes on the v6 path (plan, attention, merge launches), then the small-call
-    // path again (run-to-run spread); fp8 1x1024 on the small path
-    {
-      const k::SmallDecodeMode m0 = k::small_decode_mode();
-      k::set_small_decode_mode(k::SmallDecodeMode::off);
-      print_row(bench_decode("decode bf16 1x1024 [v6 path]", pool, uni(1, 1024), DType::bf16, "", o.quick));
-      print_row(bench_decode("decode bf16 1x8192 [v6 path]", pool, uni(1, 8192), DType::bf16, "", o.quick));
-      print_row(bench_decode("decode bf16 16x4096 [v6 path]", pool, uni(16, 4096), DType::bf16, "", o.quick));
-      print_row(bench_decode("decode bf16 8x1024 [v6 path]", pool, uni(8, 1024), DType::bf16, "", o.quick));
-      k::set_small_decode_mode(m0);
-      print_row(bench_decode("decode bf16 8x1024", pool, uni(8, 1024), DType::bf16, "", o.quick));
-      print_row(bench_decode("decode bf16 1x1024 (again)", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
-      // the small path's two kernels in the same run: v8 attn_kernel<..., SMALL>, the cluster
-      // kernel (small_decode.cu) with at most 8 pieces per unit, and with the default bound (16);
-      // small path forced, so the cluster rows run the cluster kernel also where automatic
-      // routing leaves a shape to v8 (fewer than 4 pieces per unit: 16 x 4096)
-      const k::SmallKernel k0 = k::small_kernel();
-      const int c0 = k::small_cluster_max();
-      k::set_small_decode_mode(k::SmallDecodeMode::force);
-      for (const auto& [kern, cmax, tag] : {std::tuple{k::SmallKernel::v8, 16, "v8 small"},
-                                            std::tuple{k::SmallKernel::automatic, 8, "cluster <= 8"},
-                                            std::tuple{k::SmallKernel::automatic, 16, "cluster <= 16"}}) {
-        k::set_small_kernel(kern);
-        k::set_small_cluster_max(cmax);
-        print_row(bench_decode(fmt::format("decode bf16 1x1024 [{}]", tag), pool, uni(1, 1024), DType::bf16, "", o.quick));
-        print_row(bench_decode(fmt::format("decode bf16 8x1024 [{}]", tag), pool, uni(8, 1024), DType::bf16, "", o.quick));
-        print_row(bench_decode(fmt::format("decode bf16 1x8192 [{}]", tag), pool, uni(1, 8192), DType::bf16, "", o.quick));
-        print_row(bench_decode(fmt::format("decode bf16 16x4096 [{}]", tag), pool, uni(16, 4096), DType::bf16, "", o.quick));
-      }
-      k::set_small_kernel(k0);
-      k::set_small_cluster_max(c0);
-      k::set_small_decode_mode(m0);
-      print_row(bench_decode("decode bf16 1x1024 (third)", pool, uni(1, 1024), DType::bf16, "<= 10 us", o.quick));
+    print_row(product(bench_decode("decode bf16 1x1024", pool, uni(1, 1024), DType::bf16, "", o.quick), "", "", "<= 10 us"));
+    print_row(product(bench_decode("decode bf16 1x8192", pool, uni(1, 8192), DType::bf16, "", o.quick), "", "FI 23.7 us", ""));
+    print_row(product(bench_decode("decode bf16 16x4096", pool, uni(16, 4096), DType::bf16, "", o.quick), copy_ceiling,
+                      "FI 3.4-3.5 TB/s", ""));
+    if (diag) {
+      // the same small shapes on attn_kernel's general path (plan, attention, merge launches), and
+      // the small path's two kernels: attn_kernel's small form, the cluster kernel at <= 8 and
+      // <= 16 pieces per unit (small path forced, so the cluster rows run the cluster kernel also
+      // where automatic routing leaves a shape to attn_kernel's small form: 16 x 4096)
+      for (const auto& [b, l] : {std::pair{1, 1024}, std::pair{1, 8192}, std::pair{16, 4096}, std::pair{8, 1024}})
+        print_row(with_routing([](k::KernelRouting& r) { r.small_decode = k::Route::off; }, [&, b = b, l = l] {
+          return bench_decode(fmt::format("decode bf16 {}x{} [general path]", b, l), pool, uni(b, l), DType::bf16, "",
+                              o.quick);
+        }));
+      for (const auto& [cluster, cmax, tag] : {std::tuple{false, 16, "attn_kernel small"}, std::tuple{true, 8, "cluster <= 8"},
+                                               std::tuple{true, 16, "cluster <= 16"}})
+        for (const auto& [b, l] : {std::pair{1, 1024}, std::pair{8, 1024}, std::pair{1, 8192}, std::pair{16, 4096}})
+          print_row(with_routing(
+              [cluster = cluster, cmax = cmax](k::KernelRouting& r) {
+                r.small_decode = k::Route::force;
+                r.small_cluster = cluster;
+                r.small_cluster_max = cmax;
+              },
+              [&, b = b, l = l, tag = tag] {
+                return bench_decode(fmt::format("decode bf16 {}x{} [{}]", b, l, tag), pool, uni(b, l), DType::bf16, "",
+                                    o.quick);
+              }));
     }
-    // the target shapes twice: the plan kernel in every call, and the plan kept across calls (the
-    // engine's layers after the first of a step; FlashInfer's anchors time run() after plan())
-    auto both = [&](const std::string& name, const Pool& pl, const std::vector<int64_t>& lens, DType dt,
-                    const std::string& target) {
-      print_row(bench_decode(name + " [plan per call]", pl, lens, dt, "", o.quick));
-      const Row kept = bench_decode(name + " [plan kept]", pl, lens, dt, target, o.quick, true);
-      print_row(kept);
-      // the same call on attn_kernel's decode (the whole-page path off), for the A/B in one run
-      const k::PageDecodeMode pm = k::page_decode_mode();
-      k::set_page_decode_mode(k::PageDecodeMode::off);
-      print_row(bench_decode(name + " [plan kept, page path off]", pl, lens, dt, "", o.quick, true));
-      k::set_page_decode_mode(pm);
+    // the target shapes on a plan kept across calls (the engine's layers after the first of a
+    // step; FlashInfer's anchors time run() after plan()); diagnostics add the plan kernel in every
+    // call and the same call with the whole-page path off
+    auto target_row = [&](const std::string& name, const Pool& pl, const std::vector<int64_t>& lens, DType dt,
+                          const std::string& anchor, const std::string& target) {
+      if (diag) print_row(bench_decode(name + " [plan per call]", pl, lens, dt, "", o.quick));
+      const Row kept = bench_decode(name + " [plan kept]", pl, lens, dt, "", o.quick, true);
+      print_row(product(kept, copy_ceiling, anchor, target));
+      if (diag)
+        print_row(with_routing([](k::KernelRouting& r) { r.page_decode = k::Route::off; }, [&] {
+          return bench_decode(name + " [plan kept, page path off]", pl, lens, dt, "", o.quick, true);
+        }));
       return kept;
     };
-    for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(pool, 64, 4096, mode));
-    for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 64, 4096, mode));
-    both("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, ">= 4.4 TB/s");
-    for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(pool, 128, 4096, mode));
-    for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 128, 4096, mode));
-    both("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, ">= 4.4 TB/s");
+    if (diag) {
+      for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(pool, 64, 4096, mode));
+      for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 64, 4096, mode));
+    }
+    target_row("decode bf16 64x4096", pool, uni(64, 4096), DType::bf16, "", ">= 4.4 TB/s");
+    if (diag) {
+      for (int mode : {0, 1, 2, 3, 4}) print_row(bench_gather(pool, 128, 4096, mode));
+      for (int mode : {0, 1, 2}) print_row(bench_page_probe(pool, 128, 4096, mode));
+    }
+    target_row("decode bf16 128x4096", pool, uni(128, 4096), DType::bf16, "", ">= 4.4 TB/s");
     std::mt19937 rng(99);
     std::uniform_int_distribution<int64_t> u(256, 8192);
     std::vector<int64_t> mixed(128);
     for (auto& x : mixed) x = u(rng);
-    both("decode bf16 128xU[256,8192]", pool, mixed, DType::bf16, ">= 4.2 TB/s");
-    // the mixed row without the lengths hint (the work counter, as callers that pass no hint get)
-    print_row(bench_decode("decode bf16 128xU[256,8192] [plan kept, no hint]", pool, mixed, DType::bf16, "", o.quick,
-                           true, false));
-    // one long request among short ones: its pieces span most CTAs, so the merge of a cut request
-    // (two levels past page_sched::kGroup pieces) is on this row's tail
-    std::vector<int64_t> skewed = uni(64, 1024);
-    skewed.back() = 131072;
-    both("decode bf16 63x1024 + 1x131072", pool, skewed, DType::bf16, "");
+    target_row("decode bf16 128xU[256,8192]", pool, mixed, DType::bf16, "", ">= 4.2 TB/s");
+    if (diag) {
+      // the mixed row without the lengths hint (the work counter, as callers that pass no hint get)
+      print_row(bench_decode("decode bf16 128xU[256,8192] [plan kept, no hint]", pool, mixed, DType::bf16, "", o.quick,
+                             true, false));
+      // one long request among short ones: its pieces span most CTAs, so the merge of a cut
+      // request (two levels past page_sched::kGroup pieces) is on this row's tail
+      std::vector<int64_t> skewed = uni(64, 1024);
+      skewed.back() = 131072;
+      target_row("decode bf16 63x1024 + 1x131072", pool, skewed, DType::bf16, "", "");
+    }
     if (!o.quick || pool_pages >= 131072) {
-      const Row bf = both("decode bf16 256x8192", pool, uni(256, 8192), DType::bf16, "(FI 4.3-4.5)");
+      const Row bf = target_row("decode bf16 256x8192", pool, uni(256, 8192), DType::bf16, "FI 4.3-4.5 TB/s", "");
       pool = Pool{};
       Pool p8 = make_pool(pool_pages, DType::fp8_e4m3);
-      const Row f8 = both("decode fp8 e4m3 256x8192", p8, uni(256, 8192), DType::fp8_e4m3, ">= 1.6x bf16 speed");
-      fmt::print("  fp8 speed-up over bf16 (time ratio, plans kept): {:.2f}x (target >= 1.6x)\n", bf.us / f8.us);
-      print_row(bench_decode("decode fp8 e4m3 1x1024", p8, uni(1, 1024), DType::fp8_e4m3, "(small path, v8 kernel)", o.quick));
+      const Row f8 = target_row("decode fp8 e4m3 256x8192", p8, uni(256, 8192), DType::fp8_e4m3, "", ">= 1.6x bf16 speed");
+      if (!g_json) fmt::print("  fp8 speed-up over bf16 (time ratio, plans kept): {:.2f}x (target >= 1.6x)\n", bf.us / f8.us);
+      if (diag)
+        print_row(bench_decode("decode fp8 e4m3 1x1024", p8, uni(1, 1024), DType::fp8_e4m3, "(small path)", o.quick));
       p8 = Pool{};
       pool = make_pool(pool_pages, DType::bf16);
     }
   }
   if (all || o.only == "prefill") {
     try {
-      for (const bool kept : {false, true}) {  // plan kernel in every call, then the plan kept
-        const std::string tag = kept ? " [plan kept]" : " [plan per call]";
-        print_row(bench_prefill("prefill causal bf16 8x2048" + tag, pool, 8, 2048, true, kept ? ">= 300 TFLOP/s" : "",
-                                o.quick, kept));
-        print_row(bench_prefill("prefill non-causal bf16 8x2048" + tag, pool, 8, 2048, false, kept ? "(FI FA2 331)" : "",
-                                o.quick, kept));
-        print_row(bench_prefill("prefill causal bf16 1x8192" + tag, pool, 1, 8192, true, kept ? "(FI FA2 304)" : "",
-                                o.quick, kept));
-      }
-      // the Hopper prefill shapes (plans kept): the wgmma kernel (sm_90a), then the mma.sync
-      // kernel on the same call, with FlashInfer's FA3 paged figure of the same H200 shape
-      {
-        const double wg = k::measure_wgmma_tflops();
-        print_row(Row{"ceiling: wgmma bf16 m64n256k16, shared memory", 0, wg, "TFLOP/s", wg > 0 ? "(cuBLAS 8192^3 ~790)" : "(no sm_90a code)"});
-        struct Shape {
-          int64_t B, L, Lq;
-          bool causal;
-          const char* fa3;
+      const std::string mma_ceiling = fmt::format("mma.sync {:.0f} TFLOP/s", mma_tflops);
+      if (diag)
+        for (const auto& [B, L, causal] : {std::tuple{8, 2048, true}, std::tuple{8, 2048, false}, std::tuple{1, 8192, true}})
+          print_row(bench_prefill(fmt::format("prefill {} bf16 {}x{} [plan per call]", causal ? "causal" : "non-causal", B, L),
+                                  pool, B, L, causal, "", o.quick));
+      print_row(product(bench_prefill("prefill causal bf16 8x2048 [plan kept]", pool, 8, 2048, true, "", o.quick, true),
+                        mma_ceiling, "", ">= 300 TFLOP/s"));
+      print_row(product(bench_prefill("prefill non-causal bf16 8x2048 [plan kept]", pool, 8, 2048, false, "", o.quick, true),
+                        mma_ceiling, "FI FA2 331", ""));
+      print_row(product(bench_prefill("prefill causal bf16 1x8192 [plan kept]", pool, 1, 8192, true, "", o.quick, true),
+                        mma_ceiling, "FI FA2 304", ""));
+      // the Hopper prefill shapes (plans kept) as routed (the wgmma kernel where it serves the
+      // call), with FlashInfer's FA3 paged figure of the same H200 shape; diagnostics: the wgmma
+      // kernel under each consumer schedule, then the mma.sync kernel
+      const double wg = cb::measure_wgmma_tflops();
+      print_row(Row{"ceiling: wgmma bf16 m64n256k16, shared memory", 0, wg, "TFLOP/s", wg > 0 ? "(cuBLAS 8192^3 ~790)" : "(no sm_90a code)"});
+      const std::string wg_ceiling = wg > 0 ? fmt::format("wgmma {:.0f} TFLOP/s", wg) : mma_ceiling;
+      struct Shape {
+        int64_t B, L, Lq;
+        bool causal;
+        const char* fa3;
+      };
+      for (const Shape sh : {Shape{8, 2048, -1, true, "465"}, Shape{1, 8192, -1, true, "517"}, Shape{4, 4096, -1, true, "487"},
+                             Shape{16, 1024, -1, true, "367"}, Shape{32, 512, -1, true, "248"},
+                             Shape{8, 4096, 512, true, "538"}, Shape{8, 2048, -1, false, "509"}}) {
+        const std::string shape = sh.Lq > 0 ? fmt::format("{}x(q {}, kv {})", sh.B, sh.Lq, sh.L) : fmt::format("{}x{}", sh.B, sh.L);
+        const std::string base = fmt::format("prefill {} bf16 {} [plan kept]", sh.causal ? "causal" : "non-causal", shape);
+        auto timed = [&](const std::string& tag_for_wgmma) {
+          Row r = bench_prefill(base, pool, sh.B, sh.L, sh.causal, "", o.quick, true, sh.Lq);
+          const cb::PrefillServed served = cb::last_prefill();
+          r.name += served.wgmma ? tag_for_wgmma : std::string(" [mma.sync]");
+          if (!served.wgmma) r.target = served.reason;
+          return r;
         };
-        const int hm0 = k::hopper_prefill_mode();
-        for (const Shape sh : {Shape{8, 2048, -1, true, "465"}, Shape{1, 8192, -1, true, "517"}, Shape{4, 4096, -1, true, "487"},
-                               Shape{16, 1024, -1, true, "367"}, Shape{32, 512, -1, true, "248"},
-                               Shape{8, 4096, 512, true, "538"}, Shape{8, 2048, -1, false, "509"}}) {
-          // force under each consumer schedule (serial, overlap, pingpong, turns), then off
-          for (const int variant : {0, 1, 2, 3, -1}) {
-            const int hm = variant >= 0 ? 2 : 1;
-            k::set_hopper_prefill_mode(hm);
-            if (variant >= 0) k::set_hopper_prefill_sched(variant);
-            const std::string shape = sh.Lq > 0 ? fmt::format("{}x(q {}, kv {})", sh.B, sh.Lq, sh.L) : fmt::format("{}x{}", sh.B, sh.L);
-            Row r = bench_prefill(fmt::format("prefill {} bf16 {} [plan kept]", sh.causal ? "causal" : "non-causal", shape),
-                                  pool, sh.B, sh.L, sh.causal, "", o.quick, true, sh.Lq);
-            const k::PrefillChoice ch = k::last_prefill_choice();
-            r.name += ch.path == k::PrefillPath::wgmma ? fmt::format(" [wgmma {}]", k::hopper_prefill_sched_name(variant))
-                                                       : std::string(" [mma.sync]");
-            r.target = fmt::format("(FA3 paged {}){}", sh.fa3, hm == 2 && ch.path != k::PrefillPath::wgmma ? std::string(" ") + ch.reason : "");
-            print_row(r);
-          }
-        }
-        k::set_hopper_prefill_mode(hm0);
-        k::set_hopper_prefill_sched(-1);
+        print_row(product(timed(" [wgmma]"), wg_ceiling, fmt::format("FA3 paged {}", sh.fa3), ""));
+        if (!diag) continue;
+        for (const int sched : {0, 1, 2, 3})
+          print_row(with_routing(
+              [sched](k::KernelRouting& r) {
+                r.prefill_hopper = k::Route::force;
+                r.hopper_sched = sched;
+              },
+              [&] { return timed(fmt::format(" [wgmma {}]", k::hopper_prefill_sched_name(sched))); }));
+        print_row(with_routing([](k::KernelRouting& r) { r.prefill_hopper = k::Route::off; }, [&] { return timed(""); }));
       }
-      // the same shapes on attn_kernel, then the prefill kernel again (run-to-run spread)
-      const k::PrefillMode m0 = k::prefill_mode();
-      k::set_prefill_mode(k::PrefillMode::off);
-      print_row(bench_prefill("prefill causal 8x2048 [attn_kernel]", pool, 8, 2048, true, "", o.quick));
-      print_row(bench_prefill("prefill non-causal 8x2048 [attn_kernel]", pool, 8, 2048, false, "", o.quick));
-      print_row(bench_prefill("prefill causal 1x8192 [attn_kernel]", pool, 1, 8192, true, "", o.quick));
-      k::set_prefill_mode(m0);
-      print_row(bench_prefill("prefill causal bf16 8x2048 (again) [plan per call]", pool, 8, 2048, true, "", o.quick));
-      print_row(bench_prefill("prefill causal bf16 8x2048 (again) [plan kept]", pool, 8, 2048, true, ">= 300 TFLOP/s",
-                              o.quick, true));
+      if (diag) {
+        // the same shapes on attn_kernel's prefill configuration
+        for (const auto& [B, L, causal] : {std::tuple{8, 2048, true}, std::tuple{8, 2048, false}, std::tuple{1, 8192, true}})
+          print_row(with_routing([](k::KernelRouting& r) { r.prefill = k::Route::off; }, [&, B = B, L = L, causal = causal] {
+            return bench_prefill(fmt::format("prefill {} {}x{} [attn_kernel]", causal ? "causal" : "non-causal", B, L), pool,
+                                 B, L, causal, "", o.quick);
+          }));
+      }
     } catch (const std::exception& e) {
-      fmt::print("prefill: {}\n", e.what());
+      fmt::print(stderr, "prefill: {}\n", e.what());
     }
-  }
-  if (o.only == "write" && !o.variants.empty()) {  // A/B of the KV write's variants, e.g. 0,1,2,0,1,2
-    const int v0 = k::cache_write_variant();
-    for (size_t pos = 0; pos < o.variants.size();) {
-      size_t end = o.variants.find(',', pos);
-      if (end == std::string::npos) end = o.variants.size();
-      const int v = std::atoi(o.variants.substr(pos, end - pos).c_str());
-      pos = end + 1;
-      k::set_cache_write_variant(v);
-      Row r = bench_write(pool, 16384, ">= 3.4 TB/s", o.quick);
-      r.name += fmt::format(" [variant {}]", k::cache_write_variant());
-      print_row(r);
-    }
-    k::set_cache_write_variant(v0);
-    return 0;
   }
   if (all || o.only == "write") {
-    print_row(bench_write(pool, 16384, ">= 3.4 TB/s", o.quick));
-    print_row(bench_write(pool, 256, "(FI ~4.7 us)", o.quick));
+    print_row(product(bench_write(pool, 16384, "", o.quick), copy_ceiling, "", ">= 3.4 TB/s"));
+    print_row(product(bench_write(pool, 256, "", o.quick), "", "FI ~4.7 us", ""));
   }
   if (all || o.only == "merge") {
-    print_row(bench_merge(8192, ">= 3.8 TB/s", o.quick));
-    print_row(bench_merge(256, "(FI ~5 us floor)", o.quick));
+    const std::string s3 = fmt::format("stream {:.2f} TB/s", stream3);
+    print_row(product(bench_merge(8192, "", o.quick), s3, "", ">= 3.8 TB/s"));
+    print_row(product(bench_merge(256, "", o.quick), "", "FI ~5 us floor", ""));
   }
+  finish(device, sms);
   return 0;
 }
 #endif
@@ -717,8 +772,24 @@ std::function<int()> setup(CLI::App& app) {
       ->needs(batch);
   app.add_flag("--sequential-pages", o->sequential_pages,
                "decode page ids in pool order instead of a random permutation (diagnostic; the targets use random order)");
+  app.add_flag("--diagnostics", o->diagnostics,
+               "also the diagnostic rows: plan per call, other paths and kernels on the same calls, loads-only "
+               "ceilings, probes, the wgmma consumer schedules");
+  app.add_flag("--json", o->json, "write one JSON object (device, sms, rows) instead of the table: bench/plot.py's input");
+  add_int_option(app, "--iters", o->iters, 1, 1 << 20, "timed calls per row instead of each row's count (diagnostic)")
+      ->default_str("");
+  add_int_option(app, "--spaced-us", o->spaced_us, 1, 1 << 20,
+                 "time each call after this many microseconds of idle device, behind a hold kernel (diagnostic)")
+      ->default_str("");
+  app.add_flag("--loop-mean", o->loop_mean,
+               "time a row as the mean over one event pair around all its calls, not the median of per-call events");
+  add_int_option(app, "--gather-ctas", o->gather_ctas, 1, 1 << 16, "cap the bulk-copy gather ceiling's grid (diagnostic)")
+      ->default_str("");
+  app.add_option("--gather-timeline", o->gather_timeline,
+                 "append the bulk-copy gather ceiling's per-CTA stamps to this CSV file (with --diagnostics)");
   app.add_option("--variants", o->variants,
-                 "the --batch case once per opts/splits[/chunk] setting (decode knobs; non-negative integers), e.g. "
+                 "the --batch case once per opts/splits[/chunk] setting of attn_kernel's decode (routing.h decode_options, "
+                 "decode_splits, decode_chunk; non-negative integers), e.g. "
                  "109/0,237/0,109/0/56")
       ->needs(batch)
       ->check([](const std::string& v) -> std::string {

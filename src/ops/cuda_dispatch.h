@@ -48,73 +48,8 @@ void dcp_lse_scale_pack(const Tensor& partial, const Tensor& all_lse, int64_t ra
 void dcp_lse_combine(const Tensor& partials, const Tensor& lses, bool lse_base_e, const Tensor& out,
                      const Tensor& global_lse);
 
-// Routing of paged_attention between the prefill kernel (prefill_kernel.cu) and attn_kernel,
-// for tests and benchmarks: 0 automatic (default, or KVATTN_PREFILL=off|force), 1 off,
-// 2 force (every call the prefill kernel supports); see kernels.h PrefillMode.
-// prefill_kernel_launches() counts calls routed to the prefill kernel (0 without CUDA).
-void set_prefill_kernel_mode(int mode);
-int prefill_kernel_mode() noexcept;
-// The prefill kernel's V6 K/V loader (on by default where rows are aligned; kernels.h set_prefill_v6).
-void set_prefill_kernel_v6(bool on);
-bool prefill_kernel_v6() noexcept;
-int64_t prefill_kernel_launches() noexcept;
-// The prefill kernel's Hopper form (hopper_prefill.cu: TMA + wgmma, sm_90a): 0 automatic (default:
-// every call it covers on an sm_90 device; KVATTN_PREFILL_HOPPER=off|force), 1 off, 2 force.
-// last_prefill_kernel_path() says which kernel served the last prefill-routed call (1 wgmma, 0
-// mma.sync; -1 none yet or no CUDA) and last_prefill_kernel_reason() why (a static string).
-void set_prefill_hopper_mode(int mode);
-int prefill_hopper_mode() noexcept;
-int64_t prefill_hopper_launches() noexcept;
-int last_prefill_kernel_path() noexcept;
-const char* last_prefill_kernel_reason() noexcept;
-// Routing of decode calls to attn_kernel's small-call path (one launch: per-CTA plan,
-// attention, merge by the last piece; see kernels.h SmallDecodeMode): 0 automatic (default, or
-// KVATTN_SMALL_DECODE=off|force), 1 off, 2 force.  small_decode_launches() counts its launches.
-void set_small_decode_mode(int mode);
-int small_decode_mode() noexcept;
-int64_t small_decode_launches() noexcept;
-// Routing of decode calls to the whole-page decode path (page_decode.cu; PagedAttentionArgs::
-// max_query_len x group <= 16 and the cases page_decode.h lists): 0 automatic (default, or
-// KVATTN_PAGE_DECODE=off|force; the small-call path keeps the calls it takes), 1 off, 2 force.
-// page_decode_launches() counts its launches (0 without CUDA).
-void set_page_decode_mode(int mode);
-int page_decode_mode() noexcept;
-int64_t page_decode_launches() noexcept;
-// Which kernel runs the small-call path (kernels.h SmallKernel): 0 automatic (default, or
-// KVATTN_SMALL_KERNEL=v8|cluster) = the cluster kernel of small_decode.cu for the calls it covers,
-// 1 = attn_kernel<..., SMALL> (v8) always.  small_cluster_launches() counts the cluster kernel's
-// launches; set_small_cluster_max caps its pieces per unit (1..16, KVATTN_SMALL_CLUSTER_MAX).
-void set_small_decode_kernel(int kernel);
-int64_t small_cluster_launches() noexcept;
-void set_small_cluster_max(int pieces);
-int small_cluster_max() noexcept;
-// The cluster kernel's page-id window (small_decode.h; default on, KVATTN_SMALL_PAGE_WINDOW=0 off).
-void set_small_page_window(bool on);
-bool small_page_window() noexcept;
-// Its warps per CTA (small_decode.h): 0 automatic (8 where they fit), 4 always (KVATTN_SMALL_WARPS=4).
-void set_small_warps(int warps);
-int small_warps() noexcept;
-int64_t small_cluster_launches_8warps() noexcept;  // of small_cluster_launches()
-// Automatic routing of calls only the 8-warp cluster kernel covers well (small_decode.h; default
-// on, KVATTN_SMALL_ROUTE8=0 off).
-void set_small_route8(bool on);
-// Knobs of attn_kernel's v6 decode path (plan kernel, persistent grid, merge; kernels.h
-// set_decode_options): option bits (1 = whole-wave split rule for uniform lengths, default;
-// KVATTN_DECODE_SPLIT_RULE=waves|v6) and a forced split count per request
-// (KVATTN_DECODE_SPLITS, 0 = the plan's rule).  No-ops without CUDA.
-void set_decode_options(int opts);
-int decode_options() noexcept;
-// bit 4 = fp8 fast variant of the decode config (default on; KVATTN_FP8_FAST=0 off); its launches:
-int64_t fp8_fast_launches() noexcept;
-int64_t rem_split_plans() noexcept;  // decode plans with a non-dividing chunk (kernels.h)
-// bit 16 = stream-K decode schedule for every call (default off; KVATTN_DECODE_STREAMK=1), bit 32 =
-// stream-K for fp8 caches with a (request, KV head) pair per CTA (default on); its calls:
-int64_t streamk_launches() noexcept;
-void set_decode_splits(int n);
-// forced chunk (tiles) of the remainder rule, 0 = the plan kernel's model (kernels.h set_decode_chunk)
-void set_decode_chunk(int tiles);
-// the vectorised KV write's kernel (kernels.h set_cache_write_variant: 1 default, 0 previous)
-void set_cache_write_variant(int v);
-int cache_write_variant() noexcept;
+// Which kernel path serves a paged_attention call, and why: src/ops/cuda/attention_path.h
+// (select_attention_path).  The routing settings and the hooks through which test and benchmark
+// binaries override them: src/ops/cuda/routing.h.
 
 }  // namespace kvattn::ops::cuda_impl

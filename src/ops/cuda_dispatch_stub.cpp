@@ -38,40 +38,4 @@ void dcp_lse_scale_pack(const Tensor&, const Tensor&, int64_t, bool, const Tenso
 }
 void dcp_lse_combine(const Tensor&, const Tensor&, bool, const Tensor&, const Tensor&) { no_cuda("dcp_lse_combine"); }
 
-void set_prefill_kernel_mode(int) {}
-int prefill_kernel_mode() noexcept { return 0; }
-void set_prefill_kernel_v6(bool) {}
-bool prefill_kernel_v6() noexcept { return false; }
-int64_t prefill_kernel_launches() noexcept { return 0; }
-void set_prefill_hopper_mode(int) {}
-int prefill_hopper_mode() noexcept { return 0; }
-int64_t prefill_hopper_launches() noexcept { return 0; }
-int last_prefill_kernel_path() noexcept { return -1; }
-const char* last_prefill_kernel_reason() noexcept { return "a build without CUDA"; }
-void set_page_decode_mode(int) {}
-int page_decode_mode() noexcept { return 0; }
-int64_t page_decode_launches() noexcept { return 0; }
-void set_small_decode_mode(int) {}
-int small_decode_mode() noexcept { return 0; }
-int64_t small_decode_launches() noexcept { return 0; }
-void set_small_decode_kernel(int) {}
-int64_t small_cluster_launches() noexcept { return 0; }
-void set_small_cluster_max(int) {}
-int small_cluster_max() noexcept { return 16; }
-void set_small_page_window(bool) {}
-bool small_page_window() noexcept { return false; }
-void set_small_warps(int) {}
-int small_warps() noexcept { return 0; }
-int64_t small_cluster_launches_8warps() noexcept { return 0; }
-void set_small_route8(bool) {}
-void set_decode_options(int) {}
-int decode_options() noexcept { return 0; }
-int64_t fp8_fast_launches() noexcept { return 0; }
-int64_t rem_split_plans() noexcept { return 0; }
-int64_t streamk_launches() noexcept { return 0; }
-void set_decode_splits(int) {}
-void set_decode_chunk(int) {}
-void set_cache_write_variant(int) {}
-int cache_write_variant() noexcept { return 0; }
-
 }  // namespace kvattn::ops::cuda_impl

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvattn/core/cuda_runtime_api.h"
+#include "kernel_routing.h"
 #include "ops/cuda_dispatch.h"
 #include "ops_test_util.h"
 
@@ -78,19 +79,19 @@ inline double tol_for(const AttnCase& c) {
   return 3e-2;  // bf16 P and V
 }
 
-// Fixture of the v6 decode path's tests (decode_v6 / decode_fp8 / decode_streamk): every decode
-// call goes to the v6 path (not the small path); the process's decode options are saved and put
+// Fixture of the general decode path's tests (general_decode / decode_fp8 / decode_streamk): every decode
+// call goes to the general path (not the small path); the process's decode options are saved and put
 // back, with the forced split count and the small-path mode.  min_cc (e.g. 90) skips below it.
-class CudaV6DecodeTest : public ::testing::Test {
+class CudaGeneralDecodeTest : public ::testing::Test {
  protected:
-  explicit CudaV6DecodeTest(int min_cc = 0) : min_cc_(min_cc) {}
+  explicit CudaGeneralDecodeTest(int min_cc = 0) : min_cc_(min_cc) {}
   void SetUp() override {
     if (!kvattn::cuda::available()) GTEST_SKIP() << "no CUDA device (or a build without CUDA)";
     if (kvattn::cuda::compute_capability(0) < min_cc_)
       GTEST_SKIP() << "needs compute capability " << min_cc_ / 10 << "." << min_cc_ % 10 << " or later";
     opts0_ = cuda_impl::decode_options();
     saved_ = true;
-    cuda_impl::set_small_decode_mode(1);  // v6 path for every decode call
+    cuda_impl::set_small_decode_mode(1);  // general path for every decode call
   }
   void TearDown() override {
     if (!saved_) return;

@@ -162,7 +162,7 @@ TEST(StreamKSchedule, RangesPartitionTilesAndBoundPieces) {
 }
 
 // ---- the kernels on the GPU --------------------------------------------------------------
-class CudaDecodeStreamK : public CudaV6DecodeTest {
+class CudaDecodeStreamK : public CudaGeneralDecodeTest {
  protected:
   // default options (wave rule, fp8 fast) plus the stream-K bit
   void set_opts(int extra_off = 0) {
@@ -344,10 +344,7 @@ TEST_F(CudaDecodeStreamK, BitOffRunsCounterPath) {
   const int64_t n0 = cuda_impl::streamk_launches();
   run_attn_case(c, 5010);
   EXPECT_EQ(cuda_impl::streamk_launches(), n0);
-  const char* e = std::getenv("KVATTN_DECODE_STREAMK");
-  if (e == nullptr || std::atoi(e) == 0) {
-    EXPECT_EQ(opts0_ & kStreamK, 0) << "stream-K is default off";
-  }
+  EXPECT_EQ(opts0_ & kStreamK, 0) << "stream-K is default off";
 }
 
 // Option bit 32 (on by default): stream-K for fp8 caches when the call has at least one
@@ -386,10 +383,7 @@ TEST_F(CudaDecodeStreamK, Fp8RuleByPairsPerCta) {
     run_attn_case(few, seed++);
     EXPECT_EQ(cuda_impl::streamk_launches(), n0) << few.name;
   }
-  const char* e = std::getenv("KVATTN_DECODE_STREAMK_FP8");
-  if (e == nullptr || std::atoi(e) != 0) {
-    EXPECT_EQ(opts0_ & kStreamKFp8, kStreamKFp8) << "the fp8 rule is on by default";
-  }
+  EXPECT_EQ(opts0_ & kStreamKFp8, kStreamKFp8) << "the fp8 rule is on by default";
 }
 
 TEST_F(CudaDecodeStreamK, MixedLengthsHintRunsStreamK) {

@@ -15,6 +15,7 @@
 #include "kvattn/core/error.h"
 #include "kvattn/ops/ops.h"
 #include "kvattn/ops/reference.h"
+#include "kernel_routing.h"
 #include "ops/cuda_dispatch.h"
 #include "ops_test_util.h"
 
@@ -86,7 +87,9 @@ const std::vector<Line> kRegistry = {
      kCausal | kWin8 | kCap30},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, {Path::attn_prefill}, Shape::prefill_gqa4, kCausal | kXqa},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, {Path::attn_prefill}, Shape::prefill_gqa4, kCausal | kPrefixLm},
-    // the float32 attention path: {Op::paged_attention, kF32, kSame, kLayouts, kCuda, {Path::f32}, Shape::decode_gqa4, kCausal},
+    // ---- paged_attention on CUDA: the float32 path (float32 caches) ------------------------------
+    {Op::paged_attention, kF32, kSame, kLayouts, kCuda, {Path::f32}, Shape::decode_gqa4, kCausal},
+    {Op::paged_attention, kF32, kSame, kNhd, kCuda, {Path::f32}, Shape::prefill_gqa4, kCausal | kSinks | kLnLse},
     // ---- reshape_and_cache_flash ---------------------------------------------------------------------
     {Op::reshape_and_cache_flash, kFloat, kSame, kLayouts, kCpu, kNoPath, Shape::cpu_cache, 0},
     {Op::reshape_and_cache_flash, kFloat, kFp8, kLayouts, kCpu, kNoPath, Shape::cpu_cache, kScales},
@@ -185,6 +188,7 @@ const char* path_tag(Path p) {
     case Path::streamk: return "streamk";
     case Path::prefill_mma: return "prefill_mma";
     case Path::prefill_wgmma: return "prefill_wgmma";
+    case Path::f32: return "f32";
   }
   return "?";
 }
@@ -1211,17 +1215,20 @@ double tolerance(DType stored, std::optional<DType> computed) {
 
 // ---- kernel paths --------------------------------------------------------------------------------
 namespace {
-constexpr int kOptStreamKAll = 16, kOptStreamKFp8 = 32, kOptStreamKMixed = 64;  // kernels.h set_decode_options
+using cuda_impl::k::kOptStreamK;  // routing.h decode option bits
+using cuda_impl::k::kOptStreamKFp8;
+using cuda_impl::k::kOptStreamKMixed;
 int path_min_cc(Path p) { return p == Path::page_decode || p == Path::prefill_wgmma ? 90 : 0; }
 }  // namespace
 
 ScopedKernelPath::ScopedKernelPath(Path p) {
-  if (p == Path::none || p == Path::automatic) return;
+  // float32 caches have one path: nothing to force
+  if (p == Path::none || p == Path::automatic || p == Path::f32) return;
   active_ = true;
   decode_opts_ = cuda_impl::decode_options();
   // every router off, then the one path on
-  const int opts = decode_opts_ & ~(kOptStreamKAll | kOptStreamKFp8 | kOptStreamKMixed);
-  cuda_impl::set_decode_options(p == Path::streamk ? opts | kOptStreamKAll : opts);
+  const int opts = decode_opts_ & ~(kOptStreamK | kOptStreamKFp8 | kOptStreamKMixed);
+  cuda_impl::set_decode_options(p == Path::streamk ? opts | kOptStreamK : opts);
   cuda_impl::set_prefill_kernel_mode(p == Path::prefill_mma || p == Path::prefill_wgmma ? 2 : 1);
   cuda_impl::set_prefill_hopper_mode(p == Path::prefill_wgmma ? 2 : 1);
   cuda_impl::set_small_decode_mode(p == Path::small_decode ? 2 : 1);
@@ -1244,21 +1251,22 @@ PathCounters PathCounters::now() {
   c.page = cuda_impl::page_decode_launches();
   c.small = cuda_impl::small_decode_launches();
   c.streamk = cuda_impl::streamk_launches();
+  c.f32 = cuda_impl::f32_attention_launches();
   return c;
 }
 
 std::string path_mismatch(Path p, const PathCounters& b, const PathCounters& a) {
   if (p == Path::none || p == Path::automatic) return "";
   const int64_t prefill = a.prefill - b.prefill, hopper = a.hopper - b.hopper, page = a.page - b.page,
-                small = a.small - b.small, streamk = a.streamk - b.streamk;
+                small = a.small - b.small, streamk = a.streamk - b.streamk, f32 = a.f32 - b.f32;
   const bool want_prefill = p == Path::prefill_mma || p == Path::prefill_wgmma;
   const bool ok = (prefill > 0) == want_prefill && (hopper > 0) == (p == Path::prefill_wgmma) &&
                   (page > 0) == (p == Path::page_decode) && (small > 0) == (p == Path::small_decode) &&
-                  (streamk > 0) == (p == Path::streamk);
+                  (streamk > 0) == (p == Path::streamk) && (f32 > 0) == (p == Path::f32);
   if (ok) return "";
   std::string why = "launches: prefill " + std::to_string(prefill) + ", wgmma " + std::to_string(hopper) + ", page decode " +
                     std::to_string(page) + ", small decode " + std::to_string(small) + ", stream-K " +
-                    std::to_string(streamk);
+                    std::to_string(streamk) + ", float32 " + std::to_string(f32);
   if (want_prefill) why += std::string("; last prefill choice: ") + cuda_impl::last_prefill_kernel_reason();
   return why;
 }

@@ -74,7 +74,7 @@ enum class Path {
   streamk,        // attn_kernel's stream-K decode schedule
   prefill_mma,    // prefill_kernel.cu, mma.sync
   prefill_wgmma,  // hopper_prefill.cu, TMA + wgmma (sm_90a)
-  // f32: the float32 attention path (a value here, its rows in ScopedKernelPath / path_mismatch)
+  f32,            // f32_attention.cu: float32 caches (the only path that reads them)
 };
 
 // Named shapes (sizes in op_harness.cpp kShapes).
@@ -172,7 +172,7 @@ class ScopedKernelPath {
 
 // Launch counters of the paths, read around a call to prove which path served it.
 struct PathCounters {
-  int64_t prefill = 0, hopper = 0, page = 0, small = 0, streamk = 0;
+  int64_t prefill = 0, hopper = 0, page = 0, small = 0, streamk = 0, f32 = 0;
   static PathCounters now();
 };
 // Empty when `after - before` is what `p` must produce, else what happened instead.

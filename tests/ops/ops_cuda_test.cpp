@@ -200,7 +200,7 @@ TEST_F(CudaOps, PagedDecodeStreamKRepeatedCalls) {
 }
 
 // ---- the small-call decode path (one launch: per-CTA plan, attention, merge by the last piece) ----
-// Each case runs with the path forced on, then off (the v6 plan / attention / merge launches),
+// Each case runs with the path forced on, then off (the plan / attention / merge launches of the general path),
 // on the same inputs against the CPU reference; the launch counter shows which path ran.
 class CudaSmallDecode : public CudaOps {
  protected:
@@ -209,7 +209,7 @@ class CudaSmallDecode : public CudaOps {
   }
   static void both_paths(const AttnCase& c, uint32_t seed) {
     for (int mode : {2, 1}) {
-      SCOPED_TRACE(mode == 2 ? "small path (forced)" : "v6 path (small path off)");
+      SCOPED_TRACE(mode == 2 ? "small path (forced)" : "general path (small path off)");
       cuda_impl::set_small_decode_mode(mode);
       const int64_t before = cuda_impl::small_decode_launches();
       run_attn_case(c, seed);
@@ -289,7 +289,7 @@ TEST_F(CudaSmallDecode, MultiTokenRowsAndDraftMask) {
 // The anchor shape 1 x 1024 and longer single requests (up to the 32-piece bound, merged in
 // two staging rounds) called repeatedly on one workspace: the per-unit arrival counters must
 // be back at 0 after every call (as for CUDA-graph replays), or the next call would merge
-// early or never; other shapes (and the v6 path) run in between.
+// early or never; other shapes (and the general path) run in between.
 TEST_F(CudaSmallDecode, RepeatedCallsCountersReset) {
   AttnCase c;
   c.name = "small 1x1024 repeated";
@@ -317,11 +317,11 @@ TEST_F(CudaSmallDecode, RepeatedCallsCountersReset) {
 
 // Automatic routing across the boundary: batches 1..33 of decode requests (32 q / 8 KV
 // heads); small batches take the small path, from some batch on (at the latest 33 > 32
-// requests) the v6 path, and the switch happens once.  Every call checked against the CPU.
+// requests) the general path, and the switch happens once.  Every call checked against the CPU.
 TEST_F(CudaSmallDecode, AutomaticRoutingBoundary) {
   cuda_impl::set_small_decode_mode(0);
   std::mt19937 rng(990);
-  int first_v6 = -1;
+  int first_general = -1;
   for (int B = 1; B <= 33; ++B) {
     AttnCase c;
     c.name = "auto batch " + std::to_string(B);
@@ -332,14 +332,14 @@ TEST_F(CudaSmallDecode, AutomaticRoutingBoundary) {
     const int64_t before = cuda_impl::small_decode_launches();
     run_attn_case(c, 990 + static_cast<uint32_t>(B));
     const bool small = cuda_impl::small_decode_launches() - before == 1;
-    if (!small && first_v6 < 0) first_v6 = B;
+    if (!small && first_general < 0) first_general = B;
     if (small) {
-      EXPECT_LT(first_v6, 0) << "batch " << B << " took the small path after batch " << first_v6 << " did not";
+      EXPECT_LT(first_general, 0) << "batch " << B << " took the small path after batch " << first_general << " did not";
     }
   }
-  EXPECT_GT(first_v6, 1) << "batch 1 must take the small path";
-  EXPECT_LE(first_v6, 33);
-  std::printf("[ small path for batches < %d (this device) ]\n", first_v6);
+  EXPECT_GT(first_general, 1) << "batch 1 must take the small path";
+  EXPECT_LE(first_general, 33);
+  std::printf("[ small path for batches < %d (this device) ]\n", first_general);
 }
 
 // More requests than one CTA-wide round of planning (1024 threads; 128 x 8 in the v7 attempt).

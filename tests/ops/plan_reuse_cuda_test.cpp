@@ -55,11 +55,11 @@ Tensor pad1(const Tensor& t, int64_t n, int32_t fill) {
   return Tensor::from_vector(v);
 }
 
-class CudaPlanReuse : public CudaV6DecodeTest {
+class CudaPlanReuse : public CudaGeneralDecodeTest {
  protected:
   void TearDown() override {
     cuda_impl::set_prefill_kernel_mode(0);
-    CudaV6DecodeTest::TearDown();
+    CudaGeneralDecodeTest::TearDown();
   }
 
   void run(const ReuseCase& c, uint32_t seed) {

@@ -17,9 +17,6 @@
 
 #include "kvattn/core/cuda_runtime_api.h"
 #include "cuda_attn_case.h"
-#if defined(KVATTN_WITH_CUDA)
-#include "ops/cuda/hopper_prefill.h"
-#endif
 
 namespace kvattn::ops {
 namespace {
@@ -90,29 +87,29 @@ void run_causal_window_subset(const std::string& label, std::initializer_list<in
   }
 }
 
-// Sets the prefill kernel's loader knob (V6 or the flag-bit loader) for one test; the process's
+// Sets the prefill kernel's loader knob (paired-row or flag-bit loader) for one test; the process's
 // value comes back when it goes out of scope (also when an assertion returns early).
 // The loader tests are about the mma.sync kernel: the wgmma kernel (sm_90a) is turned off while
 // the knob is held.
 class PrefillLoader {
  public:
-  explicit PrefillLoader(bool v6) : v6_(cuda_impl::prefill_kernel_v6()), hopper_(cuda_impl::prefill_hopper_mode()) {
-    cuda_impl::set_prefill_kernel_v6(v6);
+  explicit PrefillLoader(bool paired) : paired_(cuda_impl::prefill_paired_rows()), hopper_(cuda_impl::prefill_hopper_mode()) {
+    cuda_impl::set_prefill_paired_rows(paired);
     cuda_impl::set_prefill_hopper_mode(1);  // off
   }
   ~PrefillLoader() {
-    cuda_impl::set_prefill_kernel_v6(v6_);
+    cuda_impl::set_prefill_paired_rows(paired_);
     cuda_impl::set_prefill_hopper_mode(hopper_);
   }
   PrefillLoader(const PrefillLoader&) = delete;
   PrefillLoader& operator=(const PrefillLoader&) = delete;
 
  private:
-  bool v6_;
+  bool paired_;
   int hopper_;
 };
 
-// One K/V loader (label: "v6" or "flag-bit") across what the kernel supports: causal /
+// One K/V loader (label: "paired" or "flag-bit") across what the kernel supports: causal /
 // non-causal, GQA 1/4/8, chunked prefill, odd lengths, every layout and page form (permuted pages,
 // page 0 NaN-filled, poisoned outputs: run_attn_case), D 64/128/256, f16/bf16, f32 query/out
 // (scalar paths), window, soft cap, sinks, LSE in both bases, several units per CTA (row tables
@@ -197,29 +194,29 @@ void run_loader_matrix(const std::string& label, uint32_t seed) {
 }
 
 // The flag-bit loader (rows to zero-fill flagged in bit 0 of their address): what calls whose K/V
-// rows are not aligned to their size take, here forced with KVATTN_PREFILL_V6's knob off.
+// rows are not aligned to their size take, here forced with the paired-row loader off.
 TEST_F(CudaPrefill, FlagBitLoader) {
   const PrefillLoader loader(false);
   run_loader_matrix("flag-bit", 7700);
   run_causal_window_subset("flag-bit", {1, 4, 8}, 7350);
 }
 
-// The V6 K/V loader (the default; KVATTN_PREFILL_V6=0 off): K and V row addresses paired in the
+// The paired-row K/V loader (the default): K and V row addresses paired in the
 // offset table, rows to zero-fill read a static zero row.  The loader matrix plus the small
 // matrix (causal with and without a window) and lengths around tile and page edges.
-TEST_F(CudaPrefill, V6Loader) {
+TEST_F(CudaPrefill, PairedRowLoader) {
   const PrefillLoader loader(true);
-  ASSERT_TRUE(cuda_impl::prefill_kernel_v6());
-  run_loader_matrix("v6", 7900);
-  run_causal_window_subset("v6", {1, 4, 8}, 8100);
+  ASSERT_TRUE(cuda_impl::prefill_paired_rows());
+  run_loader_matrix("paired", 7900);
+  run_causal_window_subset("paired", {1, 4, 8}, 8100);
   {
     Case c;  // key ranges ending inside a tile and inside a page: zero-row reads for K and V
-    c.name = "v6 causal, lengths around tile and page edges, page 16";
+    c.name = "paired causal, lengths around tile and page edges, page 16";
     c.hq = 8; c.hkv = 2;
     c.q_lens = {63, 64, 65, 127, 129, 1};
     c.kv_lens = {63, 64, 65, 191, 200, 97};
     EXPECT_EQ(run_case(c, 8200), 1);
-    c.name = "v6 non-causal, same lengths, page 32, block table";
+    c.name = "paired non-causal, same lengths, page 32, block table";
     c.causal = false;
     c.page = 32;
     c.paged_form = false;
@@ -419,22 +416,12 @@ class HopperMode {
   int saved_;
 };
 
-// Sets the wgmma kernel's consumer schedule for one test (0 serial, 1 overlap, 2 pingpong; the
-// value of KVATTN_PREFILL_HOPPER_SCHED is read again afterwards; 3 turns).  Nothing in a build without CUDA.
+// Sets the wgmma kernel's consumer schedule for one test (0 serial, 1 overlap, 2 pingpong, 3
+// turns; the default, pingpong, afterwards).
 class HopperSched {
  public:
-  explicit HopperSched(int sched) {
-#if defined(KVATTN_WITH_CUDA)
-    cuda_impl::k::set_hopper_prefill_sched(sched);
-#else
-    (void)sched;
-#endif
-  }
-  ~HopperSched() {
-#if defined(KVATTN_WITH_CUDA)
-    cuda_impl::k::set_hopper_prefill_sched(-1);
-#endif
-  }
+  explicit HopperSched(int sched) { cuda_impl::set_prefill_hopper_sched(sched); }
+  ~HopperSched() { cuda_impl::set_prefill_hopper_sched(-1); }
   HopperSched(const HopperSched&) = delete;
   HopperSched& operator=(const HopperSched&) = delete;
 };

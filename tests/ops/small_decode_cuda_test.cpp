@@ -1,13 +1,13 @@
 // The cluster small-call decode kernel (src/ops/cuda/small_decode.cu) against the CPU reference:
-// every case runs on the cluster kernel and then on the v8 small path (attn_kernel<..., SMALL>)
+// every case runs on the cluster kernel and then on the small form of attn_kernel (attn_kernel<..., SMALL>)
 // on the same inputs, with the launch counters showing which kernel ran.  Random inputs,
 // NaN-poisoned outputs and LSE, permuted page tables with page 0 reserved (NaN), odd lengths
 // (shorter than one 16-key slice, not multiples of 16, fewer keys than pieces), batches 1 to 32,
 // every cache layout, page sizes 1 to 48 (both instantiations: whole 16-key slices per page or
 // not), both page-table forms, GQA 1/4/8, head dims 64/128, bf16 and f16, sinks,
 // soft cap, sliding window, LSE in both bases, multi-token rows (several 16-row tiles per unit),
-// cluster sizes 1 to 16; calls the kernel does not cover must stay on the v8 path.
-// Skips on devices before sm_90 (no thread-block clusters: the v8 path runs there).
+// cluster sizes 1 to 16; calls the kernel does not cover must stay on attn_kernel's small form.
+// Skips on devices before sm_90 (no thread-block clusters: attn_kernel's small form runs there).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -41,11 +41,11 @@ class CudaClusterDecode : public ::testing::Test {
     cuda_impl::set_small_route8(true);
   }
   // The case on the cluster kernel with 4 warps per CTA and with the automatic choice (8 warps
-  // wherever their clusters hold the call in one wave, else 4), then on the v8 kernel.
+  // wherever their clusters hold the call in one wave, else 4), then on attn_kernel's small form.
   static void both_kernels(const AttnCase& c, uint32_t seed, bool covered = true) {
     for (int run : {0, 1, 2}) {
       const int kernel = run == 2 ? 1 : 0;
-      SCOPED_TRACE(run == 0 ? "cluster kernel, 4 warps" : run == 1 ? "cluster kernel, automatic warps" : "v8 small kernel");
+      SCOPED_TRACE(run == 0 ? "cluster kernel, 4 warps" : run == 1 ? "cluster kernel, automatic warps" : "attn_kernel small form");
       cuda_impl::set_small_decode_kernel(kernel);
       cuda_impl::set_small_warps(run == 0 ? 4 : 0);
       const int64_t small0 = cuda_impl::small_decode_launches();
@@ -220,7 +220,7 @@ TEST_F(CudaClusterDecode, PageWindowEdges) {
 }
 
 // Automatic routing: 1 request (8 units at 32 / 8 heads) takes the cluster kernel; 16 requests
-// (128 units: 2 pieces per unit with 2 four-warp CTAs on each of 132 SMs) stay on v8 under the
+// (128 units: 2 pieces per unit with 2 four-warp CTAs on each of 132 SMs) stay on attn_kernel's small form under the
 // 4-warp rule alone (fewer than kClusterMinAutoPieces = 4 pieces per unit: the cluster kernel lost
 // on 16 x 4096 at 2 pieces); with the 8-warp route (default) they may move to the cluster kernel
 // (one 8-warp CTA per unit where 128 of them fit at once), never the other way; all are
@@ -247,7 +247,7 @@ TEST_F(CudaClusterDecode, AutomaticRoutingByPieces) {
       if (B == 16 && !route8) {
         EXPECT_EQ(cl, 0) << c.name;
       }
-      std::printf("[ %s: %s kernel ]\n", c.name.c_str(), cl == 1 ? "cluster" : "v8");
+      std::printf("[ %s: %s kernel ]\n", c.name.c_str(), cl == 1 ? "cluster" : "attn_kernel small form");
     }
   }
   cuda_impl::set_small_route8(true);
@@ -273,7 +273,7 @@ TEST_F(CudaClusterDecode, WarpsPerCtaChoice) {
 }
 
 // Calls the cluster kernel does not cover stay on attn_kernel<..., SMALL>, and are right.
-TEST_F(CudaClusterDecode, UncoveredCallsTakeTheV8Path) {
+TEST_F(CudaClusterDecode, UncoveredCallsTakeTheSmallForm) {
   uint32_t seed = 2300;
   AttnCase c;
   c.q_lens = {1, 1};

@@ -1,6 +1,7 @@
 // src/ops/cuda/cache_ops.cu — KV-cache write (reshape_and_cache_flash), fp8 page dequant,
 // block zeroing and the page-table helpers.
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/routing.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -153,18 +154,6 @@ int grid_for(int64_t total, int threads) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// KVATTN_CACHE_WRITE_V=0: same-dtype writes on cache_write_vec (one vector per thread, the
-// previous kernel) instead of cache_write_vec_multi<2> (default 1); a measurement knob
-std::atomic<int> g_cache_write_v{-1};
-int cache_write_variant_now() {
-  int v = g_cache_write_v.load(std::memory_order_relaxed);
-  if (v >= 0) return v;
-  const char* e = std::getenv("KVATTN_CACHE_WRITE_V");
-  v = e != nullptr && std::atoi(e) == 0 ? 0 : 1;
-  g_cache_write_v.store(v, std::memory_order_relaxed);
-  return v;
-}
-
 // ---- zero_kv_blocks ---------------------------------------------------------------------------------
 // grid (blocks, segments, chunks of 4096 words); 16-byte stores where the run is aligned.
 __global__ void zero_blocks_kernel(const int64_t* addrs, const int64_t* strides, const int64_t* pages,
@@ -249,7 +238,7 @@ int launch_reshape_and_cache(const CacheWriteParams& p) {
   if (vec) {
     const int64_t total = p.num_tokens * p.num_heads * (p.head_size / N);
     const int grid = grid_for(total, threads);
-    if (!fp8 && cache_write_variant_now() == 1 && total < (int64_t(1) << 31)) {
+    if (!fp8 && kernel_routing().cache_write_pairs && total < (int64_t(1) << 31)) {
       const int g = (grid + 1) / 2;
       if (ssz == 4) cache_write_vec_multi<float, 2><<<g, threads>>>(p);
       else cache_write_vec_multi<uint16_t, 2><<<g, threads>>>(p);
@@ -268,9 +257,6 @@ int launch_reshape_and_cache(const CacheWriteParams& p) {
   }
   return static_cast<int>(cudaGetLastError());
 }
-
-void set_cache_write_variant(int v) { g_cache_write_v.store(v == 0 ? 0 : 1, std::memory_order_relaxed); }
-int cache_write_variant() { return cache_write_variant_now(); }
 
 int launch_zero_kv_blocks(const int64_t* addrs, const int64_t* strides, const int64_t* pages, int64_t num_segs,
                           Idx block_ids, int64_t num_ids, int64_t max_page_words) {

@@ -13,12 +13,13 @@
 #include "kvattn/core/buffer.h"
 #include "kvattn/core/cuda_runtime_api.h"
 #include "ops/common.h"
+#include "ops/cuda/attention_path.h"
 #include "ops/cuda/dcp_kernels.h"
 #include "ops/cuda/f32_attention.h"
 #include "ops/cuda/hopper_prefill.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/page_decode.h"
-#include "ops/cuda/small_decode.h"
+#include "ops/cuda/routing.h"
 #include "ops/cuda_dispatch.h"
 #include "ops/plan_state.h"
 
@@ -108,7 +109,7 @@ std::mutex& launch_mutex(int device) {
 // ---- kept plans (PagedAttentionPlan) ------------------------------------------------------------
 // Everything a plan kernel's tables depend on besides the contents of the index tensors (the
 // caller's invalidate() covers those): which plan kernel, the index tensors' addresses and strides,
-// the batch's sizes, the masks the plan reads, the kernel knobs that pick the kernel (and so its
+// the batch's sizes, the masks the plan reads, the routing settings that pick the kernel (and so its
 // tile sizes), the launch shape.  Not the K/V caches, query, output or scales: they may change
 // from call to call (the layers of a step).
 void add_idx(std::vector<int64_t>& key, const k::Idx& x) {
@@ -126,8 +127,9 @@ std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnP
   // the prefill kernel's plan (shape == nullptr) depends on nothing more: its row tile is fixed
   // per head_dim (prefill_kernel.cu PfCfgOf)
   if (shape != nullptr) {
+    const k::KernelRouting& r = k::kernel_routing();
     key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,
-                           shape->small, shape->mixed_kv_lens ? 1 : 0, k::decode_options(), k::decode_splits(), k::decode_chunk()});
+                           shape->small, shape->mixed_kv_lens ? 1 : 0, r.decode_options, r.decode_splits, r.decode_chunk});
   }
   return key;
 }
@@ -210,10 +212,10 @@ void reshape_and_cache_flash(const ReshapeAndCacheArgs& a) {
 }
 
 // ---- paged_attention ---------------------------------------------------------------------------------
-void paged_attention(const PagedAttentionArgs& a) {
+namespace {
+// The kernels' parameter block of a validated call.
+k::AttnParams attn_params(const PagedAttentionArgs& a, const detail::AttnDims& d) {
   static constexpr const char* op = "paged_attention";
-  const detail::AttnDims d = detail::validate_paged_attention(a);
-  DeviceGuard guard(a.query);
   k::AttnParams p;
   p.q = a.query.data();
   p.q_st = a.query.stride(0); p.q_sh = a.query.stride(1); p.q_sd = a.query.stride(2);
@@ -295,67 +297,94 @@ void paged_attention(const PagedAttentionArgs& a) {
     p.xqa_s0 = a.xqa_draft_mask.stride(0);
     p.xqa_s1 = a.xqa_draft_mask.stride(1);
   }
+  return p;
+}
+
+AttentionPathQuery path_query(const PagedAttentionArgs& a) {
+  AttentionPathQuery q;
+  q.num_sms = sm_count(a.query.device().index);
+  q.max_query_len = a.max_query_len;
+  q.mixed_kv_lens = a.kv_lengths == KvLengthsHint::mixed;
+  return q;
+}
+}  // namespace
+
+AttentionPathChoice attention_path_for(const PagedAttentionArgs& a) {
+  const detail::AttnDims d = detail::validate_paged_attention(a);
+  DeviceGuard guard(a.query);
+  return select_attention_path(attn_params(a, d), path_query(a));
+}
+
+void paged_attention(const PagedAttentionArgs& a) {
+  static constexpr const char* op = "paged_attention";
+  const detail::AttnDims d = detail::validate_paged_attention(a);
+  DeviceGuard guard(a.query);
+  const k::AttnParams p = attn_params(a, d);
   if (p.batch == 0 || p.num_tokens == 0) return;
   const int dev = a.query.device().index;
-  if (p.kv_t == k::Elt::f32) {  // float32 caches: the SIMT f32 kernel, one launch, no plan or workspace
-    std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
-    check_launch(k::launch_f32_attention(p), op);
-    return;
-  }
-  if (k::prefill_eligible(p, sm_count(dev))) {  // many rows per request: prefill_kernel.cu
-    std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
-    const int64_t bytes = k::prefill_workspace_bytes(p);
-    if (a.plan == nullptr) {
-      check_launch(k::launch_prefill_attention(p, sm_count(dev), workspace_for(dev, bytes), true), op);
+  const AttentionPathQuery q = path_query(a);
+  const AttentionPathChoice c = select_attention_path(p, q);
+  check_launch(c.error, op);
+  switch (c.path) {
+    case AttentionPath::unsupported:
+      throw Unsupported(fmt::format("{}: {} (head_dim {}, query {}, cache {}); use CPU tensors for this case", op, c.reason,
+                                    d.head_dim, dtype_name(a.query.dtype()), dtype_name(a.k_cache.dtype())));
+    case AttentionPath::f32: {  // one launch, no plan or workspace
+      std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
+      check_launch(k::launch_f32_attention(p), op);
       return;
     }
-    PagedAttentionPlan::State& st = a.plan->state();
-    bool run_plan = true;
-    void* ws = plan_region(st, plan_key(p, dev, nullptr), bytes, dev, &run_plan);
-    check_launch(k::launch_prefill_attention(p, sm_count(dev), ws, run_plan), op);
-    plan_done(st, run_plan);
-    return;
-  }
-  k::AttnPlanShape shape;
-  const char* why = nullptr;
-  check_launch(k::plan_paged_attention(p, sm_count(dev), &shape, &why), op);
-  shape.mixed_kv_lens = a.kv_lengths == KvLengthsHint::mixed;
-  if (why != nullptr)
-    throw Unsupported(fmt::format("{}: {} (head_dim {}, query {}, cache {}); use CPU tensors for this case", op, why,
-                                  d.head_dim, dtype_name(a.query.dtype()), dtype_name(a.k_cache.dtype())));
-  std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
-  // the whole-page decode path (page_decode.cu) for the calls it covers, except those the
-  // small-call path takes and those with few requests per CTA (unless forced)
-  const k::PageDecodeMode page_mode = k::page_decode_mode();
-  if (page_mode != k::PageDecodeMode::off &&
-      (page_mode == k::PageDecodeMode::force || (!shape.small && k::page_decode_batch_ok(p, sm_count(dev)))) &&
-      k::page_decode_unsupported(p, a.max_query_len) == nullptr) {
-    const k::PageDecodeShape ps = k::page_decode_shape(p, sm_count(dev), a.max_query_len);
-    if (a.plan == nullptr) {
-      char* ws = static_cast<char*>(workspace_for(dev, ps.plan_bytes + ps.scratch_bytes));
-      check_launch(k::launch_page_decode(p, ps, ws, ws + ps.plan_bytes, true), op);
+    case AttentionPath::prefill_wgmma:
+    case AttentionPath::prefill_mma: {  // one plan for both kernels (prefill_kernel.cu)
+      std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
+      const int64_t bytes = k::prefill_workspace_bytes(p);
+      if (a.plan == nullptr) {
+        check_launch(k::launch_prefill_attention(p, q.num_sms, workspace_for(dev, bytes), true), op);
+        return;
+      }
+      PagedAttentionPlan::State& st = a.plan->state();
+      bool run_plan = true;
+      void* ws = plan_region(st, plan_key(p, dev, nullptr), bytes, dev, &run_plan);
+      check_launch(k::launch_prefill_attention(p, q.num_sms, ws, run_plan), op);
+      plan_done(st, run_plan);
       return;
     }
-    PagedAttentionPlan::State& st = a.plan->state();
-    bool run_plan = true;
-    std::vector<int64_t> key = plan_key(p, dev, nullptr);
-    key[1] = 3;  // this path's plan (the prefill kernel's is 1, attn_kernel's 2)
-    key.insert(key.end(), {ps.grid, ps.rows});
-    void* plan_ws = plan_region(st, key, ps.plan_bytes, dev, &run_plan);
-    check_launch(k::launch_page_decode(p, ps, plan_ws, workspace_for(dev, ps.scratch_bytes), run_plan), op);
-    plan_done(st, run_plan);
-    return;
+    case AttentionPath::page_decode: {
+      std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
+      const k::PageDecodeShape ps = k::page_decode_shape(p, q.num_sms, a.max_query_len);
+      if (a.plan == nullptr) {
+        char* ws = static_cast<char*>(workspace_for(dev, ps.plan_bytes + ps.scratch_bytes));
+        check_launch(k::launch_page_decode(p, ps, ws, ws + ps.plan_bytes, true), op);
+        return;
+      }
+      PagedAttentionPlan::State& st = a.plan->state();
+      bool run_plan = true;
+      std::vector<int64_t> key = plan_key(p, dev, nullptr);
+      key[1] = 3;  // this path's plan (the prefill kernel's is 1, attn_kernel's 2)
+      key.insert(key.end(), {ps.grid, ps.rows});
+      void* plan_ws = plan_region(st, key, ps.plan_bytes, dev, &run_plan);
+      check_launch(k::launch_page_decode(p, ps, plan_ws, workspace_for(dev, ps.scratch_bytes), run_plan), op);
+      plan_done(st, run_plan);
+      return;
+    }
+    case AttentionPath::small_cluster:
+    case AttentionPath::small_decode:
+    case AttentionPath::attn_kernel: {
+      const k::AttnPlanShape& shape = c.shape;
+      std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
+      if (a.plan == nullptr || shape.small) {  // the small path plans inside its one launch: nothing to keep
+        char* ws = static_cast<char*>(workspace_for(dev, shape.workspace_bytes));
+        check_launch(k::launch_paged_attention(p, shape, ws, ws + shape.plan_bytes, true), op);
+        return;
+      }
+      PagedAttentionPlan::State& st = a.plan->state();
+      bool run_plan = true;
+      void* plan_ws = plan_region(st, plan_key(p, dev, &shape), shape.plan_bytes, dev, &run_plan);
+      check_launch(k::launch_paged_attention(p, shape, plan_ws, workspace_for(dev, shape.scratch_bytes), run_plan), op);
+      plan_done(st, run_plan);
+      return;
+    }
   }
-  if (a.plan == nullptr || shape.small) {  // the small path plans inside its one launch: nothing to keep
-    char* ws = static_cast<char*>(workspace_for(dev, shape.workspace_bytes));
-    check_launch(k::launch_paged_attention(p, shape, ws, ws + shape.plan_bytes, true), op);
-    return;
-  }
-  PagedAttentionPlan::State& st = a.plan->state();
-  bool run_plan = true;
-  void* plan_ws = plan_region(st, plan_key(p, dev, &shape), shape.plan_bytes, dev, &run_plan);
-  check_launch(k::launch_paged_attention(p, shape, plan_ws, workspace_for(dev, shape.scratch_bytes), run_plan), op);
-  plan_done(st, run_plan);
 }
 
 // ---- merge_attn_states / mask_empty_context_lse -----------------------------------------------------
@@ -464,43 +493,6 @@ void kvfp8_dequant(const Tensor& k_cache, const Tensor& v_cache, const Tensor& b
   check_launch(k::launch_kvfp8_dequant(p), op);
 }
 
-void set_prefill_kernel_mode(int mode) { k::set_prefill_mode(static_cast<k::PrefillMode>(mode)); }
-int prefill_kernel_mode() noexcept { return static_cast<int>(k::prefill_mode()); }
-void set_prefill_kernel_v6(bool on) { k::set_prefill_v6(on); }
-bool prefill_kernel_v6() noexcept { return k::prefill_v6(); }
-int64_t prefill_kernel_launches() noexcept { return k::prefill_launches(); }
-void set_prefill_hopper_mode(int mode) { k::set_hopper_prefill_mode(mode); }
-int prefill_hopper_mode() noexcept { return k::hopper_prefill_mode(); }
-int64_t prefill_hopper_launches() noexcept { return k::hopper_prefill_launches(); }
-int last_prefill_kernel_path() noexcept {
-  return k::prefill_launches() == 0 ? -1 : static_cast<int>(k::last_prefill_choice().path);
-}
-const char* last_prefill_kernel_reason() noexcept { return k::last_prefill_choice().reason; }
-void set_page_decode_mode(int mode) { k::set_page_decode_mode(static_cast<k::PageDecodeMode>(mode)); }
-int page_decode_mode() noexcept { return static_cast<int>(k::page_decode_mode()); }
-int64_t page_decode_launches() noexcept { return k::page_decode_launches(); }
-void set_small_decode_mode(int mode) { k::set_small_decode_mode(static_cast<k::SmallDecodeMode>(mode)); }
-int small_decode_mode() noexcept { return static_cast<int>(k::small_decode_mode()); }
-int64_t small_decode_launches() noexcept { return k::small_decode_launches(); }
-void set_small_decode_kernel(int kernel) { k::set_small_kernel(static_cast<k::SmallKernel>(kernel)); }
-int64_t small_cluster_launches() noexcept { return k::cluster_decode_launches(); }
-void set_small_cluster_max(int pieces) { k::set_small_cluster_max(pieces); }
-int small_cluster_max() noexcept { return k::small_cluster_max(); }
-void set_small_page_window(bool on) { k::set_small_page_window(on); }
-bool small_page_window() noexcept { return k::small_page_window(); }
-void set_small_warps(int warps) { k::set_small_warps(warps); }
-int small_warps() noexcept { return k::small_warps(); }
-int64_t small_cluster_launches_8warps() noexcept { return k::cluster_decode_launches_8warps(); }
-void set_small_route8(bool on) { k::set_small_route8(on); }
-void set_decode_options(int opts) { k::set_decode_options(opts); }
-int decode_options() noexcept { return k::decode_options(); }
-int64_t fp8_fast_launches() noexcept { return k::fp8_fast_launches(); }
-int64_t rem_split_plans() noexcept { return k::rem_split_plans(); }
-int64_t streamk_launches() noexcept { return k::streamk_launches(); }
-void set_decode_splits(int n) { k::set_decode_splits(n); }
-void set_decode_chunk(int tiles) { k::set_decode_chunk(tiles); }
-void set_cache_write_variant(int v) { k::set_cache_write_variant(v); }
-int cache_write_variant() noexcept { return k::cache_write_variant(); }
 
 // ---- DCP pieces (kernels in dcp_ops.cu) ----------------------------------------------------------
 void copy_(const Tensor& dst, const Tensor& src, float scale) {

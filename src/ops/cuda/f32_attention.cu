@@ -35,6 +35,8 @@
 #include <atomic>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/routing.h"
+#include "ops/cuda/softmax.cuh"
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -42,9 +44,6 @@ namespace {
 constexpr int kWarps = 4;   // warps (rows) per CTA
 constexpr int kChunk = 4;   // keys per inner step
 constexpr unsigned kFull = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
-
-std::atomic<int64_t> g_launches{0};
 
 // The query row's place in its request and its PrefixLM range.
 struct Row {
@@ -266,15 +265,14 @@ int launch_f32_attention(const AttnParams& p) {
       p.hq != p.hkv * p.group)
     return static_cast<int>(cudaErrorInvalidValue);
   if (p.batch == 0 || p.num_tokens == 0 || p.hq == 0) return 0;
-  g_launches.fetch_add(1, std::memory_order_relaxed);
   const int npl = (p.head_dim + 31) / 32;
-  if (npl <= 1) return launch_npl<1>(p);
-  if (npl <= 2) return launch_npl<2>(p);
-  if (npl <= 4) return launch_npl<4>(p);
-  if (npl <= 8) return launch_npl<8>(p);
-  return launch_npl<16>(p);
+  const int e = npl <= 1   ? launch_npl<1>(p)
+                : npl <= 2 ? launch_npl<2>(p)
+                : npl <= 4 ? launch_npl<4>(p)
+                : npl <= 8 ? launch_npl<8>(p)
+                           : launch_npl<16>(p);
+  if (e == 0) note_launch(KernelLaunch::f32);
+  return e;
 }
-
-int64_t f32_attention_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 }  // namespace kvattn::ops::cuda_impl::k

@@ -17,6 +17,5 @@ namespace kvattn::ops::cuda_impl::k {
 // alignment).  Returns 0 or a cudaError_t as int (cudaErrorInvalidValue for a call outside the
 // contract above).
 int launch_f32_attention(const AttnParams& p);
-int64_t f32_attention_launches();  // launches of this path so far (tests)
 
 }  // namespace kvattn::ops::cuda_impl::k

@@ -42,7 +42,9 @@
 
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/hopper_prefill.h"
-#include "ops/cuda/knobs.h"
+#include "ops/cuda/routing.h"
+#include "ops/cuda/softmax.cuh"
+#include "ops/cuda/wgmma.cuh"
 #include "ops/cuda/ptx.cuh"
 
 #include <algorithm>
@@ -75,8 +77,6 @@ __device__ int g_hp_arch = 0;
 #endif
 
 #if defined(KVATTN_HP_BODY)
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLazy = 8.f;
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -101,57 +101,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-// 16-byte cp.async writing zeros instead of reading when ignore != 0
-__device__ __forceinline__ void cpa16z(uint32_t dst, const void* src, uint32_t ignore) {
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
-               "l"(src), "r"(ignore));
-}
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&h);
 }
-// wgmma shared-memory descriptor, 128-byte swizzle: start, leading / stride byte offsets
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t((lbo >> 4) & 0x3FFFu) << 16) |
-         (uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
-}
-// D[64 x 128] (+)= A[64 x 16] * B[16 x 128]; A and B from shared memory (descriptors), bf16, f32 accumulate
-__device__ __forceinline__ void wgmma_ss_m64n128(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-// D[64 x 64] += A[64 x 16] * B[16 x 64]; A from registers (bf16 pairs), B from shared memory
-// stored N-major (transposed operand), f32 accumulate
-__device__ __forceinline__ void wgmma_rs_m64n64_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
 // The unit's key range: [lo, hi) (causal: up to the last row's position; sliding window: from
 // the first row's window start), in n_tiles tiles from tile t0 (keys t0 * 128 ...).
 struct HpUnit {
@@ -398,14 +355,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         float m_new = fmaxf(m_r[h], mx * c_exp);
         m_new = m_new > m_r[h] + kLazy ? m_new : m_r[h];
         const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-        alpha[h] = ex2(m_r[h] - m_use);
+        alpha[h] = ex2_ftz(m_r[h] - m_use);
         moved |= m_new != m_r[h];
         m_r[h] = m_new;
         float sum = 0.f;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          const float a0 = ex2(fmaf(sacc[4 * j + 2 * h], c_exp, -m_use));
-          const float a1 = ex2(fmaf(sacc[4 * j + 2 * h + 1], c_exp, -m_use));
+          const float a0 = ex2_ftz(fmaf(sacc[4 * j + 2 * h], c_exp, -m_use));
+          const float a1 = ex2_ftz(fmaf(sacc[4 * j + 2 * h + 1], c_exp, -m_use));
           sacc[4 * j + 2 * h] = a0;
           sacc[4 * j + 2 * h + 1] = a1;
           sum += a0 + a1;
@@ -580,74 +537,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// D[64 x 256] += A[64 x 16] * B[16 x 256], both from shared memory (the rate probe's instruction)
-__device__ __forceinline__ void wgmma_ss_m64n256(float (&d)[128], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(da), "l"(db));
-}
-
-// The wgmma bf16 rate probe: 2 warpgroups per CTA, each issuing m64n256k16 from a 48 KB shared
-// tile (filled with small non-zero bf16 values) in groups of 8, 2 CTAs per SM; FLOPs counted
-// 2 * 64 * 256 * 16 per instruction.
-__global__ void __launch_bounds__(256, 1) hp_wgmma_rate_kernel(int iters, float* sink) {
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  unsigned char* sb = smem_raw + (base - raw);
-  for (int i = threadIdx.x; i < 48 * 1024 / 2; i += blockDim.x)
-    reinterpret_cast<__nv_bfloat16*>(sb)[i] = __float2bfloat16(0.001f * float((i * 37) % 61 - 30));
-  fence_proxy_async();
-  __syncthreads();
-  float d[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) d[i] = 0.f;
-  const uint64_t da = desc_sw128(base, 16, 1024);
-  const uint64_t db = desc_sw128(base + 16384, 16, 1024);
-  for (int it = 0; it < iters; ++it) {
-    wg_fence();
-#pragma unroll
-    for (int k = 0; k < 8; ++k) wgmma_ss_m64n256(d, da + (k & 3) * 2, db + (k & 3) * 2);
-    wg_commit();
-    wg_wait0();
-  }
-  reg_fence(d);
-  float s = 0.f;
-#pragma unroll
-  for (int i = 0; i < 128; ++i) s += d[i];
-  if (s == 12345.f) sink[0] = s;  // keeps the work
-}
 #else
 template <int kSched>
 __global__ void __launch_bounds__(kThreads, 1)
     hp_prefill_kernel(const AttnParams, const HopperPlanTables, const __grid_constant__ CUtensorMap,
                       const __grid_constant__ CUtensorMap) {}
-__global__ void __launch_bounds__(256, 1) hp_wgmma_rate_kernel(int, float*) {}
 #endif  // KVATTN_HP_BODY
 
 // ---- host side ------------------------------------------------------------------------------------
-std::atomic<int> g_mode{-1};
-std::atomic<int64_t> g_launches{0};
-std::mutex g_choice_mu;
-PrefillChoice g_last_choice{PrefillPath::mma_sync, "no prefill call yet"};
-
-int mode_now() { return knob(g_mode, "KVATTN_PREFILL_HOPPER", off_or_force); }
-
-// The consumer schedule (KVATTN_PREFILL_HOPPER_SCHED): 0 serial, 1 overlap, 2 pingpong, 3 turns;
-// unset or anything else: kDefaultSched.
-constexpr int kDefaultSched = 2;
-constexpr int kNumSched = 4;
-std::atomic<int> g_sched{-1};
-int parse_sched(const char* e) {
-  if (e != nullptr) {
-    for (int i = 0; i < kNumSched; ++i)
-      if (std::strcmp(e, hopper_prefill_sched_name(i)) == 0) return i;
-  }
-  return kDefaultSched;
-}
-int sched_now() { return knob(g_sched, "KVATTN_PREFILL_HOPPER_SCHED", parse_sched); }
+constexpr int kNumSched = 4;  // consumer schedules (KernelRouting::hopper_sched)
 
 // Whether automatic mode selects the wgmma kernel for the calls it covers (its test matrix passes
 // on an H200 and CudaPrefill.HopperWgmmaSmall runs clean under compute-sanitizer memcheck and
@@ -710,11 +608,6 @@ bool stride_ok(int64_t s) { return s > 0 && s % 16 == 0 && s < (int64_t(1) << 40
 
 }  // namespace
 
-void set_hopper_prefill_mode(int mode) { g_mode.store(mode, std::memory_order_relaxed); }
-void set_hopper_prefill_sched(int sched) {
-  g_sched.store(sched >= 0 && sched < kNumSched ? sched : -1, std::memory_order_relaxed);
-}
-int hopper_prefill_sched() { return sched_now(); }
 const char* hopper_prefill_sched_name(int sched) {
   switch (sched) {
     case 0: return "serial";
@@ -724,22 +617,11 @@ const char* hopper_prefill_sched_name(int sched) {
     default: return "unknown";
   }
 }
-int hopper_prefill_mode() { return mode_now(); }
-int64_t hopper_prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
-PrefillChoice last_prefill_choice() {
-  std::lock_guard<std::mutex> lk(g_choice_mu);
-  return g_last_choice;
-}
-void record_prefill_choice(const PrefillChoice& c) {
-  std::lock_guard<std::mutex> lk(g_choice_mu);
-  g_last_choice = c;
-}
-
 PrefillChoice hopper_prefill_choice(const AttnParams& p) {
   auto no = [](const char* why) { return PrefillChoice{PrefillPath::mma_sync, why}; };
-  const int mode = mode_now();
-  if (mode == 1) return no("wgmma kernel turned off (KVATTN_PREFILL_HOPPER=off)");
-  if (mode == 0 && !kDefaultOn)
+  const Route mode = kernel_routing().prefill_hopper;
+  if (mode == Route::off) return no("wgmma kernel turned off (KVATTN_PREFILL_HOPPER=off)");
+  if (mode == Route::automatic && !kDefaultOn)
     return no("wgmma kernel not selected by default (KVATTN_PREFILL_HOPPER=force selects it)");
   if (!hopper_code_loaded()) return no("no sm_90a code for this device (needs compute capability 9.0 and an sm_90a build)");
   if (p.head_dim != kD) return no("head_dim is not 128");
@@ -758,44 +640,11 @@ PrefillChoice hopper_prefill_choice(const AttnParams& p) {
   return PrefillChoice{PrefillPath::wgmma, "bf16, head_dim 128, no XQA / PrefixLM mask: wgmma kernel"};
 }
 
-double measure_wgmma_tflops() {
-  if (!hopper_code_loaded()) return 0.0;
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  constexpr int kProbeSmem = 48 * 1024 + 1024;
-  float* sink = nullptr;
-  if (cudaMalloc(&sink, sizeof(float)) != cudaSuccess) return 0.0;
-  cudaFuncSetAttribute(hp_wgmma_rate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kProbeSmem);
-  const int iters = 4096;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  hp_wgmma_rate_kernel<<<sms * 2, 256, kProbeSmem>>>(64, sink);  // warm-up
-  float best = 1e30f;
-  for (int rep = 0; rep < 5; ++rep) {
-    cudaEventRecord(e0);
-    hp_wgmma_rate_kernel<<<sms * 2, 256, kProbeSmem>>>(iters, sink);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
-    float ms = 0.f;
-    cudaEventElapsedTime(&ms, e0, e1);
-    best = std::min(best, ms);
-  }
-  const bool ok = cudaGetLastError() == cudaSuccess;
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(sink);
-  if (!ok) return 0.0;
-  const double flops = 2.0 * 64 * 256 * 16 * 8 * double(iters) * 2 /* warpgroups */ * sms * 2;
-  return flops / (double(best) * 1e-3) / 1e12;
-}
-
 int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTables& plan) {
   CUtensorMap mk, mv;
   if (!encode_cache_map(&mk, p.k, p, p.k_sb, p.k_so, p.k_sh) || !encode_cache_map(&mv, p.v, p, p.v_sb, p.v_so, p.v_sh))
     return -1;
-  const int sched = sched_now();
+  const int sched = std::clamp(kernel_routing().hopper_sched, 0, kNumSched - 1);
   static int attr_set[64] = {};  // per device: bit i = schedule i's shared-memory limit raised
   int dev = 0;
   cudaGetDevice(&dev);
@@ -813,7 +662,6 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
   const int64_t units = max_items * p.hkv;
   const int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
   kernel<<<grid, kThreads, kSmem>>>(p, plan, mk, mv);
-  g_launches.fetch_add(1, std::memory_order_relaxed);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -27,21 +27,12 @@ struct PrefillChoice {
   const char* reason = "";
 };
 
-// The wgmma kernel's routing: 0 automatic (the kernel's default: for now the mma.sync kernel,
-// see kDefaultOn in hopper_prefill.cu), 1 off, 2 force (every call it covers, on an sm_90 device
-// with sm_90a code; it never takes a call it does not cover).  Initial value from
-// KVATTN_PREFILL_HOPPER (off|force).
-void set_hopper_prefill_mode(int mode);
-int hopper_prefill_mode();
-
-// The consumer warpgroups' schedule: 0 serial (S = Q K^T, wait, softmax, O += P V, wait),
-// 1 overlap (S of tile j+1 issued before the softmax of tile j, P V of tile j after it, each
-// waited only when its result is needed), 2 pingpong (overlap, and the two warpgroups take turns
-// at issuing their GEMMs, so one's softmax runs under the other's GEMMs; the default), 3 turns
-// (serial, with the pingpong turns around each tile's S).  Initial value from
-// KVATTN_PREFILL_HOPPER_SCHED (serial|overlap|pingpong|turns); set -1 to re-read it.
-void set_hopper_prefill_sched(int sched);
-int hopper_prefill_sched();
+// The consumer warpgroups' schedule (KernelRouting::hopper_sched, routing.h): 0 serial (S = Q K^T,
+// wait, softmax, O += P V, wait), 1 overlap (S of tile j+1 issued before the softmax of tile j,
+// P V of tile j after it, each waited only when its result is needed), 2 pingpong (overlap, and
+// the two warpgroups take turns at issuing their GEMMs, so one's softmax runs under the other's
+// GEMMs; the default), 3 turns (serial, with the pingpong turns around each tile's S).  Its
+// name, as KVATTN_PREFILL_HOPPER_SCHED spells it:
 const char* hopper_prefill_sched_name(int sched);
 
 // The choice for a call the prefill kernel serves (host only, no device sync).  Rows per CTA
@@ -51,14 +42,5 @@ PrefillChoice hopper_prefill_choice(const AttnParams& p);
 // Launches the wgmma kernel on a plan built by prefill_kernel.cu (0 = success, else a
 // cudaError_t; a tensor map the driver rejects returns -1 and launches nothing).
 int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTables& plan);
-
-// The last prefill launch's choice (process-wide; tests read it after a call).
-PrefillChoice last_prefill_choice();
-void record_prefill_choice(const PrefillChoice& c);
-int64_t hopper_prefill_launches();
-
-// The wgmma bf16 rate (TFLOP/s) of a probe kernel that only issues m64n256k16 from shared memory
-// (kvattn bench-cuda's ceiling); 0 where the sm_90a code is not loaded.
-double measure_wgmma_tflops();
 
 }  // namespace kvattn::ops::cuda_impl::k

@@ -38,12 +38,6 @@ struct CacheWriteParams {
   bool per_head_scale = false;
 };
 int launch_reshape_and_cache(const CacheWriteParams& p);
-// the vectorised same-dtype KV write: 1 = two vectors per thread, every load before the stores
-// (default), 0 = one vector per thread, the slot loaded first (previous kernel); initial value
-// from KVATTN_CACHE_WRITE_V
-void set_cache_write_variant(int v);
-int cache_write_variant();
-
 // ---- small ops -----------------------------------------------------------------------------
 int launch_zero_kv_blocks(const int64_t* addrs, const int64_t* strides, const int64_t* pages,
                           int64_t num_segs, Idx block_ids, int64_t num_ids, int64_t max_page_words);
@@ -152,7 +146,7 @@ struct AttnPlanShape {
   int64_t plan_bytes = 0, scratch_bytes = 0;
   bool reuse_plan = false;  // launch_paged_attention's !run_plan, for its launchers (not a decision)
   bool mixed_kv_lens = false;  // the caller's KvLengthsHint::mixed: decode config runs stream-K (see streamk_on)
-  int small = 0;        // 1: small-call path (decode config, one launch: see SmallDecodeMode)
+  int small = 0;        // 1: small-call path (decode config, one launch: see KernelRouting::small_decode)
   int small_units = 0;  // its (request, row tile, KV head) unit bound
   int cluster = 0;      // small path on the cluster kernel (small_decode.cu): pieces per unit, else 0
 };
@@ -166,71 +160,25 @@ int plan_paged_attention(const AttnParams& p, int num_sms, AttnPlanShape* shape,
 // themselves at the end of every attention launch, so a kept plan stays ready to run.
 int launch_paged_attention(const AttnParams& p, const AttnPlanShape& shape, void* plan_ws, void* scratch_ws,
                            bool run_plan);
-// Small-call decode path: one launch that plans in every CTA, runs the decode tiles and merges
-// the split pieces of a (request, row tile, KV head) unit in the CTA whose piece arrives last
-// (self-resetting counters, CUDA-graph safe).  automatic: decode calls of <= 32 requests whose
-// units all fit one wave of CTAs; off: never; force: every decode call of <= 32 requests.
-// Initial value from KVATTN_SMALL_DECODE=off|force.
-enum class SmallDecodeMode : int { automatic = 0, off = 1, force = 2 };
-void set_small_decode_mode(SmallDecodeMode m);
-SmallDecodeMode small_decode_mode();
-int64_t small_decode_launches();  // launches of the small-call path so far
-// Which kernel runs the small-call path: automatic (default) = the cluster kernel of
-// small_decode.cu (sm_90+: the pieces of a (request, KV head) unit are one thread-block cluster
-// and merge over distributed shared memory) for the calls it covers, attn_kernel<..., SMALL> for
-// the rest; v8 = attn_kernel<..., SMALL> always.  Initial value from KVATTN_SMALL_KERNEL=v8|cluster.
-// set_small_cluster_max caps the pieces per unit (cluster size; KVATTN_SMALL_CLUSTER_MAX, 1..16).
-enum class SmallKernel : int { automatic = 0, v8 = 1 };
-void set_small_kernel(SmallKernel k);
-SmallKernel small_kernel();
-void set_small_cluster_max(int n);
-int small_cluster_max();
-int64_t cluster_decode_launches();  // launches of the cluster kernel so far
-// v6 path of attn_kernel (plan kernel, persistent attention grid, merge): option bits
-// (1 = uniform-length calls split so units fill whole waves of CTAs, the default; 0 = the v6
-// split rule for every call; initial value from KVATTN_DECODE_SPLIT_RULE=waves|v6) and a
-// forced split count per request (0 = the plan kernel's rule; initial value from
-// KVATTN_DECODE_SPLITS).  KVATTN_DECODE_TIMELINE=N
-// prints a per-unit timing summary of the process's Nth v6-path call to stderr (debug; syncs that call).
-void set_decode_options(int opts);
-int decode_options();
-// Option bit 4: fp8 fast variant of the decode config (fp8 pages, D <= 128, sm_90+; default on,
-// KVATTN_FP8_FAST=0 turns it off); fp8_fast_launches() counts its launches.
-int64_t fp8_fast_launches();
-// Option bit 8 (default on; KVATTN_DECODE_REM_SPLITS=0 turns it off): uniform-length decode calls
-// may also take a chunk that does not divide the request, the short last units handed out after
-// all long ones; rem_split_plans() counts the plans (current device) that chose one (synchronises).
+// Small-call decode path (AttnPlanShape::small): one launch that plans in every CTA, runs the
+// decode tiles and merges the split pieces of a (request, row tile, KV head) unit in the CTA
+// whose piece arrives last (self-resetting counters, CUDA-graph safe).  Routing
+// (KernelRouting::small_decode): automatic = decode calls of <= 32 requests whose units all fit
+// one wave of CTAs; off = never; force = every decode call of <= 32 requests.  Where it fits, the
+// cluster kernel of small_decode.cu runs it (sm_90+: the pieces of a (request, KV head) unit are
+// one thread-block cluster and merge over distributed shared memory), attn_kernel<..., SMALL>
+// otherwise.  Decode-config calls of attn_kernel run under KernelRouting::decode_options (the
+// kOpt* bits of routing.h).
+// Plans (current device) that chose a chunk which does not divide the request (synchronises;
+// tests).
 int64_t rem_split_plans();
-// Option bit 16: stream-K schedule for every decode-config call (default off,
-// KVATTN_DECODE_STREAMK=1); bit 32: stream-K for fp8 caches when batch x KV heads >= grid (default
-// on, KVATTN_DECODE_STREAMK_FP8=0 off); bit 64: stream-K for calls the caller marks
-// KvLengthsHint::mixed (AttnPlanShape::mixed_kv_lens) when batch x KV heads >= grid (default on,
-// KVATTN_DECODE_STREAMK_MIXED=0 off); streamk_launches() counts its calls.
-int64_t streamk_launches();
-void set_decode_splits(int n);
-int decode_splits();  // the forced split count now (0 = the plan kernel's rule)
-// forced chunk of the remainder rule in tiles (0 = the plan kernel's model; KVATTN_DECODE_CHUNK_TILES)
-void set_decode_chunk(int tiles);
-int decode_chunk();
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the
 // launcher runs its own plan kernel (no split-KV).  dispatch.cpp asks prefill_eligible() first
 // and falls back to launch_paged_attention() for everything else.
-enum class PrefillMode : int {
-  automatic = 0,  // prefill kernel when supported and the call is large (default)
-  off = 1,        // always attn_kernel
-  force = 2,      // prefill kernel for every supported call (tests)
-};
-// Initial mode from the environment: KVATTN_PREFILL=off|force (else automatic).
-void set_prefill_mode(PrefillMode m);
-PrefillMode prefill_mode();
-// The V6 K/V loader (K and V row addresses paired, a zero row instead of zero-fill flags; on by
-// the default, for calls whose K/V rows are aligned to their size; the others take the
-// flag-bit loader); KVATTN_PREFILL_V6=0 turns it off (so tests reach the other loader).
-void set_prefill_v6(bool on);
-bool prefill_v6();
-int64_t prefill_launches();                        // calls routed to the prefill kernel so far
+// Routing: KernelRouting::prefill (automatic: supported and large calls; off: always attn_kernel;
+// force: every supported call).
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
 bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)
 int64_t prefill_workspace_bytes(const AttnParams& p);  // all of it plan tables (no split partials)
@@ -238,47 +186,4 @@ int64_t prefill_workspace_bytes(const AttnParams& p);  // all of it plan tables 
 // launch_paged_attention); the plan kernel is skipped.
 int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, bool run_plan);
 
-}  // namespace kvattn::ops::cuda_impl::k
-
-// ---- benchmark support (used by `kvattn bench-cuda`) --------------------------------------
-namespace kvattn::ops::cuda_impl::k {
-// Median device time (microseconds, CUDA events) of fn(i) over `iters` calls after `warmup`
-// (KVATTN_BENCH_LOOP_MEAN=1, diagnostic: the mean of one event pair around all the calls instead).
-double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters);
-// Device-to-device copy of `bytes` (TB/s counting bytes read + written).
-double measure_copy_tbps(int64_t bytes);
-// Peak of mma.sync m16n8k16 bf16 (f32 accumulate) with operands in registers (TFLOP/s): the
-// matrix-unit ceiling of the mma.sync kernels.
-double measure_mma_tflops();
-// Event time per launch of an empty kernel (`ctas` CTAs of 128 threads in clusters of
-// `cluster`; cluster 1 = no cluster attribute), back to back as bench-cuda times the ops: the
-// floor of a one-launch op's event time.
-double measure_empty_launch_us(int ctas, int cluster);
-// out = a + b over three `bytes` buffers (4 sets rotated): merge_attn_states' memory pattern
-// (two streams read, one written) without its arithmetic (TB/s of bytes read + written).
-double measure_stream3_tbps(int64_t bytes);
-// The K and V rows (256 bytes: bf16, D 128) that decode reads for `batch` requests of `tiles`
-// 64-key tiles each (page ids: indices, 4 pages of 16 keys per tile, request-major), KV heads
-// hkv, in the decode's unit order, loads only (TB/s of bytes read): a lower bound of that access
-// pattern's read ceiling.  Byte strides of a page, a slot and a head of the K / V views;
-// tiles % 8 == 0 (else 0 is returned).  mode 0: one CTA per (request, 8 tiles, KV head); 1 (ranges): a
-// resident grid, each CTA one contiguous range of the call's tiles (no unit-size tail, no late
-// CTA starts: what a perfectly balanced schedule would read); 2 (pages): the same balance over
-// whole pages, every KV head's rows of a page read together (slot_b * 16 contiguous bytes of K
-// and of V per page, as in the NHD pool) — the pattern of a decode that reads a page once for all
-// its KV heads; 3 (pages, bulk copy): mode 2's pages moved by the bulk copy engine into a 3-stage
-// shared-memory ring, one CTA per SM (sm_90+, 16-slot pages of 8 heads x 256 bytes; else 0);
-// 4: mode 3 with the pages claimed in blocks of 4 at run time instead of equal ranges.
-double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int64_t slot_b, int64_t head_b,
-                              const int32_t* indices, int batch, int tiles, int hkv, int mode);
-// A probe of a decode that reads whole pages (bench only, not an op): one 8-warp CTA per SM, equal
-// contiguous ranges of the call's (request, page) pairs, each page's K and V for all 8 KV heads
-// staged whole, warp = KV head, the decode's mma.sync math for 32 query heads (GQA 4), D 128, page
-// 16, bf16, NHD.  mode 0: every request leaves partials that an untimed merge combines; 1: one
-// launch end to end (the last piece of a split request merges it); 2: two launches timed together
-// (the partials, then a merge kernel, as the decode's split merge runs).
-// Returns TB/s of K+V read by the timed kernel; *max_err = max |probe - f32 reference| over the
-// outputs (-1 when not compared).  0 when the call does not fit its fixed shape.
-double measure_page_decode_probe_tbps(const void* k, const void* v, int64_t page_b, const int32_t* indices, int batch,
-                                      int pages_per_request, int mode, double* max_err);
 }  // namespace kvattn::ops::cuda_impl::k

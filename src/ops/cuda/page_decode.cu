@@ -38,24 +38,12 @@
 #include <cstring>
 
 #include "ops/cuda/cuda_common.cuh"
-#include "ops/cuda/knobs.h"
+#include "ops/cuda/routing.h"
+#include "ops/cuda/softmax.cuh"
 #include "ops/cuda/page_decode_schedule.h"
 #include "ops/cuda/page_tile.cuh"
 #include "ops/cuda/ptx.cuh"
 
-// 1: build the page decode's timeline tool (KVATTN_PAGE_TIMELINE, below); off in normal builds
-#ifndef KVATTN_PAGE_TIMELINE_TOOL
-#define KVATTN_PAGE_TIMELINE_TOOL 0
-#endif
-#if KVATTN_PAGE_TIMELINE_TOOL  // the tool's host-side report
-#include <algorithm>
-#include <array>
-#include <cstdio>
-#include <string>
-#include <vector>
-
-#include "ops/cuda/timeline_csv.h"
-#endif
 
 namespace kvattn::ops::cuda_impl::k {
 namespace {
@@ -79,8 +67,6 @@ constexpr int kRow = kRowO + kDim;
 constexpr int kMergeBatch = 4;  // pieces of a cut request whose partial rows the merge loads at once
 constexpr int kMergeRows = 4;   // rows of a (request, KV head) the merge folds together
 constexpr int kPlanThreads = 1024;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // A request as the plan kernel leaves it (32 bytes).
 struct PReq {
@@ -242,11 +228,9 @@ __device__ void write_empty_request(const AttnParams& p, const PagePlan& pl, int
     }
 }
 
-// Timeline of one launch (debug; compiled only with -DKVATTN_PAGE_TIMELINE_TOOL=1, then switched
-// on at run time by KVATTN_PAGE_TIMELINE, see launch_kernel): the TL = true instantiation,
-// launched only for the recorded calls, writes one row of kTl words per CTA.  The production
-// kernel (TL = false) carries no stamping code, and without the macro the TL = true kernels are
-// not instantiated at all.
+// Timeline of one launch (debugging aid): a TL = true instantiation writes one row of kTl words
+// per CTA (%globaltimer stamps and counters).  The library launches only TL = false, which
+// carries no stamping code; a debugging build that instantiates TL = true reads the rows back.
 enum TlWord : int {
   kTlEntry,   // %globaltimer at kernel entry (thread 0)
   kTlFirst,   // the first chunk has landed (thread 0, after the loop's first barrier)
@@ -926,11 +910,6 @@ __global__ void __launch_bounds__(kThreads, kSplit) page_decode_kernel(const Att
 }
 
 // ---- host side ------------------------------------------------------------------------------
-std::atomic<int> g_mode{-1};
-std::atomic<int64_t> g_launches{0};
-
-int mode_now() { return knob(g_mode, "KVATTN_PAGE_DECODE", off_or_force); }
-
 // grid: ranges; kSplit CTAs each (one per head half)
 template <bool BF16, bool R16, bool TL>
 int launch_kernel_tl(const AttnParams& p, const PagePlan& pl, int grid, uint64_t* tl) {
@@ -940,211 +919,12 @@ int launch_kernel_tl(const AttnParams& p, const PagePlan& pl, int grid, uint64_t
   return static_cast<int>(cudaGetLastError());
 }
 
-#if KVATTN_PAGE_TIMELINE_TOOL
-// ---- KVATTN_PAGE_TIMELINE=N[,K] (debug): launches N .. N + K - 1 of the process (K = 4 by
-// default) run the stamping kernel; after each, the host waits for it and prints to stderr how
-// long the CTAs' chunk loops took and how unequal they were, and after the K-th, per SM, the loop
-// rate of each recorded launch — whether the same SMs are slow every time.  A recorded launch
-// synchronises the device, so it is skipped while a stream is being captured.
-struct TlState {
-  int64_t first = -1, count = 0;  // recorded launches (first = 0: off)
-  uint64_t* dev = nullptr;
-  int grid = 0;
-  std::vector<std::vector<double>> rate;  // [launch][smid] chunks per microsecond of loop
-};
-TlState& tl_state() {
-  static TlState st = [] {
-    TlState t;
-    t.first = 0;
-    if (const char* e = std::getenv("KVATTN_PAGE_TIMELINE")) {
-      t.first = std::max<int64_t>(0, std::atoll(e));
-      t.count = 4;
-      if (const char* comma = std::strchr(e, ',')) t.count = std::max<int64_t>(1, std::atoll(comma + 1));
-    }
-    return t;
-  }();
-  return st;
-}
-
-void tl_report(int64_t call, int grid, const std::vector<uint64_t>& h) {
-  TlState& st = tl_state();
-  uint64_t t0 = ~uint64_t(0), t_end = 0;
-  std::vector<double> loop_us, first_us, exit_us;
-  std::vector<double> rate(1024, 0.0);
-  double chunks_total = 0;
-  for (int b = 0; b < grid; ++b) {
-    const uint64_t* r = h.data() + int64_t(b) * kTl;
-    t0 = std::min(t0, r[kTlEntry]);
-    t_end = std::max(t_end, r[kTlExit]);
-  }
-  for (int b = 0; b < grid; ++b) {
-    const uint64_t* r = h.data() + int64_t(b) * kTl;
-    if (r[kTlChunks] == 0) continue;
-    const double loop = (r[kTlLoop] - r[kTlFirst]) * 1e-3;
-    loop_us.push_back(loop);
-    first_us.push_back((r[kTlFirst] - t0) * 1e-3);
-    exit_us.push_back((r[kTlExit] - t0) * 1e-3);
-    chunks_total += static_cast<double>(r[kTlChunks]);
-    if (r[kTlSm] < rate.size() && loop > 0) rate[r[kTlSm]] = static_cast<double>(r[kTlChunks]) / loop;
-  }
-  if (loop_us.empty()) return;
-  auto stats = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return std::array<double, 3>{v.front(), v[v.size() / 2], v.back()};
-  };
-  const auto L = stats(loop_us), F = stats(first_us), X = stats(exit_us);
-  const double span = (t_end - t0) * 1e-3;
-  double busy = 0;
-  for (double x : loop_us) busy += x;
-  std::fprintf(stderr,
-               "page timeline launch %lld: %d CTAs, %.0f chunks, kernel span %.2f us | first chunk landed "
-               "%.2f / %.2f / %.2f us | chunk loop %.2f / %.2f / %.2f us (min / median / max) | exit %.2f / %.2f "
-               "/ %.2f us | loops fill %.1f %% of CTAs x span\n",
-               static_cast<long long>(call), static_cast<int>(loop_us.size()), chunks_total, span, F[0], F[1], F[2],
-               L[0], L[1], L[2], X[0], X[1], X[2], 100.0 * busy / (span * static_cast<double>(loop_us.size())));
-  // the tail: how many CTAs are still in their chunk loop k us before the kernel's last exit
-  std::string tail = "page timeline: CTAs still looping at span -";
-  for (double k : {80.0, 60.0, 40.0, 30.0, 20.0, 10.0, 5.0, 2.0}) {
-    int n = 0;
-    for (int b = 0; b < grid; ++b) {
-      const uint64_t* r = h.data() + int64_t(b) * kTl;
-      if (r[kTlChunks] != 0 && (r[kTlLoop] - t0) * 1e-3 > span - k) ++n;
-    }
-    char buf[48];
-    std::snprintf(buf, sizeof buf, " %.0f us: %d,", k, n);
-    tail += buf;
-  }
-  double last_loop = 0, last_entry = 0;
-  for (int b = 0; b < grid; ++b) {
-    const uint64_t* r = h.data() + int64_t(b) * kTl;
-    last_entry = std::max(last_entry, (r[kTlEntry] - t0) * 1e-3);
-    if (r[kTlChunks] != 0) last_loop = std::max(last_loop, (r[kTlLoop] - t0) * 1e-3);
-  }
-  std::fprintf(stderr, "%s last loop end %.2f us, last CTA entry %.2f us\n", tail.c_str(), last_loop, last_entry);
-  // rows appended to the file an environment variable names (unset: nothing), one call per CTA
-  auto append_rows = [&](const char* env, auto&& row) {
-    const char* path = std::getenv(env);
-    FILE* f = path != nullptr ? std::fopen(path, "a") : nullptr;
-    if (f == nullptr) return;
-    for (int b = 0; b < grid; ++b) row(f, b, h.data() + int64_t(b) * kTl);
-    std::fclose(f);
-  };
-  // KVATTN_PAGE_TIMELINE_DUMP=file: one CSV row per CTA (timeline_csv.h) — scripts/
-  // summed over CTAs, they give the call's landing rate over time
-  append_rows("KVATTN_PAGE_TIMELINE_DUMP", [&](FILE* f, int b, const uint64_t* r) {
-    append_timeline_row(f, static_cast<long long>(call), b, r[kTlSm], r[kTlChunks], r[kTlEntry], r[kTlFirst],
-                        r[kTlLoop], r[kTlExit], r + kTlProg0, kTlProgN, t0);
-  });
-  // KVATTN_PAGE_TIMELINE_POST=file: one CSV row per CTA with a range, on what follows its loop —
-  // launch, CTA, chunks, then us from t0: thread 0's loop end, the last warp's loop end, the last
-  // warp done with the range's last request, a cut request's merge start / end (0: none), exit;
-  // last, 1 when the range's last request was merged into registers
-  append_rows("KVATTN_PAGE_TIMELINE_POST", [&](FILE* f, int b, const uint64_t* r) {
-    if (r[kTlChunks] == 0) return;
-    auto us = [&](uint64_t t) { return timeline_us(t, t0, 0.0); };
-    std::fprintf(f, "%lld,%d,%llu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", static_cast<long long>(call), b,
-                 static_cast<unsigned long long>(r[kTlChunks]), us(r[kTlLoop]), us(r[kTlLoopMax]), us(r[kTlPostMax]),
-                 us(r[kTlMerge0]), us(r[kTlMerge1]), us(r[kTlExit]), static_cast<unsigned long long>(r[kTlRegMerge]));
-  });
-  for (int b = 0; b < grid; ++b) {  // the CTAs that exit last, and the merges that run longest
-    const uint64_t* r = h.data() + int64_t(b) * kTl;
-    const double ex = (r[kTlExit] - t0) * 1e-3;
-    const double mg = r[kTlMerge0] != 0 ? (r[kTlMerge1] - r[kTlMerge0]) * 1e-3 : 0.0;
-    if (ex > span - 3.0 || mg > 3.0)
-      std::fprintf(stderr,
-                   "page timeline: CTA %d (SM %llu, %llu chunks): loop end %.2f us, merge %.2f .. %.2f us of %llu "
-                   "pieces, exit %.2f us\n",
-                   b, static_cast<unsigned long long>(r[kTlSm]), static_cast<unsigned long long>(r[kTlChunks]),
-                   (r[kTlLoop] - t0) * 1e-3, r[kTlMerge0] ? (r[kTlMerge0] - t0) * 1e-3 : 0.0,
-                   r[kTlMerge0] ? (r[kTlMerge1] - t0) * 1e-3 : 0.0, static_cast<unsigned long long>(r[kTlPieces]), ex);
-  }
-  // the math's share of the loop: cycles between a chunk's barrier and the next wait
-  std::vector<double> f0, f1, ns1, nsi;
-  for (int b = 0; b < grid; ++b) {
-    const uint64_t* r = h.data() + int64_t(b) * kTl;
-    if (r[kTlChunks] == 0 || r[kTlCyc1] == 0) continue;
-    const double cyc = static_cast<double>(r[kTlCyc1]), loop_ns = static_cast<double>(r[kTlLoop] - r[kTlFirst]);
-    f0.push_back(r[kTlWork0] / cyc);
-    f1.push_back(r[kTlWork1] / cyc);
-    ns1.push_back(r[kTlWork1] / cyc * loop_ns / static_cast<double>(r[kTlChunks]));
-    nsi.push_back(r[kTlIssue1] / cyc * loop_ns / static_cast<double>(r[kTlChunks]));
-  }
-  if (!f0.empty()) {
-    const auto a = stats(f0), b = stats(f1), n = stats(ns1), ni = stats(nsi);
-    std::fprintf(stderr,
-                 "page timeline: loop share between barrier and next wait: warp 0 %.3f / %.3f / %.3f, warp 1 %.3f / "
-                 "%.3f / %.3f; warp 1 per chunk %.0f / %.0f / %.0f ns, of which issuing the copies %.0f / %.0f / %.0f ns\n",
-                 a[0], a[1], a[2], b[0], b[1], b[2], n[0], n[1], n[2], ni[0], ni[1], ni[2]);
-  }
-  st.rate.push_back(rate);
-  if (static_cast<int64_t>(st.rate.size()) < st.count) return;
-  // per SM: each launch's loop rate; the correlation of every launch with the first
-  const auto& a = st.rate.front();
-  for (size_t k = 1; k < st.rate.size(); ++k) {
-    const auto& b = st.rate[k];
-    double ma = 0, mb = 0, n = 0;
-    for (size_t s = 0; s < a.size(); ++s)
-      if (a[s] > 0 && b[s] > 0) { ma += a[s]; mb += b[s]; ++n; }
-    if (n < 2) continue;
-    ma /= n; mb /= n;
-    double sab = 0, saa = 0, sbb = 0;
-    for (size_t s = 0; s < a.size(); ++s)
-      if (a[s] > 0 && b[s] > 0) {
-        sab += (a[s] - ma) * (b[s] - mb);
-        saa += (a[s] - ma) * (a[s] - ma);
-        sbb += (b[s] - mb) * (b[s] - mb);
-      }
-    std::fprintf(stderr, "page timeline: per-SM loop rate, launch %zu vs the first: correlation %.3f over %.0f SMs\n", k,
-                 saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0, n);
-  }
-  std::string line = "page timeline: chunks/us per SM (smid: one value per recorded launch)";
-  for (size_t s = 0; s < a.size(); ++s) {
-    if (a[s] <= 0) continue;
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%s%zu:", (line.size() % 100 < 12 ? "\n  " : " "), s);
-    line += buf;
-    for (const auto& r : st.rate) {
-      std::snprintf(buf, sizeof buf, "%s%.3f", &r == &st.rate.front() ? "" : "/", r[s]);
-      line += buf;
-    }
-  }
-  std::fprintf(stderr, "%s\n", line.c_str());
-  st.rate.clear();
-}
-
 template <bool BF16, bool R16>
-int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid, int64_t call) {
-  TlState& st = tl_state();
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  if (st.first <= 0 || call < st.first || call >= st.first + st.count ||
-      cudaStreamIsCapturing(0, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
-    return launch_kernel_tl<BF16, R16, false>(p, pl, grid, nullptr);
-  const int ctas = grid * kSplit;  // a row per CTA
-  if (st.dev == nullptr || st.grid < ctas) {
-    cudaFree(st.dev);
-    st.dev = nullptr;
-    if (const cudaError_t e = cudaMalloc(&st.dev, sizeof(uint64_t) * kTl * ctas); e != cudaSuccess) return static_cast<int>(e);
-    st.grid = ctas;
-  }
-  if (const int e = launch_kernel_tl<BF16, R16, true>(p, pl, grid, st.dev)) return e;
-  std::vector<uint64_t> h(static_cast<size_t>(kTl) * ctas);
-  if (const cudaError_t e = cudaMemcpy(h.data(), st.dev, h.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost); e != cudaSuccess)
-    return static_cast<int>(e);
-  tl_report(call, ctas, h);
-  return 0;
-}
-#else
-template <bool BF16, bool R16>
-int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid, int64_t) {
+int launch_kernel(const AttnParams& p, const PagePlan& pl, int grid) {
   return launch_kernel_tl<BF16, R16, false>(p, pl, grid, nullptr);
 }
-#endif
 
 }  // namespace
-
-void set_page_decode_mode(PageDecodeMode m) { g_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
-PageDecodeMode page_decode_mode() { return static_cast<PageDecodeMode>(mode_now()); }
-int64_t page_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 const char* page_decode_unsupported(const AttnParams& p, int64_t max_q_len) {
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return "the cache is not bf16 / f16";
@@ -1170,10 +950,9 @@ bool page_decode_batch_ok(const AttnParams& p, int num_sms) { return int64_t(p.b
 PageDecodeShape page_decode_shape(const AttnParams& p, int num_sms, int64_t max_q_len) {
   PageDecodeShape s;
   s.grid = num_sms > 0 ? num_sms : 1;
-  // KVATTN_PAGE_CTAS=N (measurement only): at most N CTAs, e.g. to read what one CTA streams when
-  // DRAM is not the limit; unset or 0: one per SM
-  static std::atomic<int> ctas{-1};
-  const int cap = knob(ctas, "KVATTN_PAGE_CTAS", positive_int);
+  // KernelRouting::page_ctas (measurement only): at most N CTAs, e.g. to read what one CTA streams
+  // when DRAM is not the limit; 0: one per SM
+  const int cap = kernel_routing().page_ctas;
   if (cap > 0 && cap < s.grid) s.grid = cap;
   s.rows = static_cast<int>(max_q_len * p.group);
   const PageWs w = page_ws(p.batch, s.grid, s.rows);
@@ -1199,10 +978,11 @@ int launch_page_decode(const AttnParams& p, const PageDecodeShape& s, void* plan
     page_plan_kernel<<<1, kPlanThreads>>>(p, pl, s.grid);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
-  const int64_t call = g_launches.fetch_add(1, std::memory_order_relaxed) + 1;
   const bool bf16 = p.kv_t == Elt::bf16, r16 = s.rows > 8;
-  if (bf16) return r16 ? launch_kernel<true, true>(p, pl, s.grid, call) : launch_kernel<true, false>(p, pl, s.grid, call);
-  return r16 ? launch_kernel<false, true>(p, pl, s.grid, call) : launch_kernel<false, false>(p, pl, s.grid, call);
+  const int e = bf16 ? (r16 ? launch_kernel<true, true>(p, pl, s.grid) : launch_kernel<true, false>(p, pl, s.grid))
+                     : (r16 ? launch_kernel<false, true>(p, pl, s.grid) : launch_kernel<false, false>(p, pl, s.grid));
+  if (e == 0) note_launch(KernelLaunch::page_decode);
+  return e;
 }
 
 }  // namespace kvattn::ops::cuda_impl::k

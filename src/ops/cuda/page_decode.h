@@ -13,12 +13,9 @@
 
 namespace kvattn::ops::cuda_impl::k {
 
-// automatic: decode calls it covers that the small-call path does not take; off: never;
-// force: every call it covers (tests).  Initial value from KVATTN_PAGE_DECODE=off|force.
-enum class PageDecodeMode : int { automatic = 0, off = 1, force = 2 };
-void set_page_decode_mode(PageDecodeMode m);
-PageDecodeMode page_decode_mode();
-int64_t page_decode_launches();  // launches of the path so far (this process)
+// Routing (KernelRouting::page_decode, routing.h): automatic = decode calls it covers that the
+// small-call path does not take, with more than one request per 4 CTAs; off: never; force: every
+// call it covers (tests).
 
 // Why the path cannot run the call (nullptr: it can).  max_q_len: the caller's bound on query
 // rows per request (PagedAttentionArgs::max_query_len; -1 unknown).  It covers bf16 / f16

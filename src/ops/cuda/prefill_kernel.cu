@@ -24,7 +24,9 @@
 // Q tile for 16-byte row stores.
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/hopper_prefill.h"
-#include "ops/cuda/knobs.h"
+#include "ops/cuda/routing.h"
+#include "ops/cuda/softmax.cuh"
+#include "ops/cuda/swizzle.cuh"
 #include "ops/cuda/ptx.cuh"
 
 #include <algorithm>
@@ -37,8 +39,6 @@
 namespace kvattn::ops::cuda_impl::k {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kPlanThreads = 1024;
 constexpr int kBuckets = 2048;  // cost buckets of the plan's counting sort (KV tiles, clamped)
 constexpr int kRowsPerCta = 128;  // rows per CTA of the default configs (64 for variant C)
@@ -48,19 +48,7 @@ constexpr int kKeyTile = 64;  // keys per K/V tile (variant D: 32); the plan's c
 constexpr float kLazy = 8.f;
 
 // ---- PTX wrappers (the shared ones are in ptx.cuh) -----------------------------------------------
-// 16-byte cp.async that writes zeros instead of reading when `ignore` != 0 (ignore-src operand:
-// no src-size to compute per copy)
-__device__ __forceinline__ void cpa16z(uint32_t dst, const void* src, uint32_t ignore) {
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
-               "l"(src), "r"(ignore));
-}
-// 2^x, MUFU.EX2 (relative error ~2^-22; -inf -> +0)
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-// 16-byte cp.async to shared address dst + kImm (V6 loader: the immediate folds into the
+// 16-byte cp.async to shared address dst + kImm (paired-row loader: the immediate folds into the
 // instruction, one destination register per thread and tile; no zero-fill operand)
 template <int kImm>
 __device__ __forceinline__ void cpa16_at(uint32_t dst, const void* src) {
@@ -75,7 +63,7 @@ template <int N, class F>
 __device__ __forceinline__ void static_for(F&& f) {
   static_for_seq(f, std::make_integer_sequence<int, N>{});
 }
-// a + x in the low 32 bits only (one IADD): V6 adds a chunk offset x < row bytes to a row
+// a + x in the low 32 bits only (one IADD): PAIRED adds a chunk offset x < row bytes to a row
 // address aligned to the row bytes (a power of two <= 512), which never carries
 __device__ __forceinline__ const void* add_lo32(int64_t a, uint32_t x) {
   uint32_t lo, hi;
@@ -84,18 +72,11 @@ __device__ __forceinline__ const void* add_lo32(int64_t a, uint32_t x) {
   asm("mov.b64 %0, {%1, %2};" : "=l"(r) : "r"(lo + x), "r"(hi));
   return reinterpret_cast<const void*>(r);
 }
-// V6 loader: K/V rows to zero-fill (past the range, invalid page ids) read this zeroed row
+// paired-row loader: K/V rows to zero-fill (past the range, invalid page ids) read this zeroed row
 // (static device memory, zero at module load, never written; >= one row of head_dim 256, and
-// aligned to it like every row V6 reads)
+// aligned to it like every row PAIRED reads)
 __device__ __align__(512) unsigned char g_pf_zero_row[512];
 
-// Swizzled byte offset of (row, 16-byte chunk) in a tile of CPR chunks per row (CPR >= 8):
-// the 8 rows one ldmatrix reads at a fixed logical chunk land in 8 different bank groups.
-template <int CPR>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  static_assert(CPR >= 8, "rows of at least 128 bytes");
-  return row * (CPR * 16) + ((chunk ^ (row & 7)) * 16);
-}
 
 // ---- plan ----------------------------------------------------------------------------------------
 struct PfReq {
@@ -260,13 +241,13 @@ struct PfCfg {
 //  * a warp's first computed tile skips the O rescale (O is still zero);
 //  * epilogue: the output pack type chosen once per unit instead of per packed pair;
 //  * K/V loader with absolute source addresses in shared memory and the ignore-src form of
-//    cp.async (no per-copy src-size or cache-base arithmetic).  Two forms: V6 (the default, for
+//    cp.async (no per-copy src-size or cache-base arithmetic).  Two forms: PAIRED (the default, for
 //    calls whose K/V rows are aligned to their size, pf_rows_aligned) holds each key row's K and
 //    V addresses side by side (one 16-byte shared load per row for both copies), points rows to
 //    zero-fill at g_pf_zero_row (no mask / subtract / predicate per copy) and keeps the shared
-//    destinations as one register + immediates per thread and tile; the other (!V6, any
-//    strides, or KVATTN_PREFILL_V6=0) flags a row to zero-fill in bit 0 of its address.
-template <bool BF16, int D, int MT, int NW, bool V6>
+//    destinations as one register + immediates per thread and tile; the other (!PAIRED, any
+//    strides, or KernelRouting::prefill_paired_rows off) flags a row to zero-fill in bit 0 of its address.
+template <bool BF16, int D, int MT, int NW, bool PAIRED>
 __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::kMinBlocks)
     pf_attn_kernel(AttnParams p, PfPlan plan) {
   using C = PfCfg<D, MT, NW>;
@@ -398,7 +379,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
       const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
       const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
                                      : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-      if constexpr (V6) {
+      if constexpr (PAIRED) {
         // [stage][row][K, V] absolute addresses; a row to zero-fill reads the zero row
         const unsigned char* base = which == 0 ? kb : vb;
         sOff[(((tile % kS) * kTile + row) << 1) + which] =
@@ -412,10 +393,10 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
     };
     auto issue = [&](int tile) {
       const int st = tile % kS;
-      if constexpr (V6) {
+      if constexpr (PAIRED) {
         // rows my_row0 + i * kRowStep (kRowStep a multiple of 8: one swizzle per thread), K and
         // V of a row from one 16-byte shared load; destinations = d0 + immediates
-        static_assert(C::kRowStep % 8 == 0 && kCPR * 16 <= int(sizeof(g_pf_zero_row)), "V6 loader mapping");
+        static_assert(C::kRowStep % 8 == 0 && kCPR * 16 <= int(sizeof(g_pf_zero_row)), "paired-row loader mapping");
         const uint32_t d0 = smem_u32(sKV + st * 2 * C::kStageBytes + swz<kCPR>(my_row0, my_chunk));
         const int64_t* pr = sOff + ((st * kTile + my_row0) << 1);
         static_for<C::kChunksPerThread>([&](auto ic) {
@@ -602,14 +583,14 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
           // (-inf + kLazy = -inf: a row's first visible tile always moves it)
           m_new = m_new > m_r[m][h] + kLazy ? m_new : m_r[m][h];
           const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-          alpha[m][h] = ex2(m_r[m][h] - m_use);
+          alpha[m][h] = ex2_ftz(m_r[m][h] - m_use);
           moved |= m_new != m_r[m][h];
           m_r[m][h] = m_new;
           float sum = 0.f;
 #pragma unroll
           for (int j = 0; j < kNTs; ++j) {
-            const float a0 = ex2(fmaf(s[m][j][2 * h], c_exp, -m_use));
-            const float a1 = ex2(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
+            const float a0 = ex2_ftz(fmaf(s[m][j][2 * h], c_exp, -m_use));
+            const float a1 = ex2_ftz(fmaf(s[m][j][2 * h + 1], c_exp, -m_use));
             s[m][j][2 * h] = a0;
             s[m][j][2 * h + 1] = a1;
             sum += a0 + a1;
@@ -744,30 +725,14 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
 }
 
 // ---- host side ------------------------------------------------------------------------------------
-std::atomic<int> g_mode{-1};     // PrefillMode, -1 = not read from the environment yet
-std::atomic<int64_t> g_launches{0};
-std::atomic<int> g_v6{-1};  // 1 = the V6 K/V loader where rows are aligned; -1 = unread
+// The paired-row K/V loader (K and V row addresses paired, a zero row instead of zero-fill flags:
+// fewer instructions per tile; template flag PAIRED).  It serves the calls whose K/V rows are
+// aligned to their size (pf_rows_aligned; the others take the flag-bit loader), measured on an
+// H200 (alternated twice): causal 8 x 2048 295.3-295.6 -> 298.7-298.9 TFLOP/s, non-causal
+// 319.0-319.1 -> 324.2-324.4, causal 1 x 8192 332.9-333.0 -> 338.1-338.2.  Tests turn it off
+// (KernelRouting::prefill_paired_rows) to reach the flag-bit loader with vLLM's layouts too.
 
-// A default-on kernel version flag: its set_* value, else (read once) the environment variable,
-// where "0" turns it off and anything else (or unset) leaves it on.
-bool version_flag(std::atomic<int>& flag, const char* env) {
-  int v = flag.load(std::memory_order_relaxed);
-  if (v >= 0) return v != 0;
-  v = 1;
-  if (const char* e = std::getenv(env)) v = std::strcmp(e, "0") != 0;
-  flag.store(v, std::memory_order_relaxed);
-  return v != 0;
-}
-
-// The V6 K/V loader (paired row addresses and a zero row: fewer instructions per tile).  On by
-// the default (H200, alternated twice: causal 8 x 2048 295.3-295.6 ->
-// 298.7-298.9 TFLOP/s, non-causal 319.0-319.1 -> 324.2-324.4, causal 1 x 8192 332.9-333.0 ->
-// 338.1-338.2) for calls whose K/V rows are aligned to their size (pf_rows_aligned; other calls
-// take the flag-bit loader); KVATTN_PREFILL_V6=0 turns it off, so tests reach the other loader
-// with vLLM's layouts too.  Read once; set_prefill_v6 overrides.
-bool v6_now() { return version_flag(g_v6, "KVATTN_PREFILL_V6"); }
-
-// V6 adds the chunk offset to the low 32 bits of a row address: every K/V row must start at a
+// The paired-row loader adds the chunk offset to the low 32 bits of a row address: every K/V row must start at a
 // multiple of its size (head_dim * 2 bytes, a power of two), i.e. both base pointers and all
 // byte strides (page, slot, head) are multiples of it (vLLM's layouts are; other views take the
 // flag-bit loader).
@@ -778,8 +743,6 @@ bool pf_rows_aligned(const AttnParams& p) {
          al(static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.v))) && al(p.k_sb) && al(p.k_so) &&
          al(p.k_sh) && al(p.v_sb) && al(p.v_so) && al(p.v_sh);
 }
-
-int mode_now() { return knob(g_mode, "KVATTN_PREFILL", off_or_force); }
 
 // The CTA shape per head dim: 8 warps x 16 rows, except head_dim 128: 4 warps x 32 rows (two
 // CTAs per SM; 14 % faster than 8 x 16 on the H200, and faster than the 4 x 16 and 32-key tile
@@ -805,11 +768,11 @@ PfWs pf_ws(const AttnParams& p) {
   return w;
 }
 
-template <bool BF16, bool V6, int D>
+template <bool BF16, bool PAIRED, int D>
 int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, bool run_plan) {
   using C = PfCfgOf<D>;
   const int64_t max_items = (p.num_tokens * p.group + C::kRows - 1) / C::kRows + p.batch;
-  auto kern = pf_attn_kernel<BF16, D, C::kMT, C::kNW, V6>;
+  auto kern = pf_attn_kernel<BF16, D, C::kMT, C::kNW, PAIRED>;
   constexpr int kSmem = C::kSmem + C::kRowTableBytes;
   static int occ_cache[64] = {};  // per device (the smem attribute is per device too)
   int dev = 0;
@@ -835,23 +798,17 @@ int pf_run(const AttnParams& p, int num_sms, const PfPlan& plan, bool run_plan) 
   return static_cast<int>(cudaGetLastError());
 }
 
-template <bool BF16, bool V6>
+template <bool BF16, bool PAIRED>
 int pf_dispatch(const AttnParams& p, int num_sms, const PfPlan& plan, bool run_plan) {
   switch (p.head_dim) {
-    case 64: return pf_run<BF16, V6, 64>(p, num_sms, plan, run_plan);
-    case 128: return pf_run<BF16, V6, 128>(p, num_sms, plan, run_plan);
-    case 256: return pf_run<BF16, V6, 256>(p, num_sms, plan, run_plan);
+    case 64: return pf_run<BF16, PAIRED, 64>(p, num_sms, plan, run_plan);
+    case 128: return pf_run<BF16, PAIRED, 128>(p, num_sms, plan, run_plan);
+    case 256: return pf_run<BF16, PAIRED, 256>(p, num_sms, plan, run_plan);
   }
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace
-
-void set_prefill_mode(PrefillMode m) { g_mode.store(static_cast<int>(m), std::memory_order_relaxed); }
-PrefillMode prefill_mode() { return static_cast<PrefillMode>(mode_now()); }
-void set_prefill_v6(bool on) { g_v6.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool prefill_v6() { return v6_now(); }
-int64_t prefill_launches() { return g_launches.load(std::memory_order_relaxed); }
 
 bool prefill_supported(const AttnParams& p) {
   const int optin = device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
@@ -871,9 +828,9 @@ bool prefill_supported(const AttnParams& p) {
 }
 
 bool prefill_eligible(const AttnParams& p, int num_sms) {
-  const int m = mode_now();
-  if (m == int(PrefillMode::off) || !prefill_supported(p)) return false;
-  if (m == int(PrefillMode::force)) return true;
+  const Route m = kernel_routing().prefill;
+  if (m == Route::off || !prefill_supported(p)) return false;
+  if (m == Route::force) return true;
   // many query rows per request, and enough 128-row units to fill the machine without
   // splitting the KV range (attn_kernel splits long KV ranges of few rows)
   const int64_t rows = p.num_tokens * p.group;
@@ -894,7 +851,6 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
   plan.items = reinterpret_cast<int2*>(base + w.items);
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
-  g_launches.fetch_add(1, std::memory_order_relaxed);
   // head_dim 128 on sm_90a: the TMA + wgmma kernel (hopper_prefill.cu) for the calls it covers,
   // on this file's plan (its CTA tile is PfCfgOf<128>'s 128 rows, so a kept plan serves both)
   PrefillChoice choice = p.head_dim == 128 ? hopper_prefill_choice(p)
@@ -909,17 +865,23 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
     }
     const int rc = launch_hopper_prefill(p, num_sms, HopperPlanTables{plan.req, plan.page_base, plan.items, plan.num_items});
     if (rc != -1) {
-      record_prefill_choice(choice);
+      if (rc == 0) {
+        note_launch(KernelLaunch::prefill, choice.reason);
+        note_launch(KernelLaunch::prefill_wgmma, choice.reason);
+      }
       return rc;
     }
     choice = PrefillChoice{PrefillPath::mma_sync, "the driver rejected the K/V tensor maps"};
     run_plan = false;  // the plan above serves the mma.sync kernel too
   }
-  record_prefill_choice(choice);
-  const bool v6 = v6_now() && pf_rows_aligned(p);
+  const bool paired = kernel_routing().prefill_paired_rows && pf_rows_aligned(p);
+  int rc = 0;
   if (p.kv_t == Elt::bf16)
-    return v6 ? pf_dispatch<true, true>(p, num_sms, plan, run_plan) : pf_dispatch<true, false>(p, num_sms, plan, run_plan);
-  return v6 ? pf_dispatch<false, true>(p, num_sms, plan, run_plan) : pf_dispatch<false, false>(p, num_sms, plan, run_plan);
+    rc = paired ? pf_dispatch<true, true>(p, num_sms, plan, run_plan) : pf_dispatch<true, false>(p, num_sms, plan, run_plan);
+  else
+    rc = paired ? pf_dispatch<false, true>(p, num_sms, plan, run_plan) : pf_dispatch<false, false>(p, num_sms, plan, run_plan);
+  if (rc == 0) note_launch(KernelLaunch::prefill, choice.reason);
+  return rc;
 }
 
 }  // namespace kvattn::ops::cuda_impl::k

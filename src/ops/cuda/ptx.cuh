@@ -1,6 +1,6 @@
-// src/ops/cuda/ptx.cuh — the inline-PTX wrappers the attention kernels share (paged_attention.cu,
-// prefill_kernel.cu, small_decode.cu, page_decode.cu): cp.async (also with an L2 evict-first
-// policy), an acquire load, ldmatrix, mma.sync m16n8k16 and the 16-bit pack.
+// src/ops/cuda/ptx.cuh — the inline-PTX wrappers the attention kernels share: cp.async (also with
+// an L2 evict-first policy, and with an ignore-src zero fill), an acquire load, ldmatrix, mma.sync
+// m16n8k16 and the 16-bit pack (paged_attention, prefill, small, page and Hopper kernels).
 // Device code only; every function is force-inlined, so sharing them changes no kernel's code.
 #pragma once
 
@@ -18,6 +18,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 // 16-byte global -> shared copy; src_bytes < 16 zero-fills the rest (0: all zeros, src unread).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// 16-byte cp.async that writes zeros instead of reading when `ignore` != 0 (ignore-src operand:
+// no src-size to compute per copy).
+__device__ __forceinline__ void cpa16z(uint32_t dst, const void* src, uint32_t ignore) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+               "l"(src), "r"(ignore));
 }
 // An L2 cache policy marking the lines it is used on evict-first: for data each call reads once
 // (the decode kernels' K/V), so that streaming it through L2 does not push other lines out first.

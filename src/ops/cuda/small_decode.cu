@@ -1,7 +1,7 @@
 // src/ops/cuda/small_decode.cu — the small-call decode path on thread-block clusters (sm_90+).
 //
 // Why: a 1 x 1024 decode call moves 4 MB; its time is the latency chain of one piece of work, not
-// bandwidth.  The v8 small path (attn_kernel<..., SMALL = true>, paged_attention.cu) spent
+// bandwidth.  attn_kernel's small form (attn_kernel<..., SMALL = true>, paged_attention.cu) spent
 // ~15 CTA barriers and ~6 dependent global round trips per piece: a per-CTA plan of the whole
 // call, a row table, Q staged through shared memory, an offset table, four epilogue passes, and a
 // merge through global memory (partial stores, __threadfence, an arrival counter, a second load
@@ -50,7 +50,9 @@
 #include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
-#include "ops/cuda/knobs.h"
+#include "ops/cuda/routing.h"
+#include "ops/cuda/softmax.cuh"
+#include "ops/cuda/swizzle.cuh"
 
 // Before sm_90 the cluster kernel's body is compiled out (the host never picks it there), so its
 // tile constants go unreferenced in that pass.
@@ -61,8 +63,6 @@
 namespace kvattn::ops::cuda_impl::k {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 // Warps per CTA, W: 4 (96 KB for D 128, 2 CTAs / SM) or 8 (192 KB, 1 CTA / SM; a piece's tiles
 // are twice as wide, so each warp walks half as many of them — for calls whose clusters all fit
 // with one CTA per SM, where a warp's serial instruction stream sets the time).
@@ -88,15 +88,7 @@ struct SCfg {
   static_assert(32 % kCPR == 0 && (kSlice * kCPR) % 32 == 0, "lanes must cover whole rows");
 };
 
-// Swizzled byte offset of (key row, 16-byte chunk) in a warp's K or V slice (as paged_attention.cu).
-template <int CPR>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  int x;
-  if constexpr (CPR >= 8) x = row & 7;
-  else if constexpr (CPR == 4) x = (row >> 1) & 3;
-  else x = 0;
-  return row * (CPR * 16) + ((chunk ^ x) * 16);
-}
+// K / V slices of a warp are swizzled as swizzle.cuh's swz (row, 16-byte chunk).
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVATTN_CLUSTER_KERNEL 1
@@ -136,9 +128,9 @@ __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
 }
 #endif
 
-// Timeline of one launch (KVATTN_SMALL_TIMELINE=N, debug): thread 0 of every CTA writes
-// %globaltimer at these points of its last row tile to tl[cta * kTlStamps + point]; the TL = true
-// instantiation is launched only for that call, so the default kernel carries no stamping code.
+// Timeline of one launch (debugging aid): thread 0 of every CTA of a TL = true instantiation
+// writes %globaltimer at these points of its last row tile to tl[cta * kTlStamps + point].  The
+// library launches only TL = false, which carries no stamping code.
 enum TlPoint : int {
   kTlEntry,       // kernel entry
   kTlBounds,      // the request's index words have arrived (the stamp waits for kv_len)
@@ -641,38 +633,8 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
 #endif
 }
 
-__global__ void empty_kernel() {}
-
-// Thread 0 of every CTA spins `ns` nanoseconds of %globaltimer, then the CTA exits.
-__global__ void spin_kernel(uint64_t ns) {
-  if (threadIdx.x == 0) {
-    uint64_t t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0)::"memory");
-    do {
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-    } while (t - t0 < ns);
-  }
-  __syncthreads();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Host side.
-std::atomic<int> g_kernel{-1};   // SmallKernel, -1 = not read from the environment yet
-std::atomic<int> g_cmax{-1};     // pieces per unit bound, -1 = not read yet
-std::atomic<int64_t> g_launches{0};
-std::atomic<int64_t> g_launches8{0};  // of which with 8 warps per CTA
-
-
-int kernel_now() {
-  return knob(g_kernel, "KVATTN_SMALL_KERNEL", [](const char* e) { return e != nullptr && !std::strcmp(e, "v8") ? 1 : 0; });
-}
-int cmax_now() {
-  return knob(g_cmax, "KVATTN_SMALL_CLUSTER_MAX", [](const char* e) {
-    const int x = e != nullptr ? std::atoi(e) : 0;
-    return x >= 1 ? std::min(x, kMaxPieces) : kMaxPieces;
-  });
-}
-
 template <bool BF16, int D, int W>
 struct KernInfo {
   // per device: attributes set, CTAs per SM, clusters of each size that fit at once (-1 unknown)
@@ -716,8 +678,7 @@ int prepare(int dev) {
   auto kern = cluster_decode_kernel<BF16, D, false, W>;  // the general kernel's figures bound both
   constexpr int smem = SCfg<D, W>::kSmem;
   cudaError_t e = cudaSuccess;
-  for (auto k : {kern, cluster_decode_kernel<BF16, D, false, W, true>, cluster_decode_kernel<BF16, D, true, W>,
-                 cluster_decode_kernel<BF16, D, true, W, true>}) {
+  for (auto k : {kern, cluster_decode_kernel<BF16, D, true, W>}) {
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   }
@@ -753,105 +714,24 @@ int pieces_for(const AttnParams& p, int num_sms) {
   const int64_t units = int64_t(p.batch) * p.hkv;
   const int64_t slots = int64_t(num_sms) * std::max(ki.per_sm[d], 1);
   // the most pieces per unit with every unit's cluster resident at once (one wave)
-  for (int P = cmax_now(); P >= 1; --P)
+  for (int P = std::clamp(kernel_routing().small_cluster_max, 1, kMaxPieces); P >= 1; --P)
     if (units * P <= slots && ki.max_clusters[d][P] >= units) return P;
   return 0;
-}
-
-// Runs one launch of the TL instantiation with a stamp buffer, waits for it and prints, per point
-// of TlPoint, the median and the largest time over all CTAs (µs), after the first CTA's entry and
-// after each CTA's own entry, and how the CTAs were placed on SMs.
-int launch_with_timeline(const cudaLaunchConfig_t& cfg, void (*kern)(AttnParams, uint64_t*, int), const AttnParams& p,
-                         int win_n, int64_t call, bool simple, int warps) {
-  const int64_t ctas = int64_t(cfg.gridDim.x) * cfg.gridDim.y;
-  uint64_t* tl = nullptr;
-  cudaError_t e = cudaMalloc(&tl, sizeof(uint64_t) * ctas * kTlStamps);
-  if (e == cudaSuccess) e = cudaMemset(tl, 0, sizeof(uint64_t) * ctas * kTlStamps);
-  if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, kern, p, tl, win_n);
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  std::vector<uint64_t> h(static_cast<size_t>(ctas * kTlStamps));
-  if (e == cudaSuccess) e = cudaMemcpy(h.data(), tl, sizeof(uint64_t) * h.size(), cudaMemcpyDeviceToHost);
-  cudaFree(tl);
-  if (e != cudaSuccess) return static_cast<int>(e);
-  auto at = [&](int64_t c, int k) { return h[static_cast<size_t>(c * kTlStamps + k)]; };
-  uint64_t t0 = UINT64_MAX;
-  for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, at(c, kTlEntry));
-  static const char* const kNames[kTlSm] = {"entry", "bounds", "page ids", "tiles issued", "tile 0 landed",
-                                            "loop done", "partial", "cluster sync", "remote loaded", "combined",
-                                            "stored", "exit"};
-  std::vector<int> per_sm(1024, 0);
-  for (int64_t c = 0; c < ctas; ++c) ++per_sm[static_cast<size_t>(at(c, kTlSm) & 1023)];
-  int sms = 0, most = 0;
-  for (int n : per_sm) { sms += n > 0; most = std::max(most, n); }
-  std::vector<double> mhz;
-  for (int64_t c = 0; c < ctas; ++c)
-    if (at(c, kTlExit) > at(c, kTlEntry) && at(c, kTlClk1) > at(c, kTlClk0))
-      mhz.push_back(double(at(c, kTlClk1) - at(c, kTlClk0)) * 1e3 / double(at(c, kTlExit) - at(c, kTlEntry)));
-  std::sort(mhz.begin(), mhz.end());
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "[small timeline] call %lld (%s kernel, %d warps), smem %u: %lld CTAs in clusters of %u "
-                "on %d SMs (<= %d per SM), SM clock ~%.0f MHz, us (median / max over CTAs)", static_cast<long long>(call),
-                simple ? "simple" : "general", warps,
-                static_cast<unsigned>(cfg.dynamicSmemBytes), static_cast<long long>(ctas), cfg.gridDim.x, sms, most,
-                mhz.empty() ? 0.0 : mhz[mhz.size() / 2]);
-  std::string line = buf;
-  for (int own = 0; own < 2; ++own) {
-    line += own ? "\n  after its own entry:   " : "\n  after the first entry: ";
-    for (int k = own; k < kTlSm; ++k) {
-      std::vector<double> v;
-      for (int64_t c = 0; c < ctas; ++c) {
-        const uint64_t t = at(c, k), base = own ? at(c, kTlEntry) : t0;
-        if (t >= base && t != 0) v.push_back(double(t - base) * 1e-3);
-      }
-      if (v.empty()) continue;
-      std::sort(v.begin(), v.end());
-      std::snprintf(buf, sizeof buf, " | %s %.2f / %.2f", kNames[k], v[v.size() / 2], v.back());
-      line += buf;
-    }
-  }
-  std::fprintf(stderr, "%s\n", line.c_str());
-  return 0;
-}
-
-// The launch that records a timeline (KVATTN_SMALL_TIMELINE=N: the N-th launch of the process;
-// small_timeline_after() from bench-cuda --only small).
-std::atomic<int64_t> g_tl_call{-1};
-int64_t timeline_call_now() {
-  int64_t v = g_tl_call.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* e = std::getenv("KVATTN_SMALL_TIMELINE");
-    g_tl_call.store(v = e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0), std::memory_order_relaxed);
-  }
-  return v;
 }
 
 // Entries of the page index the kernel stages in shared memory (its win_n): every row of
 // kv_indices (paged form; kv_entries, known on the host) or the first columns of each request's
 // block-table row, up to kWinBytes (entries past the window are loaded from global memory after
-// the index words, as all of them are with the knob off: KVATTN_SMALL_PAGE_WINDOW=0).
-std::atomic<int> g_window{-1};  // -1 = not read from the environment yet
-bool window_now() {
-  return knob(g_window, "KVATTN_SMALL_PAGE_WINDOW", [](const char* e) { return is_zero(e) ? 0 : 1; }) != 0;
-}
+// the index words, as all of them are with KernelRouting::small_page_window off).
 int page_window(const AttnParams& p) {
-  if (!window_now()) return 0;
+  if (!kernel_routing().small_page_window) return 0;
   const int64_t cap = kWinBytes / ((p.paged_form ? p.kv_indices : p.block_table).is64 ? 8 : 4);
   return static_cast<int>(std::clamp<int64_t>(p.paged_form ? p.kv_entries : p.max_blocks, 0, cap));
 }
 
-// Warps per CTA (set_small_warps; KVATTN_SMALL_WARPS=4): 0 = automatic, 8 warps wherever one
-// 8-warp CTA per SM holds every unit's cluster at once (see pieces_and_warps), else 4; 4 = always 4.
-std::atomic<int> g_warps{-1};
-int warps_mode_now() {
-  return knob(g_warps, "KVATTN_SMALL_WARPS", [](const char* e) { return e != nullptr && !std::strcmp(e, "4") ? 4 : 0; });
-}
-
-// Automatic routing may also take calls only the 8-warp kernel covers well (KVATTN_SMALL_ROUTE8=0:
-// off; set_small_route8).
-std::atomic<int> g_route8{-1};
-bool route8_now() {
-  return knob(g_route8, "KVATTN_SMALL_ROUTE8", [](const char* e) { return is_zero(e) ? 0 : 1; }) != 0;
-}
+// Warps per CTA: 8 wherever one 8-warp CTA per SM holds every unit's cluster at once (see
+// pieces_and_warps), else 4; KernelRouting::small_warps4: always 4.
+bool four_warps() { return kernel_routing().small_warps4; }
 
 // Whether P-piece clusters of the W-warp kernel hold every unit of the call at once.
 template <bool BF16, int D, int W>
@@ -879,23 +759,15 @@ int launch_w(const AttnParams& p, int P) {
   cudaGetDevice(&dev);
   if (int e = prepare<BF16, D, W>(dev)) return e;
   const bool simple = simple_call(p);
-  // the counter counts launches that were accepted (a failed launch is not counted)
-  const int64_t call = g_launches.load(std::memory_order_relaxed) + 1;
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1),
                                                 P, SCfg<D, W>::kSmem, at, 32 * W);
   const int win_n = page_window(p);
-  if (call == timeline_call_now()) {
-    const int rc = launch_with_timeline(cfg, kernel_for<BF16, D, W, true>(simple), p, win_n, call, simple, W);
-    if (rc == 0) g_launches.fetch_add(1, std::memory_order_relaxed);
-    if (rc == 0 && W == 8) g_launches8.fetch_add(1, std::memory_order_relaxed);
-    return rc;
-  }
   const cudaError_t e =
       cudaLaunchKernelEx(&cfg, kernel_for<BF16, D, W, false>(simple), p, static_cast<uint64_t*>(nullptr), win_n);
   if (e != cudaSuccess) return static_cast<int>(e);
-  g_launches.fetch_add(1, std::memory_order_relaxed);
-  if (W == 8) g_launches8.fetch_add(1, std::memory_order_relaxed);
+  note_launch(KernelLaunch::small_cluster);
+  if (W == 8) note_launch(KernelLaunch::small_cluster_8warps);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -916,14 +788,14 @@ template <bool BF16, int D>
 int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   int p4 = pieces_for<BF16, D, 4>(p, num_sms);
   const int len = pieces_for_length(p);
-  const bool four = warps_mode_now() == 4;
+  const bool four = four_warps();
   const int p8 = four ? 0 : std::min({pieces_for<BF16, D, 8>(p, num_sms), len, 8});
   if (!force) {
     // automatic routing: 4 warps with >= kClusterMinAutoPieces pieces per unit (16 x 4096 at 2
-    // pieces on 4 warps ran 2.5 % slower than the v8 kernel), or 8 warps whose clusters fill
-    // at least 3/4 of the SMs (KVATTN_SMALL_ROUTE8=0 / set_small_route8(false): the first rule only)
-    const bool ok4 = p4 >= std::min(kClusterMinAutoPieces, cmax_now());
-    const bool ok8 = route8_now() && p8 > 0 && int64_t(p.batch) * p.hkv * p8 * 4 >= int64_t(3) * num_sms;
+    // pieces on 4 warps ran 2.5 % slower than attn_kernel's small form), or 8 warps whose clusters fill
+    // at least 3/4 of the SMs (KernelRouting::small_route8 off: the first rule only)
+    const bool ok4 = p4 >= std::min(kClusterMinAutoPieces, kernel_routing().small_cluster_max);
+    const bool ok8 = kernel_routing().small_route8 && p8 > 0 && int64_t(p.batch) * p.hkv * p8 * 4 >= int64_t(3) * num_sms;
     if (!ok4 && !ok8) return 0;
   }
   if (p4 == 0 && p8 == 0) return 0;
@@ -934,14 +806,14 @@ int pieces_and_warps(const AttnParams& p, int num_sms, bool force) {
   // bench-cuda --only small, 4 warps -> this rule, alternated twice): 1 x 1024
   // 11.2-11.3 -> 10.9-11.0 us, 1 x 2048 13.7-14.6 -> 12.2-12.4, 1 x 4096 16.7 -> 14.7-14.9,
   // 1 x 8192 22.1-22.2 -> 19.2-19.3, 2 x 1024 12.8-12.9 -> 12.5, 4 x 1024 (8 pieces -> 3)
-  // 15.8-16.0 -> 14.7-14.9 (8 x 1024 ran the v8 kernel in both: the routing below); 8 pieces beat the
+  // 15.8-16.0 -> 14.7-14.9 (8 x 1024 ran attn_kernel's small form in both: the routing below); 8 pieces beat the
   // 9-16 that fit one request of 4096 / 8192 keys (14.7 vs 15.2, 19.1 vs 19.4 us).
   return p8 > 0 ? p8 : p4;
 }
 
 template <bool BF16, int D>
 int launch(const AttnParams& p, int P) {
-  const bool eight = warps_mode_now() != 4 && fits<BF16, D, 8>(p, P);
+  const bool eight = !four_warps() && fits<BF16, D, 8>(p, P);
   return eight ? launch_w<BF16, D, 8>(p, P) : launch_w<BF16, D, 4>(p, P);
 }
 
@@ -950,7 +822,7 @@ int launch(const AttnParams& p, int P) {
 int device_cc_major() { return device_attribute<cudaDevAttrComputeCapabilityMajor>(); }
 
 int cluster_decode_pieces(const AttnParams& p, int num_sms, bool force) {
-  if (kernel_now() != 0) return 0;
+  if (!kernel_routing().small_cluster) return 0;
   if (p.head_dim != 64 && p.head_dim != 128) return 0;
   if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return 0;
   if (p.q_t != p.kv_t || !p.q_vec) return 0;
@@ -966,66 +838,6 @@ int launch_cluster_decode(const AttnParams& p, int pieces) {
   const bool bf = p.kv_t == Elt::bf16;
   if (p.head_dim == 64) return bf ? launch<true, 64>(p, pieces) : launch<false, 64>(p, pieces);
   return bf ? launch<true, 128>(p, pieces) : launch<false, 128>(p, pieces);
-}
-
-void set_small_route8(bool on) { g_route8.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool small_route8() { return route8_now(); }
-void set_small_warps(int w) { g_warps.store(w == 4 ? 4 : 0, std::memory_order_relaxed); }
-int small_warps() { return warps_mode_now(); }
-void set_small_page_window(bool on) { g_window.store(on ? 1 : 0, std::memory_order_relaxed); }
-bool small_page_window() { return window_now(); }
-void set_small_kernel(SmallKernel k) { g_kernel.store(static_cast<int>(k), std::memory_order_relaxed); }
-SmallKernel small_kernel() { return static_cast<SmallKernel>(kernel_now()); }
-void set_small_cluster_max(int n) { g_cmax.store(std::min(std::max(n, 1), kMaxPieces), std::memory_order_relaxed); }
-int small_cluster_max() { return cmax_now(); }
-int64_t cluster_decode_launches() { return g_launches.load(std::memory_order_relaxed); }
-int64_t cluster_decode_launches_8warps() { return g_launches8.load(std::memory_order_relaxed); }
-void small_timeline_after(int launches) {
-  g_tl_call.store(g_launches.load(std::memory_order_relaxed) + std::max(launches, 1), std::memory_order_relaxed);
-}
-
-double measure_empty_launch_us(int ctas, int cluster) {
-  struct Ctx { int ctas, cluster; } ctx{ctas, std::max(cluster, 1)};
-  if (ctx.cluster > 1) {
-    if (cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-  }
-  return time_median_us(
-      [](void* c, int) {
-        auto* x = static_cast<Ctx*>(c);
-        if (x->cluster <= 1) {
-          empty_kernel<<<x->ctas, kFloorThreads>>>();
-          return;
-        }
-        cudaLaunchAttribute at;
-        const cudaLaunchConfig_t cfg = cluster_config(
-            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster, 0, at);
-        (void)cudaLaunchKernelEx(&cfg, empty_kernel);
-      },
-      &ctx, 10, 60);
-}
-
-double measure_spin_launch_us(int ctas, int cluster, int smem_bytes, double spin_us) {
-  struct Ctx { int ctas, cluster, smem; uint64_t ns; } ctx{ctas, std::max(cluster, 1), std::max(smem_bytes, 0),
-                                                          static_cast<uint64_t>(spin_us * 1e3)};
-  if (cudaFuncSetAttribute(spin_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
-      cudaFuncSetAttribute(spin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ctx.smem) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return time_median_us(
-      [](void* c, int) {
-        auto* x = static_cast<Ctx*>(c);
-        cudaLaunchAttribute at;
-        cudaLaunchConfig_t cfg = cluster_config(
-            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster,
-            static_cast<size_t>(x->smem), at);
-        if (x->cluster <= 1) cfg.numAttrs = 0;
-        (void)cudaLaunchKernelEx(&cfg, spin_kernel, x->ns);
-      },
-      &ctx, 10, 60);
 }
 
 }  // namespace kvattn::ops::cuda_impl::k

@@ -9,12 +9,12 @@ namespace kvattn::ops::cuda_impl::k {
 // Pieces per (request, KV head) unit the cluster kernel would use for this call on the current
 // device — the thread-block cluster size, 1..16 — or 0 when it does not take the call (device
 // before sm_90, head dim other than 64/128, fp8 or float32 caches, a query whose type is not the
-// cache's or whose rows are not 16-byte vectors, PrefixLM / XQA masks, knob off).  `num_sms` is
+// cache's or whose rows are not 16-byte vectors, PrefixLM / XQA masks, KernelRouting::small_cluster off).  `num_sms` is
 // the device's multiprocessor count.  Automatic routing (`force` false) takes a call when the
 // 4-warp kernel fits at least kClusterMinAutoPieces pieces per unit (16 x 4096 at 2 pieces on 4
 // warps ran 2.5 % slower than attn_kernel<..., SMALL>), or when the 8-warp kernel's clusters fill
 // at least 3/4 of the SMs (8 x 1024 17.4 vs 23.7 us, 16 x 4096 73.0-73.3 vs 76.8-76.9); the rest
-// stays on attn_kernel<..., SMALL>.  `force` (KVATTN_SMALL_DECODE=force, tests) takes every call
+// stays on attn_kernel<..., SMALL>.  `force` (KVATTN_SMALL_DECODE=force) takes every call
 // it covers.  Of the pieces that fit, a kv_indptr-form call uses about one per 256 keys of its
 // average request length, at least 8; 8-warp CTAs use at most 8 pieces (pieces_and_warps).
 constexpr int kClusterMinAutoPieces = 4;
@@ -25,28 +25,12 @@ int launch_cluster_decode(const AttnParams& p, int pieces);
 // The sm_90-only kernels (this one, the fp8 fast decode variant) are chosen on the host by it.
 int device_cc_major();
 
-// The page-id window (default on; KVATTN_SMALL_PAGE_WINDOW=0 off): each CTA copies the first
-// entries of the page index (up to 2 KB) into shared memory alongside the index words, so its
-// page ids cost no second dependent global round trip.  Setter for same-process A/Bs.
-void set_small_page_window(bool on);
-bool small_page_window();
-// Warps per CTA: 0 automatic (8, with at most 8 pieces per unit, wherever one 8-warp CTA per SM
-// holds every unit's cluster at once; else 4), 4 always (KVATTN_SMALL_WARPS=4).
-void set_small_warps(int warps);
-int small_warps();
-// Automatic routing also takes calls whose 8-warp clusters fill >= 3/4 of the SMs, even below
-// kClusterMinAutoPieces pieces on 4 warps (default on; KVATTN_SMALL_ROUTE8=0 off).
-void set_small_route8(bool on);
-bool small_route8();
-// Cluster-kernel launches that ran 8 warps per CTA (of cluster_decode_launches(), kernels.h).
-int64_t cluster_decode_launches_8warps();
-
-// Measurement only (bench-cuda --only small): the cluster kernel's launch
-// `launches` from now records a stage timeline (printed to stderr).
-void small_timeline_after(int launches);
-// Event time per launch of `ctas` CTAs (clusters of `cluster`, 1 = none, `smem_bytes` dynamic
-// shared memory) whose thread 0 spins `spin_us` of %globaltimer: minus spin_us, what a launch
-// and its drain add when the kernel, not the host, sets the pace.
-double measure_spin_launch_us(int ctas, int cluster, int smem_bytes, double spin_us);
+// Variants (KernelRouting, routing.h; tests and benchmarks): small_page_window (default on): each
+// CTA copies the first entries of the page index (up to 2 KB) into shared memory alongside the
+// index words, so its page ids cost no second dependent global round trip; small_warps4: 4 warps
+// per CTA always (default: 8, with at most 8 pieces per unit, wherever one 8-warp CTA per SM holds
+// every unit's cluster at once; else 4); small_route8 (default on): automatic routing also takes
+// calls whose 8-warp clusters fill >= 3/4 of the SMs, even below kClusterMinAutoPieces pieces on 4
+// warps; small_cluster_max: the most pieces per unit.
 
 }  // namespace kvattn::ops::cuda_impl::k

@@ -1,6 +1,6 @@
-// The v6 decode path of attn_kernel (plan kernel, persistent grid pulling units from a work
+// The general decode path of attn_kernel (plan kernel, persistent grid pulling units from a work
 // counter, merge kernel) under each of its knobs (kernels.h set_decode_options /
-// set_decode_splits): the whole-wave split rule for uniform lengths (default) and the v6 rule,
+// set_decode_splits): the whole-wave split rule for uniform lengths (default) and the per-request rule,
 // forced split counts (one chunk per request, more than a short request has tiles), the merge
 // with partials in registers (<= 8 splits) and in rounds (more), the token -> splits map of
 // short and long query ranges.  Every setting against the CPU reference on random inputs,
@@ -18,9 +18,9 @@
 namespace kvattn::ops::testing {
 namespace {
 
-class CudaDecodeV6 : public CudaV6DecodeTest {};
+class CudaGeneralDecode : public CudaGeneralDecodeTest {};
 
-// 8 q / 2 KV heads keep the CPU reference fast; lengths mixed (v6 rule) or uniform (whole-wave
+// 8 q / 2 KV heads keep the CPU reference fast; lengths mixed (per-request rule) or uniform (whole-wave
 // rule when opts has bit 1).
 AttnCase decode_case(std::mt19937& rng, int batch, bool uniform) {
   AttnCase c;
@@ -34,7 +34,7 @@ AttnCase decode_case(std::mt19937& rng, int batch, bool uniform) {
   return c;
 }
 
-TEST_F(CudaDecodeV6, SplitRulesAndForcedSplitCounts) {
+TEST_F(CudaGeneralDecode, SplitRulesAndForcedSplitCounts) {
   std::mt19937 rng(1601);
   uint32_t seed = 1610;
   for (int opts : {1, 0}) {
@@ -53,7 +53,7 @@ TEST_F(CudaDecodeV6, SplitRulesAndForcedSplitCounts) {
   }
 }
 
-TEST_F(CudaDecodeV6, Fp8SinksWindowMultiTokenAndLongQueries) {
+TEST_F(CudaGeneralDecode, Fp8SinksWindowMultiTokenAndLongQueries) {
   std::mt19937 rng(1701);
   uint32_t seed = 1710;
   for (int opts : {1, 0}) {
@@ -97,7 +97,7 @@ TEST_F(CudaDecodeV6, Fp8SinksWindowMultiTokenAndLongQueries) {
 // one with 64-key and 128-key tiles at 132, 264, 396 and 528 CTAs, so on a 132-SM GPU (H100/H200;
 // D 128 runs 3 CTAs per SM there) every D-128 call is checked to have taken it
 // (rem_split_plans()); on other GPUs the calls are still checked against the reference.
-TEST_F(CudaDecodeV6, NonDividingChunksLongUnitsFirst) {
+TEST_F(CudaGeneralDecode, NonDividingChunksLongUnitsFirst) {
   std::mt19937 rng(1801);
   uint32_t seed = 1810;
   const int pages[] = {16, 1, 32, 16, 64};
@@ -139,7 +139,7 @@ TEST_F(CudaDecodeV6, NonDividingChunksLongUnitsFirst) {
 // of 3, 7 and 11 tiles cut the 999-key, 16-tile requests into long units and a short last one)
 // and mixed ones with empty requests, page ids / block tables of int32 and int64 and strided,
 // against the CPU reference.
-TEST_F(CudaDecodeV6, ForcedChunksEveryLayout) {
+TEST_F(CudaGeneralDecode, ForcedChunksEveryLayout) {
   std::mt19937 rng(1901);
   uint32_t seed = 1910;
   const int pages[] = {16, 1, 32, 16, 64};

@@ -1,6 +1,5 @@
-// src/ops/cuda/timeline_csv.h — one CSV row of a kernel timeline, as the page decode's timeline
-// tool (KVATTN_PAGE_TIMELINE_DUMP) and bench-cuda's stamped bulk-copy gather
-// (KVATTN_GATHER_TIMELINE_DUMP) append them for offline analysis: launch, CTA, SM,
+// tools/cuda/timeline_csv.h — one CSV row of a kernel timeline, as bench-cuda's stamped bulk-copy
+// gather (--gather-timeline FILE) appends them for offline analysis: launch, CTA, SM,
 // chunks of its range, then microseconds from t0 (the launch's first entry) of its entry, first
 // chunk landed, loop end, exit and n progress stamps.  A stamp before t0 (never written) is -1, as
 // are the loop stamps of a CTA with no chunks.  Host code only.
@@ -9,7 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 
-namespace kvattn::ops::cuda_impl::k {
+namespace kvattn::tools::cuda_bench {
 
 // Microseconds from t0 to a %globaltimer stamp t; `none` for a stamp before t0 (never written).
 inline double timeline_us(uint64_t t, uint64_t t0, double none) { return t >= t0 ? double(t - t0) * 1e-3 : none; }
@@ -25,4 +24,4 @@ inline void append_timeline_row(FILE* f, long long launch, int cta, uint64_t sm,
   std::fprintf(f, "\n");
 }
 
-}  // namespace kvattn::ops::cuda_impl::k
+}  // namespace kvattn::tools::cuda_bench

@@ -1,5 +1,6 @@
-// src/ops/cuda/bench_support.cu — the ceilings `kvattn bench-cuda` reports next to the ops:
-// device copy bandwidth and the mma.sync bf16 rate, plus event timing.
+// tools/cuda/bench_support.cu — the ceilings and probes `kvattn bench-cuda` reports next to the
+// ops (device copy bandwidth, the mma.sync bf16 rate, K/V gathers, the launch floor, the
+// whole-page decode probe), plus event timing.  Part of the kvattn tool, not of the library.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,12 +11,13 @@
 #include <vector>
 
 #include "ops/cuda/cuda_common.cuh"
-#include "ops/cuda/knobs.h"
 #include "ops/cuda/page_tile.cuh"
 #include "ops/cuda/ptx.cuh"
-#include "ops/cuda/timeline_csv.h"
+#include "cuda/bench_support.h"
+#include "cuda/timeline_csv.h"
 
-namespace kvattn::ops::cuda_impl::k {
+namespace kvattn::tools::cuda_bench {
+using namespace kvattn::ops::cuda_impl::k;
 namespace {
 
 __global__ void mma_peak_kernel(float* out, int iters) {
@@ -193,7 +195,7 @@ constexpr int kBulkBlock = 4;
 // tl (equal ranges only; nullptr: none): per CTA kGatherTl words — %globaltimer at entry, when the
 // first page landed, at the loop's end and at exit, the SM, the pages of its range, then 16
 // progress stamps (when the last page of each sixteenth of the range landed): the decode
-// timeline's CSV row (KVATTN_GATHER_TIMELINE_DUMP)
+// timeline's CSV row (--gather-timeline FILE)
 constexpr int kGatherTl = 6 + 16;
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
@@ -614,8 +616,8 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
     int major = 0, sms = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    // KVATTN_GATHER_CTAS=N (measurement only): at most N CTAs, as KVATTN_PAGE_CTAS for the decode
-    if (const char* e = std::getenv("KVATTN_GATHER_CTAS"); e != nullptr && std::atoi(e) > 0) sms = std::min(sms, std::atoi(e));
+    // bench-cuda --gather-ctas N (measurement only): at most N CTAs
+    if (settings().gather_ctas > 0) sms = std::min(sms, settings().gather_ctas);
     const auto kern = mode == 4 ? kv_gather_bulk_kernel<true> : kv_gather_bulk_kernel<false>;
     if (major < 9 || hkv != 8 || slot_b != 8 * 256 || head_b != 256 ||
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem) != cudaSuccess) {
@@ -640,9 +642,10 @@ double measure_kv_gather_tbps(const void* k, const void* v, int64_t page_b, int6
                                                reinterpret_cast<int*>(x->sink + 1), nullptr);
         },
         &ctx, 4, 20);
-    // KVATTN_GATHER_TIMELINE_DUMP=file (diagnostic, equal ranges): three more launches back to back
-    // with stamps, appended as the decode timeline's CSV rows (timeline_csv.h; a chunk is a page)
-    if (const char* path = std::getenv("KVATTN_GATHER_TIMELINE_DUMP"); path != nullptr && mode == 3) {
+    // bench-cuda --gather-timeline FILE (diagnostic, equal ranges): three more launches back to back
+    // with stamps, appended as CSV rows (timeline_csv.h; a chunk is a page)
+    if (const char* path = settings().gather_timeline.empty() ? nullptr : settings().gather_timeline.c_str();
+        path != nullptr && mode == 3) {
       const int launches = 3;
       uint64_t* tl = nullptr;
       if (cudaMalloc(&tl, sizeof(uint64_t) * kGatherTl * sms * launches) == cudaSuccess) {
@@ -817,18 +820,16 @@ __global__ void hold_kernel(uint32_t ns) {
 }  // namespace
 
 double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters) {
-  // KVATTN_BENCH_ITERS=N (diagnostic): N timed calls instead of the caller's count, e.g. a loop long
-  // enough to sample the clocks and power with nvidia-smi while it runs
-  static std::atomic<int> iters_knob{-1};
-  if (const int n = knob(iters_knob, "KVATTN_BENCH_ITERS", positive_int); n > 0) iters = n;
+  // --iters N (diagnostic): N timed calls instead of the caller's count, e.g. a loop long enough to
+  // sample the clocks and power with nvidia-smi while it runs
+  if (settings().iters > 0) iters = settings().iters;
   for (int i = 0; i < warmup; ++i) fn(ctx, i);
   cudaDeviceSynchronize();
-  // KVATTN_BENCH_SPACED_US=N (diagnostic): every timed call on a device left idle for N us first,
+  // --spaced-us N (diagnostic): every timed call on a device left idle for N us first,
   // enqueued behind a 300 us hold kernel; the median of those calls' event intervals against the
   // back-to-back loop's tells whether a call is slower when it follows calls of its own (clocks,
   // power, the previous call's tail) rather than idle time
-  static std::atomic<int> spaced_knob{-1};
-  const int spaced_us = knob(spaced_knob, "KVATTN_BENCH_SPACED_US", positive_int);
+  const int spaced_us = settings().spaced_us;
   if (spaced_us > 0) {
     cudaEvent_t a, b;
     cudaEventCreate(&a);
@@ -851,13 +852,9 @@ double time_median_us(void (*fn)(void*, int), void* ctx, int warmup, int iters) 
     std::sort(t.begin(), t.end());
     return t[t.size() / 2] * 1000.0;
   }
-  // KVATTN_BENCH_LOOP_MEAN=1 (diagnostic): the mean over one event pair around all the calls, with
-  // no event between them — tells what the per-call events add to a kernel's interval
-  static const bool loop_mean = [] {
-    const char* e = std::getenv("KVATTN_BENCH_LOOP_MEAN");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  if (loop_mean) {
+  // --loop-mean (diagnostic): the mean over one event pair around all the calls, with no event
+  // between them — tells what the per-call events add to a kernel's interval
+  if (settings().loop_mean) {
     cudaEvent_t a, b;
     cudaEventCreate(&a);
     cudaEventCreate(&b);
@@ -924,4 +921,89 @@ double measure_mma_tflops() {
   return flops / (us * 1e-6) / 1e12;
 }
 
-}  // namespace kvattn::ops::cuda_impl::k
+namespace {
+__global__ void empty_kernel() {}
+
+// Thread 0 of every CTA spins `ns` nanoseconds of %globaltimer, then the CTA exits.
+__global__ void spin_kernel(uint64_t ns) {
+  if (threadIdx.x == 0) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0)::"memory");
+    do {
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+    } while (t - t0 < ns);
+  }
+  __syncthreads();
+}
+
+constexpr int kFloorThreads = 128;  // CTA size of the launch-floor kernels (empty, spin)
+
+// Launch configuration (legacy stream) of `grid` in clusters of P CTAs along x; `at` holds the
+// cluster attribute the configuration points to, so it must outlive the launch.
+cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute& at) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kFloorThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = nullptr;
+  at = {};
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = static_cast<unsigned>(P);
+  at.val.clusterDim.y = 1;
+  at.val.clusterDim.z = 1;
+  cfg.attrs = &at;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+}  // namespace
+
+Settings& settings() {
+  static Settings s;
+  return s;
+}
+
+double measure_empty_launch_us(int ctas, int cluster) {
+  struct Ctx { int ctas, cluster; } ctx{ctas, std::max(cluster, 1)};
+  if (ctx.cluster > 1) {
+    if (cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+  }
+  return time_median_us(
+      [](void* c, int) {
+        auto* x = static_cast<Ctx*>(c);
+        if (x->cluster <= 1) {
+          empty_kernel<<<x->ctas, kFloorThreads>>>();
+          return;
+        }
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cluster_config(
+            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster, 0, at);
+        (void)cudaLaunchKernelEx(&cfg, empty_kernel);
+      },
+      &ctx, 10, 60);
+}
+
+double measure_spin_launch_us(int ctas, int cluster, int smem_bytes, double spin_us) {
+  struct Ctx { int ctas, cluster, smem; uint64_t ns; } ctx{ctas, std::max(cluster, 1), std::max(smem_bytes, 0),
+                                                          static_cast<uint64_t>(spin_us * 1e3)};
+  if (cudaFuncSetAttribute(spin_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess ||
+      cudaFuncSetAttribute(spin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ctx.smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return time_median_us(
+      [](void* c, int) {
+        auto* x = static_cast<Ctx*>(c);
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg = cluster_config(
+            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster,
+            static_cast<size_t>(x->smem), at);
+        if (x->cluster <= 1) cfg.numAttrs = 0;
+        (void)cudaLaunchKernelEx(&cfg, spin_kernel, x->ns);
+      },
+      &ctx, 10, 60);
+}
+
+}  // namespace kvattn::tools::cuda_bench

@@ -1,0 +1,85 @@
+// src/ops/cuda/routing.h — the settings that pick among the CUDA kernels' paths, and the two
+// link-time hooks through which a test or benchmark binary overrides them and sees which path
+// served a call.  No CUDA header, so g++-compiled files can include it.
+//
+// The library holds no mutable routing state: its settings are the defaults below, of which the
+// routing fields a user or contributor may need are read once from the environment (the knob
+// table of CONTRIBUTING.md: KVATTN_PREFILL, KVATTN_PREFILL_HOPPER, KVATTN_PREFILL_HOPPER_SCHED,
+// KVATTN_SMALL_DECODE, KVATTN_PAGE_DECODE, KVATTN_DECODE_STREAMK) and never change afterwards.
+// A test binary (tests/ops/kernel_routing_hook.cpp) or the benchmark (tools/cuda/) defines
+// kernel_routing_override() and on_kernel_launch(); the library's weak definitions (routing.cpp)
+// return "no override" and count nothing.
+#pragma once
+
+#include <cstdint>
+
+namespace kvattn::ops::cuda_impl::k {
+
+// A routing setting: automatic (the planner's rule), off (never this path), force (every call
+// the path covers).
+enum class Route : int { automatic = 0, off = 1, force = 2 };
+
+// Option bits of the decode configuration of attn_kernel (Plan::opts; paged_attention.cu).
+constexpr int kOptWaveSplits = 1;    // uniform-length calls split so units fill whole waves of CTAs
+constexpr int kOptFp8Fast = 4;       // fp8 caches: the fast-conversion kernel (sm_90+, D <= 128)
+constexpr int kOptRemSplits = 8;     // uniform lengths may take a chunk that does not divide them
+constexpr int kOptStreamK = 16;      // stream-K schedule for every decode-config call
+constexpr int kOptStreamKFp8 = 32;   // stream-K for fp8 caches with a (request, KV head) pair per CTA
+constexpr int kOptStreamKMixed = 64; // stream-K for calls hinted as mixed lengths, same bound
+constexpr int kDefaultDecodeOpts = kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamKFp8 | kOptStreamKMixed;
+constexpr int kDecodeOptsMask =
+    kOptWaveSplits | kOptFp8Fast | kOptRemSplits | kOptStreamK | kOptStreamKFp8 | kOptStreamKMixed;
+
+struct KernelRouting {
+  // ---- routing (environment knobs) ----
+  Route prefill = Route::automatic;         // the dedicated prefill kernels (KVATTN_PREFILL)
+  Route prefill_hopper = Route::automatic;  // its sm_90a TMA + wgmma form (KVATTN_PREFILL_HOPPER)
+  int hopper_sched = 2;                     // 0 serial, 1 overlap, 2 pingpong, 3 turns (KVATTN_PREFILL_HOPPER_SCHED)
+  Route small_decode = Route::automatic;    // the one-launch small-call decode (KVATTN_SMALL_DECODE)
+  Route page_decode = Route::automatic;     // the whole-page decode (KVATTN_PAGE_DECODE)
+  int decode_options = kDefaultDecodeOpts;  // kOpt* bits (KVATTN_DECODE_STREAMK=1 adds kOptStreamK)
+  // ---- variants and measurement settings (tests and benchmarks only; no environment knob) ----
+  int decode_splits = 0;          // >0: every request of a decode-config call in this many chunks
+  int decode_chunk = 0;           // >0: the remainder rule's chunk, in tiles
+  bool small_cluster = true;      // the small path may run the cluster kernel (false: attn_kernel's always)
+  int small_cluster_max = 16;     // most pieces per unit of the cluster kernel (1..16)
+  bool small_warps4 = false;      // the cluster kernel keeps 4 warps per CTA
+  bool small_route8 = true;       // automatic routing takes calls only 8-warp clusters cover well
+  bool small_page_window = true;  // the cluster kernel stages the page ids in shared memory
+  int small_min_tiles = 1;        // fewest KV tiles per piece on attn_kernel's small path
+  bool prefill_paired_rows = true;  // the prefill kernel's paired-row K/V loader where rows are aligned
+  bool cache_write_pairs = true;  // the vectorised KV write's two-vectors-per-thread kernel
+  int page_ctas = 0;              // >0: cap the whole-page decode's grid at this many CTAs
+};
+
+// The library's settings: the defaults above with the environment's routing knobs (read once).
+const KernelRouting& library_routing() noexcept;
+// The settings a call runs under: the override a test or benchmark binary installs, else the
+// library's.
+const KernelRouting& kernel_routing() noexcept;
+
+// What served a call, as on_kernel_launch reports it (one call may report several: a prefill
+// call routed to the wgmma kernel reports prefill and prefill_wgmma).
+enum class KernelLaunch : int {
+  f32 = 0,            // the float32-cache SIMT kernel
+  prefill,            // the prefill kernels (mma.sync or wgmma)
+  prefill_wgmma,      // of which the sm_90a wgmma kernel
+  page_decode,        // the whole-page decode
+  small_decode,       // the small-call path (either kernel)
+  small_cluster,      // of which the cluster kernel
+  small_cluster_8warps,  // of which with 8 warps per CTA
+  streamk,            // attn_kernel's decode config on the stream-K schedule
+  fp8_fast,           // attn_kernel's fp8 fast-conversion decode
+  decode,             // attn_kernel (plan kernel, persistent grid, split merge)
+  count
+};
+// Reports a launch to the hook (reason: a static string, the planner's reason where it has one).
+void note_launch(KernelLaunch what, const char* reason = "") noexcept;
+
+// ---- link-time hooks: weak in the library; a test or benchmark binary may define them ----------
+// The settings to run under instead of library_routing() (nullptr: none).
+const KernelRouting* kernel_routing_override() noexcept;
+// Called once per launch of a path (after the launch was enqueued without error).
+void on_kernel_launch(KernelLaunch what, const char* reason) noexcept;
+
+}  // namespace kvattn::ops::cuda_impl::k
