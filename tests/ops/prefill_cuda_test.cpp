@@ -417,7 +417,7 @@ class HopperMode {
 };
 
 // Sets the wgmma kernel's consumer schedule for one test (0 serial, 1 overlap, 2 pingpong, 3
-// turns; the default, pingpong, afterwards).
+// turns; afterwards the default: per call, by average KV length).
 class HopperSched {
  public:
   explicit HopperSched(int sched) { cuda_impl::set_prefill_hopper_sched(sched); }
