@@ -475,6 +475,30 @@ __device__ __forceinline__ void small_unit_merge(const AttnParams& p, const Plan
   __syncthreads();
 }
 
+// Q fragments: this warp's mma A fragments from the staged rows (sQ aliases the pipeline
+// buffers: barrier after).
+template <typename KV, int D, int WM, int WN>
+__device__ __forceinline__ void q_frags(const unsigned char* smem, int wm, int g, int t4, uint32_t (&qf)[D / 16][4]) {
+  using TR = KVTraits<KV>;
+  constexpr bool kBf16 = TR::kBf16;
+  constexpr int kKSteps = D / 16;
+  const float* sQ = reinterpret_cast<const float*>(smem);
+  constexpr int kQP = D + 4;
+#pragma unroll
+  for (int s = 0; s < kKSteps; ++s) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
+      int d0;
+      if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
+      else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
+      const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
+      qf[s][r] = pack2<kBf16>(x.x, x.y);
+    }
+  }
+  __syncthreads();  // sQ aliases the pipeline buffers
+}
+
 template <typename KV, int D, int WM, int WN, bool SMALL = false, bool SK = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
@@ -847,23 +871,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       __syncthreads();
     }
     uint32_t qf[kKSteps][4];
-    {
-      const float* sQ = reinterpret_cast<const float*>(smem);
-      constexpr int kQP = D + 4;
-#pragma unroll
-      for (int s = 0; s < kKSteps; ++s) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
-          int d0;
-          if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
-          else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
-          const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
-          qf[s][r] = pack2<kBf16>(x.x, x.y);
-        }
-      }
-      __syncthreads();  // sQ aliases the pipeline buffers
-    }
+    q_frags<KV, D, WM, WN>(smem, wm, g, t4, qf);
 
     float o[kNTilesO][4];
 #pragma unroll
