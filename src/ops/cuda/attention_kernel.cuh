@@ -499,6 +499,93 @@ __device__ __forceinline__ void q_frags(const unsigned char* smem, int wm, int g
   __syncthreads();  // sQ aliases the pipeline buffers
 }
 
+// Loader: the cp.async copies of tile `tile`'s K and V rows into its pipeline stage, from the
+// row offsets in the offset ring (a zero-fill row reads 0 bytes).
+template <typename KV, int D, int WM, int WN, bool kAbsLoader>
+__device__ __forceinline__ void issue_tile(const AttnParams& p, int tile, unsigned char* sK, unsigned char* sV,
+                                           const int64_t* sOff, int my_row0, int my_chunk) {
+  using C = Cfg<KV, D, WM, WN>;
+  constexpr bool kFast = kFastKV<KV>;
+  constexpr int kTile = C::kTile, kCPR = C::kCPR, kStages = C::kStages;
+  [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;
+  const int st = tile % kStages;
+  const uint64_t ef = l2_evict_first_policy();
+  const bool ef_on = kv_read_once(p);  // K/V evict-first only then
+  if constexpr (kFast || kAbsLoader) {
+    // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
+    // swizzle: constant shared-memory offsets from the first chunk's address; both offsets
+    // of a row in one 16-byte load
+    static_assert(C::kRowStepPerChunk % 8 == 0, "rows of a thread must share the swizzle");
+    const int off0 = swz<kCPR>(my_row0, my_chunk);
+    const uint32_t sk = smem_u32(sK + st * C::kStageBytes) + off0;
+    const uint32_t sv = smem_u32(sV + st * C::kStageBytes) + off0;
+    const ulonglong2* offs = reinterpret_cast<const ulonglong2*>(sOff) + st * kTile + my_row0;
+#pragma unroll
+    for (int i = 0; i < C::kChunksPerThread; ++i) {
+      const ulonglong2 o = offs[i * C::kRowStepPerChunk];
+      constexpr int kStep = C::kRowStepPerChunk * kCPR * 16;  // bytes between a thread's rows
+      // zero-fill rows: 0 bytes read from (cache base + chunk), inside the first row
+      const int nk = 16 - (static_cast<int>(o.x >> 59) & 16), nv = 16 - (static_cast<int>(o.y >> 59) & 16);
+      cp_async16_policy_if(sk + i * kStep, reinterpret_cast<const void*>((o.x & ~kZeroFill) + my_chunk * 16), nk, ef, ef_on);
+      cp_async16_policy_if(sv + i * kStep, reinterpret_cast<const void*>((o.y & ~kZeroFill) + my_chunk * 16), nv, ef, ef_on);
+    }
+    return;
+  }
+  const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
+  const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
+  const int64_t* offk = sOff + (st * 2) * kTile;
+  const int64_t* offv = offk + kTile;
+  const unsigned char* kb = static_cast<const unsigned char*>(p.k);
+  const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+#pragma unroll
+  for (int i = 0; i < C::kChunksPerThread; ++i) {
+    const int row = my_row0 + i * C::kRowStepPerChunk;
+    const int off = swz<kCPR>(row, my_chunk);
+    const int64_t ok = offk[row], ov = offv[row];
+    cp_async16_policy_if(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0, ef, ef_on);
+    cp_async16_policy_if(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0, ef, ef_on);
+  }
+}
+
+// Loader: the offset-ring entry of tile `tile`'s offset slot k from its page id pg (-1: the row
+// is zero-filled): K / V row offsets, or absolute addresses (fp8 fast variant, kAbsLoader).
+template <typename KV, int D, int WM, int WN, bool kAbsLoader>
+__device__ __forceinline__ void store_tile_off(const AttnParams& p, int tile, int k, int64_t pg, int tile0, int tid,
+                                               int hk, int64_t* sOff) {
+  using C = Cfg<KV, D, WM, WN>;
+  constexpr bool kFast = kFastKV<KV>;
+  constexpr int kTile = C::kTile, kStages = C::kStages;
+  [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;
+  if constexpr (kFast) {
+    // row tid: the addresses of its K and V rows side by side (one 16-byte store, one load
+    // per chunk pair in issue()); a row to zero-fill holds the cache base with bit 63 set
+    const int j = tile0 + tile * kTile + tid;
+    const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+    const int64_t ok = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh;
+    const int64_t ov = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+    const uint64_t kb = reinterpret_cast<uint64_t>(p.k), vb = reinterpret_cast<uint64_t>(p.v);
+    ulonglong2 w;
+    w.x = pg < 0 ? (kb | kZeroFill) : kb + static_cast<uint64_t>(ok);
+    w.y = pg < 0 ? (vb | kZeroFill) : vb + static_cast<uint64_t>(ov);
+    *reinterpret_cast<ulonglong2*>(sOff + ((tile % kStages) * kTile + tid) * 2) = w;
+    return;
+  }
+  const int idx = tid + k * C::kThreads;
+  const int which = idx / kTile, row = idx % kTile;
+  if (which > 1) return;
+  const int j = tile0 + tile * kTile + row;
+  const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+  const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
+                                 : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+  if constexpr (kAbsLoader) {
+    const uint64_t base = reinterpret_cast<uint64_t>(which == 0 ? p.k : p.v);
+    reinterpret_cast<uint64_t*>(sOff)[((tile % kStages) * kTile + row) * 2 + which] =
+        pg < 0 ? (base | kZeroFill) : base + static_cast<uint64_t>(off);
+    return;
+  }
+  sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+}
+
 template <typename KV, int D, int WM, int WN, bool SMALL = false, bool SK = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
@@ -731,73 +818,10 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // K and V threads, so issue() reads both with one 16-byte load and needs no per-chunk select
     constexpr bool kAbsLoader = !kFast && WN > 1 && C::kRowStepPerChunk % 8 == 0;
     auto store_off = [&](int tile, int k, int64_t pg) {
-      if constexpr (kFast) {
-        // row tid: the addresses of its K and V rows side by side (one 16-byte store, one load
-        // per chunk pair in issue()); a row to zero-fill holds the cache base with bit 63 set
-        const int j = tile0 + tile * kTile + tid;
-        const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-        const int64_t ok = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh;
-        const int64_t ov = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-        const uint64_t kb = reinterpret_cast<uint64_t>(p.k), vb = reinterpret_cast<uint64_t>(p.v);
-        ulonglong2 w;
-        w.x = pg < 0 ? (kb | kZeroFill) : kb + static_cast<uint64_t>(ok);
-        w.y = pg < 0 ? (vb | kZeroFill) : vb + static_cast<uint64_t>(ov);
-        *reinterpret_cast<ulonglong2*>(sOff + ((tile % kStages) * kTile + tid) * 2) = w;
-        return;
-      }
-      const int idx = tid + k * C::kThreads;
-      const int which = idx / kTile, row = idx % kTile;
-      if (which > 1) return;
-      const int j = tile0 + tile * kTile + row;
-      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-      const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
-                                     : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-      if constexpr (kAbsLoader) {
-        const uint64_t base = reinterpret_cast<uint64_t>(which == 0 ? p.k : p.v);
-        reinterpret_cast<uint64_t*>(sOff)[((tile % kStages) * kTile + row) * 2 + which] =
-            pg < 0 ? (base | kZeroFill) : base + static_cast<uint64_t>(off);
-        return;
-      }
-      sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+      store_tile_off<KV, D, WM, WN, kAbsLoader>(p, tile, k, pg, tile0, tid, hk, sOff);
     };
     auto issue = [&](int tile) {
-      const int st = tile % kStages;
-      const uint64_t ef = l2_evict_first_policy();
-      const bool ef_on = kv_read_once(p);  // K/V evict-first only then
-      if constexpr (kFast || kAbsLoader) {
-        // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
-        // swizzle: constant shared-memory offsets from the first chunk's address; both offsets
-        // of a row in one 16-byte load
-        static_assert(C::kRowStepPerChunk % 8 == 0, "rows of a thread must share the swizzle");
-        const int off0 = swz<kCPR>(my_row0, my_chunk);
-        const uint32_t sk = smem_u32(sK + st * C::kStageBytes) + off0;
-        const uint32_t sv = smem_u32(sV + st * C::kStageBytes) + off0;
-        const ulonglong2* offs = reinterpret_cast<const ulonglong2*>(sOff) + st * kTile + my_row0;
-#pragma unroll
-        for (int i = 0; i < C::kChunksPerThread; ++i) {
-          const ulonglong2 o = offs[i * C::kRowStepPerChunk];
-          constexpr int kStep = C::kRowStepPerChunk * kCPR * 16;  // bytes between a thread's rows
-          // zero-fill rows: 0 bytes read from (cache base + chunk), inside the first row
-          const int nk = 16 - (static_cast<int>(o.x >> 59) & 16), nv = 16 - (static_cast<int>(o.y >> 59) & 16);
-          cp_async16_policy_if(sk + i * kStep, reinterpret_cast<const void*>((o.x & ~kZeroFill) + my_chunk * 16), nk, ef, ef_on);
-          cp_async16_policy_if(sv + i * kStep, reinterpret_cast<const void*>((o.y & ~kZeroFill) + my_chunk * 16), nv, ef, ef_on);
-        }
-        return;
-      }
-      const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
-      const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
-      const int64_t* offk = sOff + (st * 2) * kTile;
-      const int64_t* offv = offk + kTile;
-      const unsigned char* kb = static_cast<const unsigned char*>(p.k);
-      const unsigned char* vb = static_cast<const unsigned char*>(p.v);
-#pragma unroll
-      for (int i = 0; i < C::kChunksPerThread; ++i) {
-        const int row = my_row0 + i * C::kRowStepPerChunk;
-        const int off = swz<kCPR>(row, my_chunk);
-        const int64_t ok = offk[row], ov = offv[row];
-        cp_async16_policy_if(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0, ef, ef_on);
-        cp_async16_policy_if(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0, ef, ef_on);
-      }
+      issue_tile<KV, D, WM, WN, kAbsLoader>(p, tile, sK, sV, sOff, my_row0, my_chunk);
     };
 
     // SMALL: the prologue's page ids are requested before Q (one round trip less per piece)
