@@ -216,6 +216,376 @@ struct SkShared<true> {
   int32_t slot, pieces;  // current piece's partial slot and its unit's piece count
 };
 
+// Stream-K walk (thread 0): the CTA's next piece of its range, (unit, tiles [tb, te)), into
+// s_sk and the unit's id into s_work (0x7fffffff: the range is done), then the range advances.
+__device__ __forceinline__ void sk_next_piece(SkShared<true>& s_sk, int& s_work) {
+  if (s_sk.t >= s_sk.end) {
+    s_work = 0x7fffffff;
+  } else {
+    const int u = s_sk.u;
+    const SkUnit su = s_sk.units[u];
+    const sk::Piece pc = sk::piece_at(s_sk.t, s_sk.end, su.start, su.len);
+    if (pc.te <= pc.tb) {  // the range ends in this unit's lead: done
+      s_work = 0x7fffffff;
+      s_sk.t = s_sk.end;
+    } else {
+      s_work = u;
+      s_sk.tb = pc.tb;
+      s_sk.te = pc.te;
+      s_sk.slot = static_cast<int>(blockIdx.x) - su.first_cta;
+      s_sk.pieces = su.pieces;
+      s_sk.t = su.start + pc.te;
+      if (pc.te == su.len) s_sk.u = u + 1;
+    }
+  }
+}
+
+// Work decode of the persistent kernel: the CTA's next unit (from the work counter, or the
+// stream-K walk) as its item (request, row tile, split), KV head and request.  false when the
+// CTA has no more work (the launch's last draw has put the counter back to 0).
+template <bool SK, typename TlUnit>
+__device__ __forceinline__ bool claim_unit(const AttnParams& p, const Plan& plan, SkShared<SK>& s_sk, int& s_work,
+                                           int tid, int total, uint64_t* tl, TlUnit& tl_unit, Item& it, int& hk,
+                                           ReqInfo& ri) {
+  if constexpr (SK) {
+    if (tid == 0) sk_next_piece(s_sk, s_work);  // next piece of the range, then advance
+  } else {
+    if (tid == 0) s_work = atomicAdd(plan.counter, 1);
+  }
+  __syncthreads();
+  const int w = s_work;
+  if (w >= total) {
+    if (tl != nullptr && tid == 0) tl[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
+    // Every CTA draws exactly one number >= total, so the draws are 0 .. total + grid - 1 and
+    // the CTA holding the largest made the launch's last draw: it puts the counter back to 0,
+    // ready for the next launch on a kept plan (PagedAttentionPlan: no plan kernel to reset it).
+    if constexpr (!SK) {
+      if (tid == 0 && w == total + static_cast<int>(gridDim.x) - 1) *plan.counter = 0;
+    }
+    return false;
+  }
+  if (tl != nullptr) {
+    if (uint64_t* r = tl_unit()) r[0] = gtimer();
+  }
+  it = plan.items[w / p.hkv];
+  hk = w % p.hkv;
+  ri = plan.req[it.req];
+  // SK: the piece's slot and its unit's piece count stay in shared memory (s_sk.slot /
+  // s_sk.pieces, read in the epilogue: not held in registers across the tile loop)
+  return true;
+}
+
+// Work decode of the small-call path: the CTA's piece (blockIdx.x, below s_sm.npieces) as its item
+// (request, split, row tile), KV head, request and keys per piece.
+__device__ __forceinline__ void small_piece(const AttnParams& p, const SmallShared<true>& s_sm, int piece, int lane,
+                                            Item& it, int& hk, ReqInfo& ri, int& chunk) {
+  const int r = __popc(__ballot_sync(0xffffffffu, s_sm.pinc[lane] <= piece));
+  const int local = piece - (r > 0 ? s_sm.pinc[r - 1] : 0);
+  ri = s_sm.req[r];
+  const int rest = local / ri.splits;  // rtile * hkv + hk
+  it.req = r;
+  it.split = local - rest * ri.splits;
+  it.rtile = rest / p.hkv;
+  it.pad = 0;
+  hk = rest - it.rtile * p.hkv;
+  chunk = s_sm.chunk[r];
+}
+
+// O += P V for this warp's kNT keys of the tile at tV (P packed from the scores in registers;
+// fp8 values are widened to f16, even and odd dims into separate O tiles).
+template <typename KV, int D, int WM, int WN>
+__device__ __forceinline__ void pv_tile(const unsigned char* tV, const float (&s)[Cfg<KV, D, WM, WN>::kNT / 8][4],
+                                        int wn, int lane, float (&o)[D / 8][4]) {
+  using C = Cfg<KV, D, WM, WN>;
+  using TR = KVTraits<KV>;
+  constexpr bool kFast = kFastKV<KV>;
+  constexpr bool kBf16 = TR::kBf16;
+  constexpr int kNT = C::kNT, kCPR = C::kCPR;
+  constexpr int kNTilesO = D / 8;
+#pragma unroll
+  for (int kk = 0; kk < kNT / 16; ++kk) {
+    uint32_t a[4];
+    a[0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    const int vrow = wn * kNT + 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
+    if constexpr (!TR::kFp8) {
+#pragma unroll
+      for (int n = 0; n < kNTilesO; n += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b0, b1, b2, b3);
+        mma16816<kBf16>(o[n], a, b0, b1);
+        mma16816<kBf16>(o[n + 1], a, b2, b3);
+      }
+    } else {
+#pragma unroll
+      for (int c = 0; c < kCPR; c += 2) {
+        uint32_t r0, r1, r2, r3;
+        ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, c + (lane >> 4))), r0, r1, r2, r3);
+        // chunk c -> o tiles 2c (even dims), 2c+1 (odd dims); chunk c+1 -> 2c+2, 2c+3
+        if constexpr (kFast) {
+          uint32_t e0, o0, e1, o1, e2, o2, e3, o3;
+          fp8x4_to_f16x2x2_eo<TR::kE4m3>(r0, e0, o0);
+          fp8x4_to_f16x2x2_eo<TR::kE4m3>(r1, e1, o1);
+          fp8x4_to_f16x2x2_eo<TR::kE4m3>(r2, e2, o2);
+          fp8x4_to_f16x2x2_eo<TR::kE4m3>(r3, e3, o3);
+          mma16816<false>(o[2 * c], a, e0, e1);
+          mma16816<false>(o[2 * c + 1], a, o0, o1);
+          mma16816<false>(o[2 * c + 2], a, e2, e3);
+          mma16816<false>(o[2 * c + 3], a, o2, o3);
+          continue;
+        }
+        mma16816<false>(o[2 * c], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x2404u),
+                        fp8x2_to_f16x2<TR::kE4m3>(r1, 0x2404u));
+        mma16816<false>(o[2 * c + 1], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x3414u),
+                        fp8x2_to_f16x2<TR::kE4m3>(r1, 0x3414u));
+        mma16816<false>(o[2 * c + 2], a, fp8x2_to_f16x2<TR::kE4m3>(r2, 0x2404u),
+                        fp8x2_to_f16x2<TR::kE4m3>(r3, 0x2404u));
+        mma16816<false>(o[2 * c + 3], a, fp8x2_to_f16x2<TR::kE4m3>(r2, 0x3414u),
+                        fp8x2_to_f16x2<TR::kE4m3>(r3, 0x3414u));
+      }
+    }
+  }
+}
+
+// Epilogue, step 1: each warp's partial O, running max and row sums (reduced over the quad)
+// into shared memory (sO, sM, sL; the pipeline buffers are free).
+template <typename KV, int D, int WM, int WN>
+__device__ __forceinline__ void epi_stage(unsigned char* smem, const float (&o)[D / 8][4], const float (&m_r)[2],
+                                          float (&l_r)[2], int wn, int wm, int g, int t4) {
+  using C = Cfg<KV, D, WM, WN>;
+  using TR = KVTraits<KV>;
+  constexpr int kNTilesO = D / 8;
+  float* sO = reinterpret_cast<float*>(smem);
+  float* sM = sO + WN * C::kRows * C::kEpiPitch;
+  float* sL = sM + WN * C::kRows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_r[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    l_r[h] = l;
+  }
+  {
+    float* myO = sO + (wn * C::kRows + wm * 16) * C::kEpiPitch;
+#pragma unroll
+    for (int n = 0; n < kNTilesO; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e >> 1);
+        int dim;
+        if constexpr (TR::kFp8) {
+          const int c = n >> 1, par = n & 1;
+          dim = 16 * c + 4 * t4 + 2 * (e & 1) + par;
+        } else {
+          dim = 8 * n + 2 * t4 + (e & 1);
+        }
+        myO[row * C::kEpiPitch + dim] = o[n][e];
+      }
+    }
+    if (t4 == 0) {
+      sM[wn * C::kRows + wm * 16 + g] = m_r[0];
+      sM[wn * C::kRows + wm * 16 + g + 8] = m_r[1];
+      sL[wn * C::kRows + wm * 16 + g] = l_r[0];
+      sL[wn * C::kRows + wm * 16 + g + 8] = l_r[1];
+    }
+  }
+}
+
+// Epilogue, step 2: per row, the WN warps' combined max and sum, each warp's factor (sF), the
+// final O scale (sinks, v_scale) into sM and the LSE: written out (one piece) or into the
+// partial LSEs of the piece's slot (several pieces).
+template <typename KV, int D, int WM, int WN, typename SlotOf>
+__device__ __forceinline__ void epi_row_scales(const AttnParams& p, const Plan& plan, unsigned char* smem,
+                                               const ReqInfo& ri, int row0, int rows_r, int hk, bool split_run,
+                                               SlotOf& slot_of, float kv_out_factor, int tid) {
+  using C = Cfg<KV, D, WM, WN>;
+  float* sO = reinterpret_cast<float*>(smem);
+  float* sM = sO + WN * C::kRows * C::kEpiPitch;
+  float* sL = sM + WN * C::kRows;
+  float* sF = sL + WN * C::kRows;  // per (warp, row) factor
+  for (int row = tid; row < C::kRows; row += C::kThreads) {
+    float M = -INFINITY;
+    for (int x = 0; x < WN; ++x) M = fmaxf(M, sM[x * C::kRows + row]);
+    const float Mu = (M == -INFINITY) ? 0.f : M;
+    float L = 0.f;
+    for (int x = 0; x < WN; ++x) {
+      const float f = exp2f(sM[x * C::kRows + row] - Mu);
+      sF[x * C::kRows + row] = f;
+      L += sL[x * C::kRows + row] * f;
+    }
+    // final scale of O and the row's LSE
+    const int rr = row0 + row;
+    float scale_o = 0.f, lse2 = -INFINITY;
+    if (rr < rows_r) {
+      const int head = hk * p.group + rr % p.group;
+      if (!split_run) {
+        float Mf = M, Lf = L;
+        if (p.sinks != nullptr) {
+          const float s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
+          Mf = fmaxf(M, s2);
+          Lf = L * exp2f(M - Mf) + exp2f(s2 - Mf);
+          scale_o = Lf > 0.f ? exp2f(Mu - Mf) / Lf : 0.f;
+          if (M == -INFINITY) scale_o = 0.f;
+        } else {
+          scale_o = L > 0.f ? 1.f / L : 0.f;
+        }
+        lse2 = Lf > 0.f ? Mf + log2f(Lf) : -INFINITY;
+        scale_o *= p.v_scale * kv_out_factor;
+        if (p.lse != nullptr) {
+          const int64_t tok = ri.q_start + rr / p.group;
+          p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+        }
+      } else {
+        scale_o = L > 0.f ? 1.f / L : 0.f;
+        lse2 = L > 0.f ? M + log2f(L) : -INFINITY;
+        const int64_t tok = ri.q_start + rr / p.group;
+        plan.part_lse[(int64_t(slot_of()) * p.num_tokens + tok) * p.hq + head] = lse2;
+      }
+    }
+    sM[row] = scale_o;  // reuse: row 0..kRows of warp slot 0 (already consumed)
+  }
+}
+
+// Small-call path, a split unit: the last piece of the unit to arrive merges its pieces
+// (threadFenceReduction pattern): every thread's partial stores are made visible before thread 0
+// counts the arrival; the counter is put back to 0 by the last arrival, so the next launch (or
+// CUDA-graph replay) finds it at 0.
+template <typename C, int D>
+__device__ __forceinline__ void small_unit_merge(const AttnParams& p, const Plan& plan, const SmallShared<true>& s_sm,
+                                                 int& s_work, const Item& it, int hk, const ReqInfo& ri, int row0,
+                                                 int rows_r, const int* s_rtok, const int* s_rhead,
+                                                 float kv_out_factor, unsigned char* smem, int tid) {
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    int32_t* ctr = plan.small_ctr + s_sm.uex[it.req] + it.rtile * p.hkv + hk;
+    const int last = atomicAdd(ctr, 1) == ri.splits - 1;
+    if (last) atomicExch(ctr, 0);
+    s_work = last;
+  }
+  __syncthreads();
+  if (s_work) {
+    __threadfence();
+    const int nrows = min(C::kRows, rows_r - row0);
+    small_merge<D, C::kRows, C::kThreads>(p, plan, ri.splits, nrows, s_rtok, s_rhead, kv_out_factor, smem,
+                                          C::kSmemMain);
+  }
+  __syncthreads();
+}
+
+// Q fragments: this warp's mma A fragments from the staged rows (sQ aliases the pipeline
+// buffers: barrier after).
+template <typename KV, int D, int WM, int WN>
+__device__ __forceinline__ void q_frags(const unsigned char* smem, int wm, int g, int t4, uint32_t (&qf)[D / 16][4]) {
+  using TR = KVTraits<KV>;
+  constexpr bool kBf16 = TR::kBf16;
+  constexpr int kKSteps = D / 16;
+  const float* sQ = reinterpret_cast<const float*>(smem);
+  constexpr int kQP = D + 4;
+#pragma unroll
+  for (int s = 0; s < kKSteps; ++s) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
+      int d0;
+      if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
+      else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
+      const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
+      qf[s][r] = pack2<kBf16>(x.x, x.y);
+    }
+  }
+  __syncthreads();  // sQ aliases the pipeline buffers
+}
+
+// Loader: the cp.async copies of tile `tile`'s K and V rows into its pipeline stage, from the
+// row offsets in the offset ring (a zero-fill row reads 0 bytes).
+template <typename KV, int D, int WM, int WN, bool kAbsLoader>
+__device__ __forceinline__ void issue_tile(const AttnParams& p, int tile, unsigned char* sK, unsigned char* sV,
+                                           const int64_t* sOff, int my_row0, int my_chunk) {
+  using C = Cfg<KV, D, WM, WN>;
+  constexpr bool kFast = kFastKV<KV>;
+  constexpr int kTile = C::kTile, kCPR = C::kCPR, kStages = C::kStages;
+  [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;
+  const int st = tile % kStages;
+  const uint64_t ef = l2_evict_first_policy();
+  const bool ef_on = kv_read_once(p);  // K/V evict-first only then
+  if constexpr (kFast || kAbsLoader) {
+    // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
+    // swizzle: constant shared-memory offsets from the first chunk's address; both offsets
+    // of a row in one 16-byte load
+    static_assert(C::kRowStepPerChunk % 8 == 0, "rows of a thread must share the swizzle");
+    const int off0 = swz<kCPR>(my_row0, my_chunk);
+    const uint32_t sk = smem_u32(sK + st * C::kStageBytes) + off0;
+    const uint32_t sv = smem_u32(sV + st * C::kStageBytes) + off0;
+    const ulonglong2* offs = reinterpret_cast<const ulonglong2*>(sOff) + st * kTile + my_row0;
+#pragma unroll
+    for (int i = 0; i < C::kChunksPerThread; ++i) {
+      const ulonglong2 o = offs[i * C::kRowStepPerChunk];
+      constexpr int kStep = C::kRowStepPerChunk * kCPR * 16;  // bytes between a thread's rows
+      // zero-fill rows: 0 bytes read from (cache base + chunk), inside the first row
+      const int nk = 16 - (static_cast<int>(o.x >> 59) & 16), nv = 16 - (static_cast<int>(o.y >> 59) & 16);
+      cp_async16_policy_if(sk + i * kStep, reinterpret_cast<const void*>((o.x & ~kZeroFill) + my_chunk * 16), nk, ef, ef_on);
+      cp_async16_policy_if(sv + i * kStep, reinterpret_cast<const void*>((o.y & ~kZeroFill) + my_chunk * 16), nv, ef, ef_on);
+    }
+    return;
+  }
+  const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
+  const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
+  const int64_t* offk = sOff + (st * 2) * kTile;
+  const int64_t* offv = offk + kTile;
+  const unsigned char* kb = static_cast<const unsigned char*>(p.k);
+  const unsigned char* vb = static_cast<const unsigned char*>(p.v);
+#pragma unroll
+  for (int i = 0; i < C::kChunksPerThread; ++i) {
+    const int row = my_row0 + i * C::kRowStepPerChunk;
+    const int off = swz<kCPR>(row, my_chunk);
+    const int64_t ok = offk[row], ov = offv[row];
+    cp_async16_policy_if(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0, ef, ef_on);
+    cp_async16_policy_if(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0, ef, ef_on);
+  }
+}
+
+// Loader: the offset-ring entry of tile `tile`'s offset slot k from its page id pg (-1: the row
+// is zero-filled): K / V row offsets, or absolute addresses (fp8 fast variant, kAbsLoader).
+template <typename KV, int D, int WM, int WN, bool kAbsLoader>
+__device__ __forceinline__ void store_tile_off(const AttnParams& p, int tile, int k, int64_t pg, int tile0, int tid,
+                                               int hk, int64_t* sOff) {
+  using C = Cfg<KV, D, WM, WN>;
+  constexpr bool kFast = kFastKV<KV>;
+  constexpr int kTile = C::kTile, kStages = C::kStages;
+  [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;
+  if constexpr (kFast) {
+    // row tid: the addresses of its K and V rows side by side (one 16-byte store, one load
+    // per chunk pair in issue()); a row to zero-fill holds the cache base with bit 63 set
+    const int j = tile0 + tile * kTile + tid;
+    const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+    const int64_t ok = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh;
+    const int64_t ov = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+    const uint64_t kb = reinterpret_cast<uint64_t>(p.k), vb = reinterpret_cast<uint64_t>(p.v);
+    ulonglong2 w;
+    w.x = pg < 0 ? (kb | kZeroFill) : kb + static_cast<uint64_t>(ok);
+    w.y = pg < 0 ? (vb | kZeroFill) : vb + static_cast<uint64_t>(ov);
+    *reinterpret_cast<ulonglong2*>(sOff + ((tile % kStages) * kTile + tid) * 2) = w;
+    return;
+  }
+  const int idx = tid + k * C::kThreads;
+  const int which = idx / kTile, row = idx % kTile;
+  if (which > 1) return;
+  const int j = tile0 + tile * kTile + row;
+  const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+  const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
+                                 : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+  if constexpr (kAbsLoader) {
+    const uint64_t base = reinterpret_cast<uint64_t>(which == 0 ? p.k : p.v);
+    reinterpret_cast<uint64_t*>(sOff)[((tile % kStages) * kTile + row) * 2 + which] =
+        pg < 0 ? (base | kZeroFill) : base + static_cast<uint64_t>(off);
+    return;
+  }
+  sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+}
+
 template <typename KV, int D, int WM, int WN, bool SMALL = false, bool SK = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
@@ -347,64 +717,11 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     int hk, chunk;
     ReqInfo ri;
     if constexpr (!SMALL) {
-      if constexpr (SK) {
-        if (tid == 0) {  // next piece of the range: (unit, [tb, te)), then advance
-          if (s_sk.t >= s_sk.end) {
-            s_work = 0x7fffffff;
-          } else {
-            const int u = s_sk.u;
-            const SkUnit su = s_sk.units[u];
-            const sk::Piece pc = sk::piece_at(s_sk.t, s_sk.end, su.start, su.len);
-            if (pc.te <= pc.tb) {  // the range ends in this unit's lead: done
-              s_work = 0x7fffffff;
-              s_sk.t = s_sk.end;
-            } else {
-              s_work = u;
-              s_sk.tb = pc.tb;
-              s_sk.te = pc.te;
-              s_sk.slot = static_cast<int>(blockIdx.x) - su.first_cta;
-              s_sk.pieces = su.pieces;
-              s_sk.t = su.start + pc.te;
-              if (pc.te == su.len) s_sk.u = u + 1;
-            }
-          }
-        }
-      } else {
-        if (tid == 0) s_work = atomicAdd(plan.counter, 1);
-      }
-      __syncthreads();
-      const int w = s_work;
-      if (w >= total) {
-        if (tl != nullptr && tid == 0) tl[kTlHeader + 2 * blockIdx.x + 1] = gtimer();
-        // Every CTA draws exactly one number >= total, so the draws are 0 .. total + grid - 1 and
-        // the CTA holding the largest made the launch's last draw: it puts the counter back to 0,
-        // ready for the next launch on a kept plan (PagedAttentionPlan: no plan kernel to reset it).
-        if constexpr (!SK) {
-          if (tid == 0 && w == total + static_cast<int>(gridDim.x) - 1) *plan.counter = 0;
-        }
-        break;
-      }
-      if (tl != nullptr) {
-        if (uint64_t* r = tl_unit()) r[0] = gtimer();
-      }
-      it = plan.items[w / p.hkv];
-      hk = w % p.hkv;
-      ri = plan.req[it.req];
+      if (!claim_unit<SK>(p, plan, s_sk, s_work, tid, total, tl, tl_unit, it, hk, ri)) break;
       chunk = chunk0;
-      // SK: the piece's slot and its unit's piece count stay in shared memory (s_sk.slot /
-      // s_sk.pieces, read in the epilogue: not held in registers across the tile loop)
     } else {
       if (piece >= s_sm.npieces) break;
-      const int r = __popc(__ballot_sync(0xffffffffu, s_sm.pinc[lane] <= piece));
-      const int local = piece - (r > 0 ? s_sm.pinc[r - 1] : 0);
-      ri = s_sm.req[r];
-      const int rest = local / ri.splits;  // rtile * hkv + hk
-      it.req = r;
-      it.split = local - rest * ri.splits;
-      it.rtile = rest / p.hkv;
-      it.pad = 0;
-      hk = rest - it.rtile * p.hkv;
-      chunk = s_sm.chunk[r];
+      small_piece(p, s_sm, piece, lane, it, hk, ri, chunk);
     }
     const int rows_r = ri.q_len * p.group;
     const int row0 = it.rtile * C::kRows;
@@ -501,73 +818,10 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     // K and V threads, so issue() reads both with one 16-byte load and needs no per-chunk select
     constexpr bool kAbsLoader = !kFast && WN > 1 && C::kRowStepPerChunk % 8 == 0;
     auto store_off = [&](int tile, int k, int64_t pg) {
-      if constexpr (kFast) {
-        // row tid: the addresses of its K and V rows side by side (one 16-byte store, one load
-        // per chunk pair in issue()); a row to zero-fill holds the cache base with bit 63 set
-        const int j = tile0 + tile * kTile + tid;
-        const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-        const int64_t ok = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh;
-        const int64_t ov = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-        const uint64_t kb = reinterpret_cast<uint64_t>(p.k), vb = reinterpret_cast<uint64_t>(p.v);
-        ulonglong2 w;
-        w.x = pg < 0 ? (kb | kZeroFill) : kb + static_cast<uint64_t>(ok);
-        w.y = pg < 0 ? (vb | kZeroFill) : vb + static_cast<uint64_t>(ov);
-        *reinterpret_cast<ulonglong2*>(sOff + ((tile % kStages) * kTile + tid) * 2) = w;
-        return;
-      }
-      const int idx = tid + k * C::kThreads;
-      const int which = idx / kTile, row = idx % kTile;
-      if (which > 1) return;
-      const int j = tile0 + tile * kTile + row;
-      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-      const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
-                                     : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-      if constexpr (kAbsLoader) {
-        const uint64_t base = reinterpret_cast<uint64_t>(which == 0 ? p.k : p.v);
-        reinterpret_cast<uint64_t*>(sOff)[((tile % kStages) * kTile + row) * 2 + which] =
-            pg < 0 ? (base | kZeroFill) : base + static_cast<uint64_t>(off);
-        return;
-      }
-      sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
+      store_tile_off<KV, D, WM, WN, kAbsLoader>(p, tile, k, pg, tile0, tid, hk, sOff);
     };
     auto issue = [&](int tile) {
-      const int st = tile % kStages;
-      const uint64_t ef = l2_evict_first_policy();
-      const bool ef_on = kv_read_once(p);  // K/V evict-first only then
-      if constexpr (kFast || kAbsLoader) {
-        // a thread's rows are kRowStepPerChunk (a multiple of 8) apart, so every row has the same
-        // swizzle: constant shared-memory offsets from the first chunk's address; both offsets
-        // of a row in one 16-byte load
-        static_assert(C::kRowStepPerChunk % 8 == 0, "rows of a thread must share the swizzle");
-        const int off0 = swz<kCPR>(my_row0, my_chunk);
-        const uint32_t sk = smem_u32(sK + st * C::kStageBytes) + off0;
-        const uint32_t sv = smem_u32(sV + st * C::kStageBytes) + off0;
-        const ulonglong2* offs = reinterpret_cast<const ulonglong2*>(sOff) + st * kTile + my_row0;
-#pragma unroll
-        for (int i = 0; i < C::kChunksPerThread; ++i) {
-          const ulonglong2 o = offs[i * C::kRowStepPerChunk];
-          constexpr int kStep = C::kRowStepPerChunk * kCPR * 16;  // bytes between a thread's rows
-          // zero-fill rows: 0 bytes read from (cache base + chunk), inside the first row
-          const int nk = 16 - (static_cast<int>(o.x >> 59) & 16), nv = 16 - (static_cast<int>(o.y >> 59) & 16);
-          cp_async16_policy_if(sk + i * kStep, reinterpret_cast<const void*>((o.x & ~kZeroFill) + my_chunk * 16), nk, ef, ef_on);
-          cp_async16_policy_if(sv + i * kStep, reinterpret_cast<const void*>((o.y & ~kZeroFill) + my_chunk * 16), nv, ef, ef_on);
-        }
-        return;
-      }
-      const uint32_t sk = smem_u32(sK + st * C::kStageBytes);
-      const uint32_t sv = smem_u32(sV + st * C::kStageBytes);
-      const int64_t* offk = sOff + (st * 2) * kTile;
-      const int64_t* offv = offk + kTile;
-      const unsigned char* kb = static_cast<const unsigned char*>(p.k);
-      const unsigned char* vb = static_cast<const unsigned char*>(p.v);
-#pragma unroll
-      for (int i = 0; i < C::kChunksPerThread; ++i) {
-        const int row = my_row0 + i * C::kRowStepPerChunk;
-        const int off = swz<kCPR>(row, my_chunk);
-        const int64_t ok = offk[row], ov = offv[row];
-        cp_async16_policy_if(sk + off, ok >= 0 ? kb + ok + my_chunk * 16 : kb, ok >= 0 ? 16 : 0, ef, ef_on);
-        cp_async16_policy_if(sv + off, ov >= 0 ? vb + ov + my_chunk * 16 : vb, ov >= 0 ? 16 : 0, ef, ef_on);
-      }
+      issue_tile<KV, D, WM, WN, kAbsLoader>(p, tile, sK, sV, sOff, my_row0, my_chunk);
     };
 
     // SMALL: the prologue's page ids are requested before Q (one round trip less per piece)
@@ -641,23 +895,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       __syncthreads();
     }
     uint32_t qf[kKSteps][4];
-    {
-      const float* sQ = reinterpret_cast<const float*>(smem);
-      constexpr int kQP = D + 4;
-#pragma unroll
-      for (int s = 0; s < kKSteps; ++s) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int row = wm * 16 + g + 8 * (r & 1);  // a0,a2: row g; a1,a3: row g+8
-          int d0;
-          if constexpr (TR::kFp8) d0 = 16 * s + 4 * t4 + ((r >> 1) ? 2 : 0);
-          else d0 = 16 * s + 2 * t4 + ((r >> 1) ? 8 : 0);
-          const float2 x = *reinterpret_cast<const float2*>(sQ + row * kQP + d0);
-          qf[s][r] = pack2<kBf16>(x.x, x.y);
-        }
-      }
-      __syncthreads();  // sQ aliases the pipeline buffers
-    }
+    q_frags<KV, D, WM, WN>(smem, wm, g, t4, qf);
 
     float o[kNTilesO][4];
 #pragma unroll
@@ -824,52 +1062,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
           o[n][3] *= alpha[1];
         }
       }
-      // ---- O += P V ----
-#pragma unroll
-      for (int kk = 0; kk < kNT / 16; ++kk) {
-        uint32_t a[4];
-        a[0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const int vrow = wn * kNT + 16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8;
-        if constexpr (!TR::kFp8) {
-#pragma unroll
-          for (int n = 0; n < kNTilesO; n += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b0, b1, b2, b3);
-            mma16816<kBf16>(o[n], a, b0, b1);
-            mma16816<kBf16>(o[n + 1], a, b2, b3);
-          }
-        } else {
-#pragma unroll
-          for (int c = 0; c < kCPR; c += 2) {
-            uint32_t r0, r1, r2, r3;
-            ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, c + (lane >> 4))), r0, r1, r2, r3);
-            // chunk c -> o tiles 2c (even dims), 2c+1 (odd dims); chunk c+1 -> 2c+2, 2c+3
-            if constexpr (kFast) {
-              uint32_t e0, o0, e1, o1, e2, o2, e3, o3;
-              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r0, e0, o0);
-              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r1, e1, o1);
-              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r2, e2, o2);
-              fp8x4_to_f16x2x2_eo<TR::kE4m3>(r3, e3, o3);
-              mma16816<false>(o[2 * c], a, e0, e1);
-              mma16816<false>(o[2 * c + 1], a, o0, o1);
-              mma16816<false>(o[2 * c + 2], a, e2, e3);
-              mma16816<false>(o[2 * c + 3], a, o2, o3);
-              continue;
-            }
-            mma16816<false>(o[2 * c], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x2404u),
-                            fp8x2_to_f16x2<TR::kE4m3>(r1, 0x2404u));
-            mma16816<false>(o[2 * c + 1], a, fp8x2_to_f16x2<TR::kE4m3>(r0, 0x3414u),
-                            fp8x2_to_f16x2<TR::kE4m3>(r1, 0x3414u));
-            mma16816<false>(o[2 * c + 2], a, fp8x2_to_f16x2<TR::kE4m3>(r2, 0x2404u),
-                            fp8x2_to_f16x2<TR::kE4m3>(r3, 0x2404u));
-            mma16816<false>(o[2 * c + 3], a, fp8x2_to_f16x2<TR::kE4m3>(r2, 0x3414u),
-                            fp8x2_to_f16x2<TR::kE4m3>(r3, 0x3414u));
-          }
-        }
-      }
+      pv_tile<KV, D, WM, WN>(tV, s, wn, lane, o);
     }
     cp_async_wait<0>();
     __syncthreads();  // pipeline smem is free
@@ -878,41 +1071,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     }
 
     // ---- epilogue: combine the WN warps of each row, normalise, write ----
-    float* sO = reinterpret_cast<float*>(smem);
-    float* sM = sO + WN * C::kRows * C::kEpiPitch;
-    float* sL = sM + WN * C::kRows;
-    float* sF = sL + WN * C::kRows;  // per (warp, row) factor
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = l_r[h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      l_r[h] = l;
-    }
-    {
-      float* myO = sO + (wn * C::kRows + wm * 16) * C::kEpiPitch;
-#pragma unroll
-      for (int n = 0; n < kNTilesO; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = g + 8 * (e >> 1);
-          int dim;
-          if constexpr (TR::kFp8) {
-            const int c = n >> 1, par = n & 1;
-            dim = 16 * c + 4 * t4 + 2 * (e & 1) + par;
-          } else {
-            dim = 8 * n + 2 * t4 + (e & 1);
-          }
-          myO[row * C::kEpiPitch + dim] = o[n][e];
-        }
-      }
-      if (t4 == 0) {
-        sM[wn * C::kRows + wm * 16 + g] = m_r[0];
-        sM[wn * C::kRows + wm * 16 + g + 8] = m_r[1];
-        sL[wn * C::kRows + wm * 16 + g] = l_r[0];
-        sL[wn * C::kRows + wm * 16 + g + 8] = l_r[1];
-      }
-    }
+    epi_stage<KV, D, WM, WN>(smem, o, m_r, l_r, wn, wm, g, t4);
     __syncthreads();
     // partial slot of this piece / whether its unit has several pieces (SK: from shared memory)
     auto slot_of = [&]() -> int {
@@ -922,48 +1081,12 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     bool split_run;
     if constexpr (SK) split_run = s_sk.pieces > 1;
     else split_run = ri.splits > 1;
-    for (int row = tid; row < C::kRows; row += C::kThreads) {
-      float M = -INFINITY;
-      for (int x = 0; x < WN; ++x) M = fmaxf(M, sM[x * C::kRows + row]);
-      const float Mu = (M == -INFINITY) ? 0.f : M;
-      float L = 0.f;
-      for (int x = 0; x < WN; ++x) {
-        const float f = exp2f(sM[x * C::kRows + row] - Mu);
-        sF[x * C::kRows + row] = f;
-        L += sL[x * C::kRows + row] * f;
-      }
-      // final scale of O and the row's LSE
-      const int rr = row0 + row;
-      float scale_o = 0.f, lse2 = -INFINITY;
-      if (rr < rows_r) {
-        const int head = hk * p.group + rr % p.group;
-        if (!split_run) {
-          float Mf = M, Lf = L;
-          if (p.sinks != nullptr) {
-            const float s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
-            Mf = fmaxf(M, s2);
-            Lf = L * exp2f(M - Mf) + exp2f(s2 - Mf);
-            scale_o = Lf > 0.f ? exp2f(Mu - Mf) / Lf : 0.f;
-            if (M == -INFINITY) scale_o = 0.f;
-          } else {
-            scale_o = L > 0.f ? 1.f / L : 0.f;
-          }
-          lse2 = Lf > 0.f ? Mf + log2f(Lf) : -INFINITY;
-          scale_o *= p.v_scale * kv_out_factor;
-          if (p.lse != nullptr) {
-            const int64_t tok = ri.q_start + rr / p.group;
-            p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
-          }
-        } else {
-          scale_o = L > 0.f ? 1.f / L : 0.f;
-          lse2 = L > 0.f ? M + log2f(L) : -INFINITY;
-          const int64_t tok = ri.q_start + rr / p.group;
-          plan.part_lse[(int64_t(slot_of()) * p.num_tokens + tok) * p.hq + head] = lse2;
-        }
-      }
-      sM[row] = scale_o;  // reuse: row 0..kRows of warp slot 0 (already consumed)
-    }
+    epi_row_scales<KV, D, WM, WN>(p, plan, smem, ri, row0, rows_r, hk, split_run, slot_of, kv_out_factor, tid);
     __syncthreads();
+    float* sO = reinterpret_cast<float*>(smem);
+    float* sM = sO + WN * C::kRows * C::kEpiPitch;
+    float* sL = sM + WN * C::kRows;
+    float* sF = sL + WN * C::kRows;  // per (warp, row) factor
     // thread per (row, 8 dims): sum the WN warps' partial O, scale, store
     for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
       const int row = idx / (D / 8), c = idx % (D / 8);
@@ -1019,26 +1142,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     }
     if constexpr (SMALL) {
       if (split_run) {
-        // the last piece of this unit to arrive merges the unit's pieces (threadFenceReduction
-        // pattern): every thread's partial stores are made visible before thread 0 counts the
-        // arrival; the counter is put back to 0 by the last arrival, so the next launch (or
-        // CUDA-graph replay) finds it at 0
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-          int32_t* ctr = plan.small_ctr + s_sm.uex[it.req] + it.rtile * p.hkv + hk;
-          const int last = atomicAdd(ctr, 1) == ri.splits - 1;
-          if (last) atomicExch(ctr, 0);
-          s_work = last;
-        }
-        __syncthreads();
-        if (s_work) {
-          __threadfence();
-          const int nrows = min(C::kRows, rows_r - row0);
-          small_merge<D, C::kRows, C::kThreads>(p, plan, ri.splits, nrows, s_rtok, s_rhead, kv_out_factor, smem,
-                                                C::kSmemMain);
-        }
-        __syncthreads();
+        small_unit_merge<C, D>(p, plan, s_sm, s_work, it, hk, ri, row0, rows_r, s_rtok, s_rhead, kv_out_factor, smem,
+                               tid);
       }
       break;  // one piece per CTA (the per-CTA plan keeps the pieces within the grid)
     }
