@@ -938,23 +938,6 @@ __global__ void spin_kernel(uint64_t ns) {
 
 constexpr int kFloorThreads = 128;  // CTA size of the launch-floor kernels (empty, spin)
 
-// Launch configuration (legacy stream) of `grid` in clusters of P CTAs along x; `at` holds the
-// cluster attribute the configuration points to, so it must outlive the launch.
-cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute& at) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kFloorThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = nullptr;
-  at = {};
-  at.id = cudaLaunchAttributeClusterDimension;
-  at.val.clusterDim.x = static_cast<unsigned>(P);
-  at.val.clusterDim.y = 1;
-  at.val.clusterDim.z = 1;
-  cfg.attrs = &at;
-  cfg.numAttrs = 1;
-  return cfg;
-}
 }  // namespace
 
 Settings& settings() {
@@ -979,7 +962,7 @@ double measure_empty_launch_us(int ctas, int cluster) {
         }
         cudaLaunchAttribute at;
         const cudaLaunchConfig_t cfg = cluster_config(
-            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster, 0, at);
+            dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster, 0, kFloorThreads, at);
         (void)cudaLaunchKernelEx(&cfg, empty_kernel);
       },
       &ctx, 10, 60);
@@ -999,7 +982,7 @@ double measure_spin_launch_us(int ctas, int cluster, int smem_bytes, double spin
         cudaLaunchAttribute at;
         cudaLaunchConfig_t cfg = cluster_config(
             dim3(static_cast<unsigned>(x->cluster), static_cast<unsigned>(x->ctas / x->cluster), 1), x->cluster,
-            static_cast<size_t>(x->smem), at);
+            static_cast<size_t>(x->smem), kFloorThreads, at);
         if (x->cluster <= 1) cfg.numAttrs = 0;
         (void)cudaLaunchKernelEx(&cfg, spin_kernel, x->ns);
       },

@@ -180,4 +180,23 @@ int opt_in_dynamic_smem(int smem) {
   return 0;
 }
 
+// Launch configuration (legacy stream) of `grid` in clusters of P CTAs along x, `threads` per
+// CTA; `at` holds the cluster attribute the configuration points to, so it must outlive the
+// launch or occupancy query.
+inline cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, int threads, cudaLaunchAttribute& at) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = nullptr;
+  at = {};
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = static_cast<unsigned>(P);
+  at.val.clusterDim.y = 1;
+  at.val.clusterDim.z = 1;
+  cfg.attrs = &at;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 }  // namespace kvattn::ops::cuda_impl::k

@@ -66,7 +66,6 @@ namespace {
 // Warps per CTA, W: 4 (96 KB for D 128, 2 CTAs / SM) or 8 (192 KB, 1 CTA / SM; a piece's tiles
 // are twice as wide, so each warp walks half as many of them — for calls whose clusters all fit
 // with one CTA per SM, where a warp's serial instruction stream sets the time).
-constexpr int kFloorThreads = 128;  // CTA size of the launch-floor kernels (empty, spin)
 constexpr int kRows = 16;    // query rows (token, head of the group) per row tile
 constexpr int kSlice = 16;   // keys per warp per tile
 constexpr int kStages = 3;   // tiles in flight per warp
@@ -650,25 +649,8 @@ KernInfo<BF16, D, W>& kern_info() {
   return k;
 }
 
-// Attributes and the occupancy figures of one instantiation on device `dev` (once).
-// Launch configuration (legacy stream) of `grid` in clusters of P CTAs along x; `at` holds the
-// cluster attribute the configuration points to, so it must outlive the launch or query.
-cudaLaunchConfig_t cluster_config(dim3 grid, int P, size_t smem, cudaLaunchAttribute& at, int threads = kFloorThreads) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = nullptr;
-  at = {};
-  at.id = cudaLaunchAttributeClusterDimension;
-  at.val.clusterDim.x = static_cast<unsigned>(P);
-  at.val.clusterDim.y = 1;
-  at.val.clusterDim.z = 1;
-  cfg.attrs = &at;
-  cfg.numAttrs = 1;
-  return cfg;
-}
 
+// Attributes and the occupancy figures of one instantiation on device `dev` (once).
 template <bool BF16, int D, int W>
 int prepare(int dev) {
   auto& ki = kern_info<BF16, D, W>();
@@ -689,7 +671,7 @@ int prepare(int dev) {
   ki.per_sm[d] = n;
   for (int P = 1; P <= kMaxPieces; ++P) {
     cudaLaunchAttribute at;
-    const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), 1, 1), P, smem, at, 32 * W);
+    const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), 1, 1), P, smem, 32 * W, at);
     int c = 0;
     if (cudaOccupancyMaxActiveClusters(&c, kern, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -761,7 +743,7 @@ int launch_w(const AttnParams& p, int P) {
   const bool simple = simple_call(p);
   cudaLaunchAttribute at;
   const cudaLaunchConfig_t cfg = cluster_config(dim3(static_cast<unsigned>(P), static_cast<unsigned>(p.batch * p.hkv), 1),
-                                                P, SCfg<D, W>::kSmem, at, 32 * W);
+                                                P, SCfg<D, W>::kSmem, 32 * W, at);
   const int win_n = page_window(p);
   const cudaError_t e =
       cudaLaunchKernelEx(&cfg, kernel_for<BF16, D, W, false>(simple), p, static_cast<uint64_t*>(nullptr), win_n);
