@@ -31,8 +31,13 @@ namespace fs = std::filesystem;
 
 inline fs::path source_dir() { return fs::path(KVATTN_SOURCE_DIR); }
 inline fs::path data_dir() { return fs::path(KVATTN_MODEL_TEST_DIR); }
-// The Python interpreter (with NumPy) for the generator and the reference forward, and a space.
-inline std::string python() { return std::string(KVATTN_TEST_PYTHON) + " "; }
+// The Python interpreter (with NumPy) for the generator and the reference forward, and a space:
+// the environment's KVATTN_TEST_PYTHON when set (binaries built on one machine and run on
+// another), else the CMake cache variable of the same name.
+inline std::string python() {
+  const char* env = std::getenv("KVATTN_TEST_PYTHON");
+  return std::string(env != nullptr && *env != '\0' ? env : KVATTN_TEST_PYTHON) + " ";
+}
 
 inline std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -3,6 +3,8 @@
 // Each function computes its op the obvious way (scalar loops, float64 accumulation, a
 // two-pass softmax) on CPU tensors.  They check arguments exactly as the entry points do and
 // are the ground truth that the optimised CPU path and the CUDA kernels are tested against.
+// paged_attention computes its query rows on several threads (each row on its own, so the
+// result does not depend on their number).
 #pragma once
 
 #include "kvattn/ops/merge_attn_states.h"
