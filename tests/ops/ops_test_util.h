@@ -20,8 +20,17 @@ namespace kvattn::ops::testing {
 inline double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Fill every element of a (possibly strided) CPU float tensor with U(lo, hi).
+// (Contiguous tensors, e.g. whole KV caches of hundreds of millions of elements, take a loop
+// without the index arithmetic; the values are the same either way.)
 inline void fill_uniform(const Tensor& t, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
   std::uniform_real_distribution<double> u(lo, hi);
+  if (t.is_contiguous()) {
+    char* p = static_cast<char*>(t.data());
+    const int64_t es = t.element_size(), total = t.numel();
+    const DType dt = t.dtype();
+    for (int64_t k = 0; k < total; ++k, p += es) store_from_double(p, dt, u(rng));
+    return;
+  }
   const int n = t.dim();
   std::vector<int64_t> idx(static_cast<size_t>(n), 0);
   const int64_t total = t.numel();
