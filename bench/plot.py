@@ -151,6 +151,9 @@ def classify(rows):
             keep(out["write"], m.group("t"), r)
         elif (m := _MERGE.match(name)) and _tag(m.group("tags")) == "plain":
             keep(out["merge"], m.group("t"), r)
+    for key in list(out["prefill"]):  # untagged rows stand in for mma.sync only where no wgmma row is
+        if out["prefill"][key]["rank"] == 0 and key in out["prefill_wgmma"]:
+            del out["prefill"][key]
     return out
 
 
