@@ -22,7 +22,9 @@
 #                         DIR/bins.tar.xz is unpacked first) instead of building; falls back to
 #                         building when they do not run
 #   GPU_CHECK_QUICK=1     tests and sanitizers only (no runs, no benchmarks)
-#   GPU_CHECK_SHARDS=N    parallel test_ops_cuda processes (default 4; memcheck uses 1.5x as many)
+#   GPU_CHECK_SHARDS=N    parallel test_ops_cuda and memcheck processes (default: half the CPU
+#                         cores, at least 4: the tests' random inputs and CPU references are
+#                         CPU work, one core per process outside the threaded reference)
 #   GPU_CHECK_TEST_LIMIT / GPU_CHECK_SANITIZER_LIMIT / GPU_CHECK_BENCH_LIMIT  seconds per process
 #                         (defaults 150 / 130 / 200)
 #   GPU_CHECK_MEMCHECK_FILTER / GPU_CHECK_RACECHECK_FILTER  gtest filters for the sanitizers
@@ -120,8 +122,9 @@ parallel_steps() {  # "name seconds command..." jobs, one per line on stdin, run
   done
   save
 }
-SH=${GPU_CHECK_SHARDS:-4}   # parallel test processes (the tests' CPU references are the slow part)
-MSH=$((SH + SH / 2))         # memcheck shards
+NCPU=$(nproc)
+SH=${GPU_CHECK_SHARDS:-$(( NCPU / 2 > 4 ? NCPU / 2 : 4 ))}   # parallel test processes
+MSH=$SH                                                    # memcheck shards
 TT=${GPU_CHECK_TEST_LIMIT:-150} ST=${GPU_CHECK_SANITIZER_LIMIT:-130}
 CS="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 MF="${GPU_CHECK_MEMCHECK_FILTER:-*Decode*:*Merge*:*Reshape*:*Zero*:*Copy*:*Fp8*:*Mask*:*Dcp*:CudaPrefill.HeadDims*}"
