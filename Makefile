@@ -32,15 +32,23 @@ build-asan: deps $(ASAN)/build.ninja
 run: build
 	$(RELEASE)/tools/kvattn run
 
+# ctest starts the longest tests first when it knows their times (each run writes them to
+# Testing/Temporary/CTestCostData.txt); a fresh build directory starts from tests/ctest_costs/
+# (times measured on 2 cores), so the few long tests do not end up last, alone on one core.
+seed_costs = @mkdir -p $(1)/Testing/Temporary && { test -s $(1)/Testing/Temporary/CTestCostData.txt || \
+  cp tests/ctest_costs/$(2).txt $(1)/Testing/Temporary/CTestCostData.txt; }
+
 test-release: build
+	$(call seed_costs,$(RELEASE),release)
 	ctest --test-dir $(RELEASE) -L 'unit|fuzz|cuda' --output-on-failure -j $(JOBS)
 
 test-asan: build-asan
+	$(call seed_costs,$(ASAN),sanitize)
 	ctest --test-dir $(ASAN) -L 'unit|fuzz' --output-on-failure -j $(JOBS)
 
 # One sanitizer build for `make test` (clang; the `fuzz` preset): AddressSanitizer + UBSan on
 # every unit test, and the fuzz targets under libFuzzer, each fuzzing for KVATTN_FUZZ_SECONDS
-# (20 s) from its seed corpus (fuzz/corpus/) and its crash reproducers (fuzz/regressions/).
+# (10 s) from its seed corpus (fuzz/corpus/) and its crash reproducers (fuzz/regressions/).
 # Without clang++ the g++ ASan/UBSan build (test-asan) runs instead, with the fuzz targets'
 # corpora replayed by the deterministic driver.
 CLANGXX := $(shell command -v clang++ 2>/dev/null)
@@ -48,6 +56,7 @@ test-sanitize: deps
 ifneq ($(CLANGXX),)
 	cmake --preset fuzz >/dev/null
 	cmake --build $(FUZZ) -j $(JOBS)
+	$(call seed_costs,$(FUZZ),sanitize)
 	ctest --test-dir $(FUZZ) -L 'unit|fuzz' --output-on-failure -j $(JOBS)
 else
 	@echo "test-sanitize: clang++ not found (scripts/install-deps.sh installs it); running the g++ ASan build"
@@ -58,6 +67,7 @@ endif
 test-fuzz: deps
 	cmake --preset fuzz >/dev/null
 	cmake --build $(FUZZ) -j $(JOBS) --target fuzz_targets
+	$(call seed_costs,$(FUZZ),sanitize)
 	ctest --test-dir $(FUZZ) -L fuzz --output-on-failure -j $(JOBS)
 
 test: test-release test-sanitize cuda-compile
