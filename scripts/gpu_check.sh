@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh [OUT_DIR] — the whole GPU validation of a tree, in one bounded command
-# (about 6-8 minutes on one H200; the multi-GPU parts run when two GPUs are visible):
+# (on one H200 with prebuilt binaries about 8 minutes: the test, rerun and sanitizer steps can
+# each run to their limits, 150 + 150 + 130 s, then the runs and the bench take under a minute;
+# building first adds its time; the multi-GPU parts run when two GPUs are visible):
 #   1. build kvattn, test_ops_cuda, test_attention_cuda, test_model_cuda (Release, sm_90a, NCCL
 #      when found) and, when PyTorch and pybind11 are there, the Python module
 #   2. every CUDA test: the ops suite in parallel gtest shards (tests a shard's time limit cut off
