@@ -424,10 +424,7 @@ __device__ __forceinline__ void epi_row_scales(const AttnParams& p, const Plan& 
         float Mf = M, Lf = L;
         if (p.sinks != nullptr) {
           const float s2 = p.sinks[int64_t(head) * p.sinks_s] * kLog2e;
-          Mf = fmaxf(M, s2);
-          Lf = L * exp2f(M - Mf) + exp2f(s2 - Mf);
-          scale_o = Lf > 0.f ? exp2f(Mu - Mf) / Lf : 0.f;
-          if (M == -INFINITY) scale_o = 0.f;
+          scale_o = fold_sink(M, Mu, L, s2, Mf, Lf);
         } else {
           scale_o = L > 0.f ? 1.f / L : 0.f;
         }

@@ -1,6 +1,6 @@
 // src/ops/cuda/softmax.cuh — what every attention kernel's online softmax shares: the base-2
 // constants (scores are scaled by log2(e) once, so the softmax runs on exp2, and LSE converts back
-// to the natural log by ln 2) and the MUFU exp2.  Device code only, force-inlined: sharing it
+// to the natural log by ln 2), the MUFU exp2 and the attention sink folded into a finished row.  Device code only, force-inlined: sharing it
 // changes no kernel's code.
 #pragma once
 
@@ -16,6 +16,19 @@ __device__ __forceinline__ float ex2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// A row's attention sink folded into its finished softmax (base 2): from the row's running max M
+// (Mu: the max its accumulator was scaled by, 0 for an empty row) and sum L, with the sink's score
+// s2 (log2 units), the new max Mf and sum Lf (for the LSE) and the output's scale; an empty row
+// (M = -inf) writes zeros.  (The Hopper prefill kernel keeps its own copy of these lines: called
+// there, the helper changes its machine code, which a GPU run would have to measure.)
+__device__ __forceinline__ float fold_sink(float M, float Mu, float L, float s2, float& Mf, float& Lf) {
+  Mf = fmaxf(M, s2);
+  Lf = L * exp2f(M - Mf) + exp2f(s2 - Mf);
+  float scale_o = Lf > 0.f ? exp2f(Mu - Mf) / Lf : 0.f;
+  if (M == -INFINITY) scale_o = 0.f;
+  return scale_o;
 }
 
 }  // namespace kvattn::ops::cuda_impl::k
