@@ -1,7 +1,7 @@
 // src/ops/cuda/softmax.cuh — what every attention kernel's online softmax shares: the base-2
 // constants (scores are scaled by log2(e) once, so the softmax runs on exp2, and LSE converts back
-// to the natural log by ln 2), the MUFU exp2 and the attention sink folded into a finished row.  Device code only, force-inlined: sharing it
-// changes no kernel's code.
+// to the natural log by ln 2), the MUFU exp2 and the attention sink folded into a finished row.
+// Device code only, force-inlined: sharing it changes no kernel's code.
 #pragma once
 
 namespace kvattn::ops::cuda_impl::k {
