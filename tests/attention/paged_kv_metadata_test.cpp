@@ -10,14 +10,14 @@
 namespace kvattn {
 namespace {
 
-struct Fixture {
+struct MetadataInputs {
   Tensor qsl, seq, bt;
   CommonAttentionMetadata cm;
 };
 
-Fixture make(const std::vector<int32_t>& q, const std::vector<int32_t>& seq,
+MetadataInputs make(const std::vector<int32_t>& q, const std::vector<int32_t>& seq,
              const std::vector<std::vector<int32_t>>& table, int64_t width) {
-  Fixture f;
+  MetadataInputs f;
   std::vector<int32_t> qsl{0};
   for (int32_t x : q) qsl.push_back(qsl.back() + x);
   std::vector<int32_t> flat;

@@ -2,20 +2,15 @@
 #include <gtest/gtest.h>
 
 #include "kvattn/kv/model_config.h"
+#include "support/error_message.h"
+#include "support/sizes.h"
 
 namespace kvattn {
 namespace {
 
-constexpr int64_t kGiB = int64_t{1} << 30;
+using kvattn::test::error_message;
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using kvattn::test::kGiB;
 
 PlanOptions budget(int64_t bytes) {
   PlanOptions o;
@@ -43,7 +38,7 @@ TEST(PlanModel, Presets) {
   ASSERT_TRUE(h.mamba.has_value());
   // conv [3, 8192 + 2*128] + ssm [128, 64, 128], bf16.
   EXPECT_EQ(h.mamba->page_size_bytes(), (3 * 8448 + 128 * 64 * 128) * 2);
-  const std::string msg = message_of([] { (void)model_preset("llama4"); });
+  const std::string msg = error_message([] { (void)model_preset("llama4"); });
   EXPECT_NE(msg.find("\"llama4\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("llama3-8b, gemma2-9b, hybrid-mamba"), std::string::npos) << msg;
 }
@@ -105,7 +100,7 @@ TEST(PlanModel, ParseHybridMambaConfig) {
 }
 
 TEST(PlanModel, ParseErrorsNameTheProblem) {
-  auto msg = [](const char* text) { return message_of([&] { (void)parse_hf_config(text, "cfg.json"); }); };
+  auto msg = [](const char* text) { return error_message([&] { (void)parse_hf_config(text, "cfg.json"); }); };
   EXPECT_NE(msg("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(msg("[1, 2]").find("JSON object"), std::string::npos);
   EXPECT_NE(msg(R"({"num_attention_heads": 8})").find("missing \"num_hidden_layers\""), std::string::npos);
@@ -135,7 +130,7 @@ TEST(PlanModel, MemorySizes) {
   EXPECT_EQ(parse_memory_size("4096b"), 4096);
   EXPECT_EQ(parse_memory_size("2g"), 2'000'000'000);
   for (const char* bad : {"", "GiB", "12XB", "1.2.3GB", "-5GB", "99999999999999999999", "123456789012345678901234567890.5GB", "1e30GiB", "."}) {
-    const std::string m = message_of([&] { (void)parse_memory_size(bad); });
+    const std::string m = error_message([&] { (void)parse_memory_size(bad); });
     EXPECT_NE(m.find("invalid memory size"), std::string::npos) << bad << ": " << m;
   }
   EXPECT_EQ(format_bytes(16 * kGiB), "16.00 GiB");
@@ -215,7 +210,7 @@ TEST(Plan, HybridMambaRaisesBlockSizeAndPadsMambaPage) {
   // A user block size too small for a Mamba state is an error naming the minimum.
   PlanOptions o = budget(16 * kGiB);
   o.block_size = 16;
-  const std::string msg = message_of([&] { (void)plan_kv_cache(model_preset("hybrid-mamba"), o); });
+  const std::string msg = error_message([&] { (void)plan_kv_cache(model_preset("hybrid-mamba"), o); });
   EXPECT_NE(msg.find("--block-size >= 525"), std::string::npos) << msg;
 }
 
@@ -239,11 +234,11 @@ TEST(Plan, MixedShapesNeedBlockOuterLayout) {
   EXPECT_EQ(p.views[0].strides[0], 131072 / 2);
   PlanOptions o = budget(kGiB);
   o.layout = layout_from_name("LHBNC");
-  std::string msg = message_of([&] { (void)plan_kv_cache(m, o); });
+  std::string msg = error_message([&] { (void)plan_kv_cache(m, o); });
   EXPECT_NE(msg.find("mixed (heads, states, page) shapes"), std::string::npos) << msg;
   EXPECT_NE(msg.find("['BLNHC', 'BLHNC']"), std::string::npos) << msg;
   o.layout = layout_from_name("NHD");  // LBNHC: block-compact but layer-outer
-  msg = message_of([&] { (void)plan_kv_cache(m, o); });
+  msg = error_message([&] { (void)plan_kv_cache(m, o); });
   EXPECT_NE(msg.find("mixed page sizes"), std::string::npos) << msg;
   o.layout = layout_from_name("BLHNC");
   EXPECT_EQ(plan_kv_cache(m, o).layout, KVCacheLayout::BLHNC);
@@ -252,17 +247,17 @@ TEST(Plan, MixedShapesNeedBlockOuterLayout) {
 TEST(Plan, BadInputsSayWhatToChange) {
   const ModelConfig llama = model_preset("llama3-8b");
   PlanOptions o = budget(16 * kGiB);
-  std::string m = message_of([&] { (void)parse_kv_cache_dtype("int3"); });
+  std::string m = error_message([&] { (void)parse_kv_cache_dtype("int3"); });
   EXPECT_NE(m.find("int3"), std::string::npos) << m;
   EXPECT_NE(m.find("auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, nvfp4"), std::string::npos) << m;
   o.kv_cache_dtype = KVCacheDType::Nvfp4;
   EXPECT_THROW((void)plan_kv_cache(llama, o), Unsupported);
   o = budget(16 * kGiB);
-  m = message_of([&] { (void)parse_layout_option("XYZ"); });
+  m = error_message([&] { (void)parse_layout_option("XYZ"); });
   EXPECT_NE(m.find("XYZ"), std::string::npos) << m;
   EXPECT_NE(m.find("LBHNC"), std::string::npos) << m;
   // Too small for one 8192-token request (512 blocks + the null block of 2 MiB).
-  m = message_of([&] { (void)plan_kv_cache(llama, budget(512 << 20)); });
+  m = error_message([&] { (void)plan_kv_cache(llama, budget(512 << 20)); });
   EXPECT_NE(m.find("estimated maximum model length"), std::string::npos) << m;
   EXPECT_NE(m.find("--gpu-memory"), std::string::npos) << m;
   EXPECT_THROW((void)plan_kv_cache(llama, budget(0)), InvalidArgument);

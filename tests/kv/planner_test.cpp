@@ -7,13 +7,14 @@
 
 #include "kvattn/core/error.h"
 #include "kvattn/kv/kv_cache_config.h"
+#include "support/sizes.h"
 
 namespace kvattn {
 namespace {
 
 using L = KVCacheLayout;
-constexpr int64_t kGiB = int64_t{1} << 30;
-constexpr int64_t kMiB = int64_t{1} << 20;
+using kvattn::test::kGiB;
+using kvattn::test::kMiB;
 
 std::vector<LayerKVCacheSpec> llama3_8b(int64_t block_size = 16) {
   std::vector<LayerKVCacheSpec> out;

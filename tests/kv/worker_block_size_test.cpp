@@ -8,20 +8,14 @@
 #include "kvattn/kv/attention_group.h"
 #include "kvattn/kv/block_size.h"
 #include "kvattn/kv/kv_cache_config.h"
+#include "support/error_message.h"
 
 namespace kvattn {
 namespace {
 
-using BS = BlockSizeBackend;
+using kvattn::test::error_message;
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using BS = BlockSizeBackend;
 
 TEST(WorkerBlockSize, SupportedExactAndMultipleOf) {
   const BS fi = BS::with_sizes("FLASHINFER", {int64_t{16}, int64_t{32}, int64_t{64}});
@@ -42,7 +36,7 @@ TEST(WorkerBlockSize, SupportedExactAndMultipleOf) {
 
 TEST(WorkerBlockSize, UnknownAndInvalidDeclarationsAreErrors) {
   const BS unknown = BS::with_sizes("WEIRD", {int64_t{16}, KernelBlockSize{}});
-  const std::string msg = message_of([&] { (void)block_size_is_supported({&unknown}, 16); });
+  const std::string msg = error_message([&] { (void)block_size_is_supported({&unknown}, 16); });
   EXPECT_NE(msg.find("Unknown supported size"), std::string::npos) << msg;
   EXPECT_NE(msg.find("WEIRD"), std::string::npos) << msg;
   const BS zero_base = BS::with_sizes("ZERO", {MultipleOf{0}});
@@ -63,7 +57,7 @@ TEST(WorkerBlockSize, SelectCommonBlockSize) {
   EXPECT_EQ(select_common_block_size(96, {&fi, &any16}), 32);  // 96 % 64 != 0; 32 accepted by both
   const BS a = BS::with_sizes("A", {int64_t{64}});
   const BS b = BS::with_sizes("B", {int64_t{256}});
-  const std::string msg = message_of([&] { (void)select_common_block_size(1024, {&a, &b}); });
+  const std::string msg = error_message([&] { (void)select_common_block_size(1024, {&a, &b}); });
   EXPECT_NE(msg.find("No common block size for 1024 (A: [64]; B: [256])."), std::string::npos) << msg;
 }
 

@@ -3,21 +3,16 @@
 #include <gtest/gtest.h>
 
 #include "kvattn/kv/worker_utils.h"
+#include "support/error_message.h"
+#include "support/sizes.h"
 
 namespace kvattn {
 namespace {
 
-constexpr int64_t kGiB = int64_t{1} << 30;
-using Ordered = std::vector<std::pair<std::string, Tensor>>;
+using kvattn::test::error_message;
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using kvattn::test::kGiB;
+using Ordered = std::vector<std::pair<std::string, Tensor>>;
 
 TEST(WorkerUtils, KvSharingLayersJoinTheirTargetsGroup) {
   const auto full = FullAttentionSpec(16, 1, 64, DType::bf16);
@@ -36,7 +31,7 @@ TEST(WorkerUtils, KvSharingLayersJoinTheirTargetsGroup) {
   add_kv_sharing_layers_to_kv_cache_groups({}, groups, nullptr);
   EXPECT_EQ(groups[0].layer_names.size(), 3u);
   // Unknown target, or a sharing layer that already has a group: errors, and nothing changes.
-  const std::string msg = message_of(
+  const std::string msg = error_message(
       [&] { add_kv_sharing_layers_to_kv_cache_groups({{"model.layers.5.attn", "model.layers.9.attn"}}, groups); });
   EXPECT_NE(msg.find("model.layers.9.attn"), std::string::npos) << msg;
   EXPECT_THROW(add_kv_sharing_layers_to_kv_cache_groups({{"model.layers.0.attn", "model.layers.1.attn"}}, groups),
@@ -111,7 +106,7 @@ TEST(WorkerUtils, BindKvCacheErrors) {
   // Name without an index.
   EXPECT_THROW(bind_kv_cache(Ordered{{"model.attn", tag(0)}}, ctx, runner), InvalidArgument);
   // A layer the model does not have.
-  const std::string msg = message_of([&] { bind_kv_cache(Ordered{{"model.layers.7.attn", tag(0)}}, ctx, runner); });
+  const std::string msg = error_message([&] { bind_kv_cache(Ordered{{"model.layers.7.attn", tag(0)}}, ctx, runner); });
   EXPECT_NE(msg.find("model.layers.7.attn"), std::string::npos) << msg;
   EXPECT_TRUE(runner.empty());  // nothing bound on failure
   // The runner list must start empty.
@@ -130,13 +125,13 @@ TEST(WorkerUtils, RequestMemory) {
   EXPECT_EQ(request_memory(snap, 0.5), 40 * kGiB);
   // Fractional bytes round up.
   EXPECT_EQ(request_memory(MemorySnapshot{3, 3, "cuda:0"}, 0.5), 2);
-  const std::string msg = message_of([&] { (void)request_memory(MemorySnapshot{80 * kGiB, 40 * kGiB}, 0.9); });
+  const std::string msg = error_message([&] { (void)request_memory(MemorySnapshot{80 * kGiB, 40 * kGiB}, 0.9); });
   EXPECT_NE(msg.find("Free memory on device cuda:0 (40.00/80.00 GiB)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("(0.9, 72.00 GiB)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("Decrease GPU memory utilization"), std::string::npos) << msg;
   // External weights: the engine's share of the budget.
   EXPECT_EQ(request_memory(snap, 0.5, 10 * kGiB), 30 * kGiB);
-  const std::string ext = message_of([&] { (void)request_memory(snap, 0.5, 50 * kGiB); });
+  const std::string ext = error_message([&] { (void)request_memory(snap, 0.5, 50 * kGiB); });
   EXPECT_NE(ext.find("Externally held weights"), std::string::npos) << ext;
   EXPECT_NE(ext.find("Increase GPU memory utilization"), std::string::npos) << ext;
   EXPECT_THROW((void)request_memory(MemorySnapshot{80 * kGiB, 20 * kGiB}, 0.5, 10 * kGiB), InvalidArgument);

@@ -6,18 +6,12 @@
 #include "kvattn/model/hf_config.h"
 #include "kvattn/model/model_dir.h"
 #include "model_test_util.h"
+#include "support/error_message.h"
 
 namespace kvattn::model {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using kvattn::test::error_message;
 
 // The config.json files of the released checkpoints (Hugging Face hub, verbatim fields).
 const char* kLlama31_8B = R"({"architectures":["LlamaForCausalLM"],"attention_bias":false,"attention_dropout":0.0,"bos_token_id":128000,"eos_token_id":[128001,128008,128009],"hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,"max_position_embeddings":131072,"mlp_bias":false,"model_type":"llama","num_attention_heads":32,"num_hidden_layers":32,"num_key_value_heads":8,"pretraining_tp":1,"rms_norm_eps":1e-05,"rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192,"rope_type":"llama3"},"rope_theta":500000.0,"tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.43.0.dev0","use_cache":true,"vocab_size":128256})";
@@ -197,19 +191,19 @@ TEST(HfConfig, Rejections) {
       {R"(,"mlp_bias":true)", "mlp_bias = true is not supported"},
   };
   for (const auto& c : cases) {
-    const std::string e = error_of([&] { parse_hf_config(base + c.extra + "}", "cfg.json"); });
+    const std::string e = error_message([&] { parse_hf_config(base + c.extra + "}", "cfg.json"); });
     EXPECT_NE(e.find(c.expect), std::string::npos) << c.extra << "\n -> " << e;
     EXPECT_NE(e.find("cfg.json"), std::string::npos) << e;
   }
-  std::string e = error_of([] { parse_hf_config(R"({"architectures":["GPT2LMHeadModel"]})", "cfg.json"); });
+  std::string e = error_message([] { parse_hf_config(R"({"architectures":["GPT2LMHeadModel"]})", "cfg.json"); });
   EXPECT_NE(e.find("Unsupported: cfg.json: architecture 'GPT2LMHeadModel' is not supported; supported: "
                    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM"),
             std::string::npos) << e;
-  e = error_of([] { parse_hf_config(R"({"hidden_size":4})", "cfg.json"); });
+  e = error_message([] { parse_hf_config(R"({"hidden_size":4})", "cfg.json"); });
   EXPECT_NE(e.find("no \"architectures\" field"), std::string::npos) << e;
-  e = error_of([] { parse_hf_config("{", "cfg.json"); });
+  e = error_message([] { parse_hf_config("{", "cfg.json"); });
   EXPECT_NE(e.find("not valid JSON"), std::string::npos) << e;
-  e = error_of([] { load_hf_config("/nonexistent/config.json"); });
+  e = error_message([] { load_hf_config("/nonexistent/config.json"); });
   EXPECT_NE(e.find("cannot read '/nonexistent/config.json'"), std::string::npos) << e;
 }
 
@@ -226,7 +220,7 @@ TEST(GenerationConfig, EosIntOrList) {
   EXPECT_EQ(g.eos_token_ids, std::vector<int64_t>{1});
   EXPECT_EQ(g.pad_token_id, 0);
   EXPECT_EQ(g.top_k, 20);
-  const std::string e = error_of([] { parse_generation_config(R"({"top_p":1.5})", "gen.json"); });
+  const std::string e = error_message([] { parse_generation_config(R"({"top_p":1.5})", "gen.json"); });
   EXPECT_NE(e.find("gen.json: top_p = 1.5 must be in (0, 1]"), std::string::npos) << e;
   EXPECT_TRUE(load_generation_config("/nonexistent/generation_config.json").eos_token_ids.empty());
 }
@@ -272,11 +266,11 @@ TEST(ModelDir, OpensAndCrossChecks) {
 
   // Untied: lm_head is required and named.
   test::write_file(d.path / "config.json", tiny_llama_config(vocab, false));
-  std::string e = error_of([&] { open_model_dir(d.path); });
+  std::string e = error_message([&] { open_model_dir(d.path); });
   EXPECT_NE(e.find("no tensor 'lm_head.weight'"), std::string::npos) << e;
   // A shape contradicting config.json names the tensor and both shapes.
   test::write_file(d.path / "config.json", tiny_llama_config(vocab, true, 4));
-  e = error_of([&] { open_model_dir(d.path); });
+  e = error_message([&] { open_model_dir(d.path); });
   EXPECT_NE(e.find("tensor 'model.embed_tokens.weight'"), std::string::npos) << e;
   EXPECT_NE(e.find("[32000, 8]"), std::string::npos) << e;
   EXPECT_NE(e.find("[32000, 4]"), std::string::npos) << e;
@@ -285,14 +279,14 @@ TEST(ModelDir, OpensAndCrossChecks) {
   test::write_file(d.path / "generation_config.json", R"({"eos_token_id":2})");
   test::write_file(d.path / "model.safetensors",
                    test::safetensors_bytes({{"model.embed_tokens.weight", "F32", {1000, 8}, std::string(32000, '\0')}}));
-  e = error_of([&] { open_model_dir(d.path); });
+  e = error_message([&] { open_model_dir(d.path); });
   EXPECT_NE(e.find("the tokenizer has 32000 tokens but config.json's vocab_size is 1000"), std::string::npos) << e;
   // An EOS id outside the vocabulary.
   test::write_file(d.path / "config.json", tiny_llama_config(1000, true, 8, 1000, 2));
-  e = error_of([&] { open_model_dir(d.path); });
+  e = error_message([&] { open_model_dir(d.path); });
   EXPECT_NE(e.find("config.json: bos_token_id 1000 is outside the vocabulary [0, 1000)"), std::string::npos) << e;
   // Not a directory.
-  e = error_of([&] { open_model_dir(d.path / "nope"); });
+  e = error_message([&] { open_model_dir(d.path / "nope"); });
   EXPECT_NE(e.find("is not a directory"), std::string::npos) << e;
 }
 

@@ -40,7 +40,7 @@ struct Greedy {
   std::vector<std::vector<double>> margins;
 };
 
-struct Model {
+struct CachedModel {
   ReferenceModel ref;
   Greedy greedy, greedy_fp8;
 };
@@ -68,11 +68,11 @@ Greedy reference_greedy_fp8(const ReferenceModel& m) {
   return g;
 }
 
-const Model& model_for(const std::string& arch) {
-  static std::map<std::string, Model> cache;
+const CachedModel& cached_model(const std::string& arch) {
+  static std::map<std::string, CachedModel> cache;
   auto it = cache.find(arch);
   if (it == cache.end()) {
-    Model m;
+    CachedModel m;
     m.ref = testing::reference_model(arch, generator_args(arch), kLengths, 4, 11);
     m.greedy = Greedy{m.ref.greedy, m.ref.greedy_margins};
     m.greedy_fp8 = reference_greedy_fp8(m.ref);
@@ -148,7 +148,7 @@ Agreement check_greedy(LLM& llm, const ReferenceModel& m, const Greedy& want, do
 class GenerateTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GenerateTest, GreedyMatchesTheReferenceBatchedChunkedAndPreempted) {
-  const Model& m = model_for(GetParam());
+  const CachedModel& m = cached_model(GetParam());
   {
     LLM llm = LLM::open(m.ref.dir, load_config(), engine());
     const auto a = check_greedy(llm, m.ref, m.greedy, kF32Margin, GetParam() + " batched");
@@ -181,7 +181,7 @@ TEST_P(GenerateTest, GreedyMatchesTheReferenceBatchedChunkedAndPreempted) {
 }
 
 TEST_P(GenerateTest, GreedyMatchesTheReferenceInEveryKvLayout) {
-  const Model& m = model_for(GetParam());
+  const CachedModel& m = cached_model(GetParam());
   for (KVCacheLayout layout : kDefaultLayoutPreference) {
     LLM llm = LLM::open(m.ref.dir, load_config(layout_name(layout)), engine(16));
     const auto a = check_greedy(llm, m.ref, m.greedy, kF32Margin, GetParam() + " layout " + layout_name(layout));
@@ -190,7 +190,7 @@ TEST_P(GenerateTest, GreedyMatchesTheReferenceInEveryKvLayout) {
 }
 
 TEST_P(GenerateTest, GreedyWithFp8KvCacheMatchesTheFp8RoundedReference) {
-  const Model& m = model_for(GetParam());
+  const CachedModel& m = cached_model(GetParam());
   LLM llm = LLM::open(m.ref.dir, load_config("auto", "fp8"), engine(16));
   const auto a = check_greedy(llm, m.ref, m.greedy_fp8, kFp8Margin, GetParam() + " fp8 KV");
   EXPECT_GE(2 * a.compared, a.total);

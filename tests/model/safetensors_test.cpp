@@ -5,22 +5,16 @@
 
 #include "kvattn/core/error.h"
 #include "model_test_util.h"
+#include "support/error_message.h"
 
 namespace kvattn::model {
 namespace {
+
+using kvattn::test::error_message;
 using test::safetensors_bytes;
 using test::StTensor;
 using test::TempDir;
 using test::write_file;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 TEST(Safetensors, LoadsAllDtypesAsViewsOfTheMapping) {
   TempDir d;
@@ -63,13 +57,13 @@ TEST(Safetensors, ExpectAndGetNameTheTensor) {
              safetensors_bytes({{"model.norm.weight", "F32", {4}, std::string(16, '\0')},
                                 {"model.embed_tokens.weight", "F32", {2, 2}, std::string(16, '\0')}}));
   WeightStore ws = WeightStore::open(d.path);
-  std::string e = error_of([&] { ws.expect("model.norm.weight", {8}); });
+  std::string e = error_message([&] { ws.expect("model.norm.weight", {8}); });
   EXPECT_NE(e.find("model.norm.weight"), std::string::npos) << e;
   EXPECT_NE(e.find("[4]"), std::string::npos) << e;
   EXPECT_NE(e.find("[8]"), std::string::npos) << e;
-  e = error_of([&] { ws.expect("model.norm.weight", {4}, DType::bf16); });
+  e = error_message([&] { ws.expect("model.norm.weight", {4}, DType::bf16); });
   EXPECT_NE(e.find("bfloat16"), std::string::npos) << e;
-  e = error_of([&] { ws.get("model.norm.weigth"); });
+  e = error_message([&] { ws.get("model.norm.weigth"); });
   EXPECT_NE(e.find("InvalidArgument"), std::string::npos) << e;
   EXPECT_NE(e.find("'model.norm.weigth'"), std::string::npos) << e;
   EXPECT_NE(e.find("closest: model.norm.weight"), std::string::npos) << e;
@@ -96,32 +90,32 @@ TEST(Safetensors, ShardsThroughTheIndex) {
 
   // A missing shard names the shard and a tensor in it.
   std::filesystem::remove(d.path / "model-00002-of-00002.safetensors");
-  std::string e = error_of([&] { WeightStore::open(d.path); });
+  std::string e = error_message([&] { WeightStore::open(d.path); });
   EXPECT_NE(e.find("shard 'model-00002-of-00002.safetensors'"), std::string::npos) << e;
   EXPECT_NE(e.find("missing"), std::string::npos) << e;
 
   // A tensor listed for a shard that does not hold it.
   write_file(d.path / "model-00002-of-00002.safetensors",
              safetensors_bytes({{"y", "BF16", {1}, test::encode_values({4}, "BF16")}}));
-  e = error_of([&] { WeightStore::open(d.path); });
+  e = error_message([&] { WeightStore::open(d.path); });
   EXPECT_NE(e.find("tensor 'z'"), std::string::npos) << e;
   // A shard tensor the index does not list.
   write_file(d.path / "model-00002-of-00002.safetensors",
              safetensors_bytes({{"y", "BF16", {1}, test::encode_values({4}, "BF16")},
                                 {"z", "F16", {1}, test::encode_values({-1}, "F16")},
                                 {"w", "F16", {1}, test::encode_values({-1}, "F16")}}));
-  e = error_of([&] { WeightStore::open(d.path); });
+  e = error_message([&] { WeightStore::open(d.path); });
   EXPECT_NE(e.find("tensor 'w'"), std::string::npos) << e;
   EXPECT_NE(e.find("not listed"), std::string::npos) << e;
   // A shard path leaving the directory.
   write_file(d.path / "model.safetensors.index.json", R"({"weight_map":{"x":"../evil.safetensors"}})");
-  e = error_of([&] { WeightStore::open(d.path); });
+  e = error_message([&] { WeightStore::open(d.path); });
   EXPECT_NE(e.find("not a file name inside the model directory"), std::string::npos) << e;
 }
 
 TEST(Safetensors, NoCheckpointIsAClearError) {
   TempDir d;
-  const std::string e = error_of([&] { WeightStore::open(d.path); });
+  const std::string e = error_message([&] { WeightStore::open(d.path); });
   EXPECT_NE(e.find("neither model.safetensors nor model.safetensors.index.json"), std::string::npos) << e;
 }
 
@@ -130,7 +124,7 @@ TEST(Safetensors, TruncatedFile) {
   const std::string full = safetensors_bytes({{"w", "F32", {4, 4}, std::string(64, '\1')}});
   for (size_t keep : {size_t{0}, size_t{5}, size_t{20}, full.size() - 1}) {
     write_file(d.path / "model.safetensors", full.substr(0, keep));
-    const std::string e = error_of([&] { WeightStore::open(d.path); });
+    const std::string e = error_message([&] { WeightStore::open(d.path); });
     EXPECT_NE(e.find("InvalidArgument"), std::string::npos) << keep << ": " << e;
     EXPECT_NE(e.find("model.safetensors"), std::string::npos) << keep << ": " << e;
     EXPECT_TRUE(e.find("truncated") != std::string::npos || e.find("corrupt") != std::string::npos)
@@ -162,7 +156,7 @@ TEST(Safetensors, HeaderRejections) {
       {R"({"w":{"dtype":"F32","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,4]}})", 4, "at most 8"},
   };
   for (const auto& c : cases) {
-    const std::string e = error_of([&] { parse_safetensors_header(c.header, c.data_size, "f.safetensors"); });
+    const std::string e = error_message([&] { parse_safetensors_header(c.header, c.data_size, "f.safetensors"); });
     EXPECT_NE(e.find(c.expect), std::string::npos) << c.header << "\n -> " << e;
     EXPECT_NE(e.find("f.safetensors"), std::string::npos) << e;
   }
@@ -179,7 +173,7 @@ TEST(Safetensors, DuplicateTensorAcrossFiles) {
   TempDir d;
   write_file(d.path / "a.safetensors", safetensors_bytes({{"w", "F32", {1}, std::string(4, '\0')}}));
   write_file(d.path / "b.safetensors", safetensors_bytes({{"w", "F32", {1}, std::string(4, '\0')}}));
-  const std::string e = error_of([&] { WeightStore::open_files({d.path / "a.safetensors", d.path / "b.safetensors"}); });
+  const std::string e = error_message([&] { WeightStore::open_files({d.path / "a.safetensors", d.path / "b.safetensors"}); });
   EXPECT_NE(e.find("tensor 'w' appears in both"), std::string::npos) << e;
 }
 

@@ -17,9 +17,12 @@
 #include "kvattn/core/error.h"
 #include "kvattn/model/tokenizer.h"
 #include "model_test_util.h"
+#include "support/error_message.h"
 
 namespace kvattn::model {
 namespace {
+
+using kvattn::test::error_message;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
@@ -53,15 +56,6 @@ const Tokenizer& tokenizer(const std::string& name) {
     t = load_tokenizer(dir);
   }
   return *t;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 std::vector<int32_t> ids_of(const json& a) { return a.get<std::vector<int32_t>>(); }
@@ -215,26 +209,26 @@ TEST(Tokenizer, Rejections) {
     "model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]}})");
   const auto tok = load_tokenizer(d.path);
   EXPECT_EQ(tok->encode("abab"), (std::vector<int32_t>{2, 2}));
-  std::string e = error_of([&] { tok->decode(std::vector<int32_t>{3}); });
+  std::string e = error_message([&] { tok->decode(std::vector<int32_t>{3}); });
   EXPECT_NE(e.find("token id 3 is not in the vocabulary [0, 3)"), std::string::npos) << e;
-  e = error_of([&] { tok->decode(std::vector<int32_t>{-1}); });
+  e = error_message([&] { tok->decode(std::vector<int32_t>{-1}); });
   EXPECT_NE(e.find("token id -1"), std::string::npos) << e;
-  e = error_of([&] { tok->encode("bad \xFF byte"); });
+  e = error_message([&] { tok->encode("bad \xFF byte"); });
   EXPECT_NE(e.find("not valid UTF-8"), std::string::npos) << e;
-  e = error_of([&] { tok->encode("c"); });  // no unk token, no byte fallback
+  e = error_message([&] { tok->encode("c"); });  // no unk token, no byte fallback
   EXPECT_NE(e.find("the character 'c' is not in the vocabulary"), std::string::npos) << e;
-  e = error_of([&] { load_tokenizer("/nonexistent-model-dir"); });
+  e = error_message([&] { load_tokenizer("/nonexistent-model-dir"); });
   EXPECT_NE(e.find("neither tokenizer.json nor tokenizer.model"), std::string::npos) << e;
   test::write_file(d.path / "tokenizer.json", R"({"model":{"type":"WordPiece","vocab":{"a":0}}})");
-  e = error_of([&] { load_tokenizer(d.path); });
+  e = error_message([&] { load_tokenizer(d.path); });
   EXPECT_NE(e.find("Unsupported"), std::string::npos) << e;
   EXPECT_NE(e.find("model type 'WordPiece' is not supported"), std::string::npos) << e;
   test::write_file(d.path / "tokenizer.json",
                    R"({"model":{"type":"BPE","vocab":{"a":0}},"pre_tokenizer":{"type":"BertPreTokenizer"}})");
-  e = error_of([&] { load_tokenizer(d.path); });
+  e = error_message([&] { load_tokenizer(d.path); });
   EXPECT_NE(e.find("pre_tokenizer type 'BertPreTokenizer' is not supported"), std::string::npos) << e;
   test::write_file(d.path / "tokenizer.json", R"({"model":{"type":"BPE","vocab":{"a":0},"merges":["a b"]}})");
-  e = error_of([&] { load_tokenizer(d.path); });
+  e = error_message([&] { load_tokenizer(d.path); });
   EXPECT_NE(e.find("merge ('a', 'b') uses a token missing from the vocabulary"), std::string::npos) << e;
 }
 
@@ -342,7 +336,7 @@ TEST_F(SentencePieceTokenizerTest, EncodesLikeSentencePieceAndRoundTrips) {
   EXPECT_EQ(std::count(ids.begin(), ids.end(), sp.eos_id()), 1);
   EXPECT_EQ(tok->decode(ids, false), "a</s> b");
   EXPECT_EQ(tok->decode(ids, true), "a b");
-  const std::string e = error_of([&] { tok->decode(std::vector<int32_t>{sp.GetPieceSize()}); });
+  const std::string e = error_message([&] { tok->decode(std::vector<int32_t>{sp.GetPieceSize()}); });
   EXPECT_NE(e.find(fmt::format("token id {} is not in the vocabulary", sp.GetPieceSize())), std::string::npos) << e;
 }
 
@@ -355,7 +349,7 @@ TEST_F(SentencePieceTokenizerTest, TokenizerConfigFlags) {
   EXPECT_NE(ids.front(), *tok->bos_id());
   EXPECT_EQ(ids.back(), tok->eos_ids()[0]);
   test::write_file(dir_->path / "bad.model", "not a protobuf");
-  const std::string e = error_of([&] { load_sentencepiece(dir_->path / "bad.model"); });
+  const std::string e = error_message([&] { load_sentencepiece(dir_->path / "bad.model"); });
   EXPECT_NE(e.find("not a SentencePiece model"), std::string::npos) << e;
 }
 

@@ -29,7 +29,7 @@ class CudaDecodeFp8Fast : public CudaGeneralDecodeTest {
   CudaDecodeFp8Fast() : CudaGeneralDecodeTest(90) {}
 };
 
-std::string dt_name(DType d) { return d == DType::fp8_e4m3 ? "e4m3" : "e5m2"; }
+std::string fp8_name(DType d) { return d == DType::fp8_e4m3 ? "e4m3" : "e5m2"; }
 
 // 34 requests; mixed: empty, odd and one long (5001 keys) request, some padding-only rows;
 // uniform: every request 999 keys (the whole-wave split rule when opts has bit 1).
@@ -65,7 +65,7 @@ TEST_F(CudaDecodeFp8Fast, FormatsGqaHeadDims) {
         cuda_impl::set_decode_options(opts);
         ASSERT_EQ(cuda_impl::decode_options(), opts);
         AttnCase c = fp8_case(rng, kv, h[0], h[1], dim, false);
-        c.name = dt_name(kv) + " gqa " + std::to_string(h[0] / h[1]) + " D " + std::to_string(dim);
+        c.name = fp8_name(kv) + " gqa " + std::to_string(h[0] / h[1]) + " D " + std::to_string(dim);
         run_fast(c, seed++);
       }
     }
@@ -85,7 +85,7 @@ TEST_F(CudaDecodeFp8Fast, SplitRulesSinksSoftcapWindowMultiToken) {
         cuda_impl::set_decode_splits(splits);
         for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2}) {
           AttnCase c = fp8_case(rng, kv, 8, 2, 128, uniform);
-          c.name = dt_name(kv) + (uniform ? " uniform" : " mixed") + " opts " + std::to_string(opts) + " splits " +
+          c.name = fp8_name(kv) + (uniform ? " uniform" : " mixed") + " opts " + std::to_string(opts) + " splits " +
                    std::to_string(splits);
           run_fast(c, seed++);
         }
@@ -96,11 +96,11 @@ TEST_F(CudaDecodeFp8Fast, SplitRulesSinksSoftcapWindowMultiToken) {
   cuda_impl::set_decode_splits(0);
   for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2}) {
     AttnCase c = fp8_case(rng, kv, 8, 2, 128, false);
-    c.name = dt_name(kv) + " sinks softcap window, LSE base e";
+    c.name = fp8_name(kv) + " sinks softcap window, LSE base e";
     c.sinks = true; c.soft_cap = 25.0; c.window_left = 700; c.base = LseBase::E;
     run_fast(c, seed++);
     AttnCase m = fp8_case(rng, kv, 16, 2, 64, false);
-    m.name = dt_name(kv) + " multi-token rows, gqa 8, D 64, block-table form";
+    m.name = fp8_name(kv) + " multi-token rows, gqa 8, D 64, block-table form";
     for (size_t i = 0; i < m.q_lens.size(); ++i) {  // 1-2 tokens x 8 heads: <= 16 rows (decode config)
       m.q_lens[i] = m.q_lens[i] == 0 ? 0 : 1 + static_cast<int64_t>(i % 2);
       m.kv_lens[i] = std::max(m.kv_lens[i], m.q_lens[i]);
@@ -123,7 +123,7 @@ TEST_F(CudaDecodeFp8Fast, LayoutsPageSizesQueryTypes) {
     c.paged_form = layout % 4 != 3;
     if (layout == 2) { c.q_dt = DType::f16; c.out_dt = DType::f16; }
     if (layout == 5) { c.q_dt = DType::f32; c.out_dt = DType::f32; }
-    c.name = dt_name(kv) + " layout " + std::to_string(layout) + " page " + std::to_string(c.page) +
+    c.name = fp8_name(kv) + " layout " + std::to_string(layout) + " page " + std::to_string(c.page) +
              (c.paged_form ? "" : " block-table form");
     run_fast(c, seed++);
   }
