@@ -75,13 +75,14 @@ test: test-release test-sanitize cuda-compile
 # Compiles every CUDA source (sm_90a and sm_80), the host files that exist only in CUDA builds
 # (cuda/ folders), the NCCL communicator and the bench's CUDA half when nvcc is installed, so CI
 # without a GPU still catches CUDA build breaks; skipped with a message otherwise.  Every other
-# object is the CPU build's, already compiled by test-release, so only these are built here.
+# object is the CPU build's, already compiled by test-release, so only these are built here, and
+# the tool's unity batches (its CUDA half is compiled inside them).
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 cuda-compile: deps
 ifneq ($(NVCC),)
 	cmake -S . -B build/cuda-compile -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVATTN_CUDA=ON \
 	  -DKVATTN_BUILD_PYTHON=OFF -DKVATTN_BUILD_BENCHMARKS=OFF -DKVATTN_BUILD_TESTS=OFF >/dev/null
-	objs=$$(ninja -C build/cuda-compile -t targets all | sed -n 's/^\([^:]*\(\/cuda\/\|nccl\|_cuda\.c\)[^:]*\.o\):.*/\1/p'); \
+	objs=$$(ninja -C build/cuda-compile -t targets all | sed -n 's/^\([^:]*\(\/cuda\/\|nccl\|_cuda\.c\|kvattn\.dir\/Unity\/\)[^:]*\.o\):.*/\1/p'); \
 	  test -n "$$objs" && ninja -C build/cuda-compile -j $(JOBS) $$objs
 else
 	@echo "cuda-compile: nvcc not found; CUDA sources not compiled"

@@ -33,3 +33,19 @@ if(KVATTN_LIBFUZZER)
   endif()
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
 endif()
+
+# Unity builds for the executables whose sources each pull in large header-only libraries (the
+# test binaries: GoogleTest; the `kvattn` tool: CLI11 and nlohmann/json; the Python module:
+# pybind11): their source files are compiled in batches of KVATTN_UNITY_BATCH, each batch one
+# translation unit, so those headers are parsed and their templates instantiated once per batch
+# rather than once per file (the test binaries build in about half the CPU time).  The files of
+# one such target therefore give their file-local helpers names no other file of the target uses.
+# The libraries are not unity-built: their objects, and so the kernels' machine code, stay one per
+# source file.  KVATTN_UNITY_BATCH=1 compiles one file per translation unit (quicker when one
+# file is rebuilt again and again).
+set(KVATTN_UNITY_BATCH 8 CACHE STRING "Source files per unity translation unit of the tests, the tool and the Python module (1: none)")
+function(kvattn_unity_build target)
+  if(KVATTN_UNITY_BATCH GREATER 1)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${KVATTN_UNITY_BATCH})
+  endif()
+endfunction()

@@ -354,7 +354,7 @@ std::function<int()> setup_bench(CLI::App& app) {
   };
 }
 
-const bool registered =
+const bool bench_registered =
     register_command({"bench", "Time the attention ops against the ceilings measured in the same run (copy bandwidth, FMA peak)",
                       &setup_bench, 800});
 

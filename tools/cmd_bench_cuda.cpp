@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_shape.h"
 #include "command_registry.h"
 #include "int_option.h"
 #include "kvattn/core/cuda_runtime_api.h"
@@ -65,7 +66,6 @@ struct Opts {
 namespace k = kvattn::ops::cuda_impl::k;
 namespace cb = kvattn::tools::cuda_bench;
 
-constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
 // --sequential-pages: decode requests read consecutive pool pages instead of a random permutation
 // (a diagnostic of page-order effects: address translation, DRAM locality); the anchors and
 // targets use random order
@@ -839,7 +839,7 @@ int run_cuda_bench_suite(bool quick) {
 }
 
 namespace {
-const bool registered = register_command({"bench-cuda", "Benchmark the CUDA kernels against the H200 targets", &setup, 210});
+const bool bench_cuda_registered = register_command({"bench-cuda", "Benchmark the CUDA kernels against the H200 targets", &setup, 210});
 
 }  // namespace
 }  // namespace kvattn::tools

@@ -15,6 +15,7 @@
 #include <random>
 #include <thread>
 
+#include "bench_shape.h"
 #include "command_registry.h"
 #include "int_option.h"
 #include "kvattn/core/checked_math.h"
@@ -26,7 +27,7 @@
 namespace kvattn::tools {
 namespace {
 
-struct Opts {
+struct DcpBenchOpts {
   int64_t dcp = 2;
   int64_t batch = 8;
   int64_t kv_len = 131072;
@@ -40,8 +41,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
-
-constexpr int64_t kHq = 32, kHkv = 8, kD = 128, kPage = 16;
 
 // One device's decode problem: B requests of `len` local tokens on random pages.
 struct Shard {
@@ -77,7 +76,7 @@ struct Shard {
   }
 };
 
-int run_bench(const Opts& o) {
+int run_bench(const DcpBenchOpts& o) {
   KVATTN_CHECK(cuda::available(), "bench-dcp needs CUDA GPUs (this build: CUDA {})",
                cuda::built_with_cuda() ? "built, but no device" : "not built");
   KVATTN_CHECK(NcclDcpGroup::available(), "bench-dcp needs the NCCL communicator; this build has none");
@@ -179,7 +178,7 @@ int run_bench(const Opts& o) {
 }
 
 std::function<int()> setup_bench_dcp(CLI::App& app) {
-  auto o = std::make_shared<Opts>();
+  auto o = std::make_shared<DcpBenchOpts>();
   app.option_defaults()->always_capture_default();
   add_int_option(app, "--dcp", o->dcp, 2, 64, "GPUs (DCP ranks); divides the 32 query heads and --kv-len");
   add_int_option(app, "--batch", o->batch, 1, 4096, "requests");
@@ -189,7 +188,7 @@ std::function<int()> setup_bench_dcp(CLI::App& app) {
   return [o] { return run_bench(*o); };
 }
 
-const bool registered = register_command(
+const bool bench_dcp_registered = register_command(
     {"bench-dcp", "Decode context parallelism over NCCL: per-rank bandwidth and communication time vs one GPU",
      &setup_bench_dcp, 420});
 

@@ -326,7 +326,7 @@ std::function<int()> setup_generate(CLI::App& app) {
   };
 }
 
-const bool registered = register_command(
+const bool generate_registered = register_command(
     {"generate", "Generate text from a Hugging Face model directory (prompts in, text out)", &setup_generate, 25});
 
 }  // namespace

@@ -290,7 +290,7 @@ std::function<int()> setup_plan(CLI::App& app) {
   };
 }
 
-const bool registered = register_command({"plan", "Plan the KV cache of a model for a memory budget", &setup_plan, 10});
+const bool plan_registered = register_command({"plan", "Plan the KV cache of a model for a memory budget", &setup_plan, 10});
 
 }  // namespace
 }  // namespace kvattn::tools

@@ -309,7 +309,7 @@ std::function<int()> setup_run(CLI::App& app) {
   };
 }
 
-const bool registered = register_command({"run", "Serve a request trace through the attention layer (the main job)",
+const bool run_registered = register_command({"run", "Serve a request trace through the attention layer (the main job)",
                                           &setup_run, 10});
 
 }  // namespace

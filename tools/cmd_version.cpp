@@ -24,7 +24,7 @@ std::function<int()> setup_version(CLI::App&) {
   };
 }
 
-const bool registered = register_command({"version", "Print the version and build features", &setup_version, 900});
+const bool version_registered = register_command({"version", "Print the version and build features", &setup_version, 900});
 
 }  // namespace
 }  // namespace kvattn::tools

@@ -1,7 +1,10 @@
 // tools/command_registry.h — each tools/cmd_*.cpp registers one subcommand of `kvattn`.
 //
-//   static const bool registered = kvattn::tools::register_command(
+//   const bool plan_registered = kvattn::tools::register_command(
 //       {"plan", "Plan the KV cache for a model", &setup_plan});
+//
+// (in the file's anonymous namespace, named after its command: the tool is compiled as a unity
+// build, several cmd_*.cpp files to one translation unit).
 //
 // `setup` adds the subcommand's options to the CLI11 App and returns the function that runs
 // it (returning the process exit code).

@@ -931,7 +931,7 @@ void bind_worker(py::module_& m) {
         "(the K/V-first layout some backends read); same memory, no copy.");
 }
 
-void bind_model(py::module_& m) {
+void bind_kv_plans(py::module_& m) {
   m.def("model_preset_names", &model_preset_names, "Names of the model presets plan_kv_cache and `kvattn plan` know.");
   m.def("parse_memory_size", &parse_memory_size, py::arg("text"),
         "Bytes in a size such as '8GiB', '512MiB', '80GB' or '1048576' (ValueError naming the accepted units).");
@@ -981,7 +981,7 @@ void bind_kv(py::module_& m) {
   bind_config(m);
   bind_kernel_blocks(m);
   bind_worker(m);
-  bind_model(m);
+  bind_kv_plans(m);
 }
 
 }  // namespace
