@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # scripts/dev/sass_diff.sh REV FILE.cu [ARCH] — is a refactor of a CUDA source free of code changes?
-# Compiles FILE.cu (path relative to the repository) as it is at git revision REV and as it is in
-# the working tree, at the same path (the anonymous-namespace names nvcc mangles depend on it),
-# for ARCH (default 90a) with the build's flags, and compares every kernel's machine code (.text
-# sections of the two cubins).  Exit 0 when every kernel is byte-identical: then the refactor
-# needs no GPU run.  Needs nvcc only (no GPU, no cuobjdump).
+# Compiles FILE.cu (path relative to the repository) with src/ and include/ as they are at git
+# revision REV and as they are in the working tree, in place (the anonymous-namespace names nvcc
+# mangles depend on the path), for ARCH (default 90a) with the build's flags, and compares every
+# kernel's machine code (.text sections of the two cubins); a refactor of a header the file
+# includes is covered too.  Exit 0 when every kernel is byte-identical: then the refactor needs
+# no GPU run.  Needs nvcc only (no GPU, no cuobjdump).
 # BY_CONTENT=1: for a change that renames kernels or drops instantiations (template parameters
 # removed) — exit 0 when every kernel now is byte-identical to some kernel then, whatever its name.
 set -euo pipefail
@@ -13,12 +14,24 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$ROOT"
 NVCC="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 tmp="$(mktemp -d)"
-trap 'cp "$tmp/now.cu" "$file"; rm -rf "$tmp"' EXIT
-cp "$file" "$tmp/now.cu"
+# The files of src/ and include/ that differ from REV: saved, replaced by REV's (or removed where
+# REV lacks them) for the first compile, then restored (also on failure or interruption).
+mapfile -t changed < <(git diff --name-only "$rev" -- src include)
+for f in "${changed[@]}"; do
+  if [ -e "$f" ]; then mkdir -p "$tmp/now/$(dirname "$f")" && cp -p "$f" "$tmp/now/$f"; fi
+done
+restore() {
+  for f in "${changed[@]}"; do
+    if [ -e "$tmp/now/$f" ]; then cp -p "$tmp/now/$f" "$f"; else rm -f "$f"; fi
+  done
+}
+trap 'restore; rm -rf "$tmp"' EXIT
+for f in "${changed[@]}"; do
+  if git cat-file -e "$rev:$f" 2>/dev/null; then mkdir -p "$(dirname "$f")" && git show "$rev:$f" >"$f"; else rm -f "$f"; fi
+done
 flags=(-std=c++20 -O3 "-gencode=arch=compute_$arch,code=sm_$arch" -Isrc -Iinclude -cubin)
-git show "$rev:$file" > "$file"
 "$NVCC" "${flags[@]}" "$file" -o "$tmp/then.cubin"
-cp "$tmp/now.cu" "$file"
+restore
 "$NVCC" "${flags[@]}" "$file" -o "$tmp/now.cubin"
 BY_CONTENT=${BY_CONTENT:-0} /usr/bin/python3 - "$tmp/then.cubin" "$tmp/now.cubin" <<'PY'
 import os, struct, sys
