@@ -275,6 +275,140 @@ __device__ __forceinline__ bool claim_unit(const AttnParams& p, const Plan& plan
   return true;
 }
 
+// Plan of the small-call path, computed by every CTA (no plan kernel): warp 0, one lane per
+// request (batch <= kSmallMaxBatch, checked by the host).  Same split rule as plan_kernel
+// (units of ~1/8 of a CTA's share, at least 8 tiles, one-tile units for tiny calls), with
+// the split bound and the fewest tiles per piece applied per request.  rows / tile: query rows
+// and keys per tile of the kernel's configuration.
+__device__ __forceinline__ void small_plan(const AttnParams& p, const Plan& plan, SmallShared<true>& s_sm, int rows,
+                                           int tile) {
+  const int lane = threadIdx.x & 31, r = lane;
+  int64_t qs = 0, qe = 0, kv = 0, pb = 0;
+  if (r < p.batch) {
+    const RequestBounds rb = load_request_bounds(p, r);
+    qs = rb.q_begin; qe = rb.q_end; kv = rb.kv_len; pb = rb.page_base;
+  }
+  const int ql = static_cast<int>(qe - qs);
+  const int rt = (ql * p.group + rows - 1) / rows;
+  const int kvt = static_cast<int>((kv + tile - 1) / tile);
+  int64_t wk = int64_t(rt) * kvt;
+  int kvt_max = rt > 0 ? kvt : 0;
+  for (int o = 16; o > 0; o >>= 1) {
+    wk += __shfl_xor_sync(0xffffffffu, wk, o);
+    kvt_max = max(kvt_max, __shfl_xor_sync(0xffffffffu, kvt_max, o));
+  }
+  // tiles per piece: sum over units of ceil(kvt / want) <= W / want + U <= G, so every
+  // piece has a CTA of its own (one wave, no work counter); the host sends only calls
+  // with U <= G / 2 here
+  int units_all = rt * p.hkv;
+  for (int o = 16; o > 0; o >>= 1) units_all += __shfl_xor_sync(0xffffffffu, units_all, o);
+  const int64_t room = max(int64_t(gridDim.x) - units_all, int64_t(1));
+  int64_t want = (wk * p.hkv + room - 1) / room;
+  want = max(want, int64_t(kvt_max + plan.small_smax - 1) / plan.small_smax);
+  want = max(want, int64_t(max(plan.small_min_tiles, 1)));
+  int sp = 1, chunk_tiles = 1;
+  if (kvt > 0) {
+    sp = static_cast<int>((kvt + want - 1) / want);
+    chunk_tiles = (kvt + sp - 1) / sp;
+    sp = (kvt + chunk_tiles - 1) / chunk_tiles;
+  }
+  const int units = rt * p.hkv;
+  int ui = units;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, ui, o);
+    if (lane >= o) ui += y;
+  }
+  const int uex = ui - units;
+  // units past the counter array (only with a malformed qo_indptr) are dropped, as
+  // plan_kernel drops items past max_items
+  const int pieces = uex + units <= plan.small_units ? units * sp : 0;
+  int pi = pieces;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, pi, o);
+    if (lane >= o) pi += y;
+  }
+  ReqInfo ri;
+  ri.q_start = static_cast<int32_t>(qs);
+  ri.q_len = ql;
+  ri.kv_len = static_cast<int32_t>(kv);
+  ri.splits = sp;
+  s_sm.req[r] = ri;
+  s_sm.pbase[r] = pb;
+  s_sm.chunk[r] = chunk_tiles * tile;
+  s_sm.pinc[r] = pi;
+  s_sm.uex[r] = uex;
+  if (lane == 31) s_sm.npieces = pi;
+}
+
+// Stream-K start (thread 0): the CTA's range and the unit of its first position into s_sk
+// (read after the first barrier).
+__device__ __forceinline__ void sk_start(const Plan& plan, SkShared<true>& s_sk) {
+  const int64_t C = sk_hdr(plan)[0], G = sk_hdr(plan)[1];
+  const int64_t c = blockIdx.x;
+  s_sk.t = c < G ? sk::range_begin(c, C, G) : 0;
+  s_sk.end = c < G ? sk::range_begin(c + 1, C, G) : 0;
+  s_sk.u = c < G ? reinterpret_cast<const int32_t*>(sk_hdr(plan)[3])[c] : 0;
+  s_sk.units = reinterpret_cast<const SkUnit*>(sk_hdr(plan)[2]);
+}
+
+// Key range of a work unit: keys [kstart, kend) of its split (stream-K: of its piece's tiles),
+// n_tiles tiles from key tile0; qpos_first / qpos_last are the positions of its first and last
+// query rows (the causal and window bounds).
+template <typename KV, int D, int WM, int WN, bool SK>
+__device__ __forceinline__ void unit_keys(const AttnParams& p, const ReqInfo& ri, const Item& it,
+                                          const SkShared<SK>& s_sk, int chunk, int rows_r, int row0, int& qpos_first,
+                                          int& qpos_last, int& kstart, int& kend, int& tile0, int& n_tiles) {
+  using C = Cfg<KV, D, WM, WN>;
+  constexpr int kTile = C::kTile;
+  const int last_row = min(rows_r, row0 + C::kRows) - 1;
+  qpos_first = ri.kv_len - ri.q_len + row0 / p.group;
+  qpos_last = ri.kv_len - ri.q_len + last_row / p.group;
+  int hi = ri.kv_len;
+  if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi = min(hi, qpos_last + 1);
+  int lo = 0;
+  if (p.window_left >= 0) lo = max(0, qpos_first - static_cast<int>(p.window_left));
+  if constexpr (SK) {  // tiles [tb, te) of the unit, counted from the tile holding lo
+    const int ubase = (lo / kTile) * kTile;
+    kstart = max(lo, ubase + s_sk.tb * kTile);
+    kend = min(hi, ubase + s_sk.te * kTile);
+  } else {
+    kstart = max(lo, it.split * chunk);
+    kend = min(hi, (it.split + 1) * chunk);
+  }
+  tile0 = (kstart / kTile) * kTile;
+  n_tiles = kend > kstart ? (kend - tile0 + kTile - 1) / kTile : 0;
+}
+
+// Rows of a work unit: this thread's two rows (g and g + 8 of the warp's 16: token, head, query
+// position, PrefixLM span) and, by the first kRows threads, the unit's (token, head) per row in
+// s_rtok / s_rhead (no divisions in the Q and output loops; token -1: no row).
+template <typename KV, int D, int WM, int WN>
+__device__ __forceinline__ void unit_rows(const AttnParams& p, const ReqInfo& ri, int row0, int rows_r, int hk, int wm,
+                                          int g, int tid, RowInfo (&rinfo)[2], int* s_rtok, int* s_rhead) {
+  using C = Cfg<KV, D, WM, WN>;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = row0 + wm * 16 + g + 8 * h;
+    RowInfo& R = rinfo[h];
+    R.valid = rr < rows_r;
+    const int tq = R.valid ? rr / p.group : 0;
+    R.tok = ri.q_start + tq;
+    R.head = hk * p.group + (R.valid ? rr % p.group : 0);
+    R.qpos = ri.kv_len - ri.q_len + tq;
+    R.mm_s = -1;
+    R.mm_e = -1;
+    if (p.mm != nullptr && R.valid) {
+      R.mm_s = p.mm[R.tok * p.mm_s0];
+      R.mm_e = p.mm[R.tok * p.mm_s0 + p.mm_s1];
+    }
+  }
+  if (tid < C::kRows) {
+    const int rr = row0 + tid;
+    s_rtok[tid] = rr < rows_r ? ri.q_start + rr / p.group : -1;
+    s_rhead[tid] = hk * p.group + (rr < rows_r ? rr % p.group : 0);
+  }
+}
+
 // Work decode of the small-call path: the CTA's piece (blockIdx.x, below s_sm.npieces) as its item
 // (request, split, row tile), KV head, request and keys per piece.
 __device__ __forceinline__ void small_piece(const AttnParams& p, const SmallShared<true>& s_sm, int piece, int lane,
@@ -289,6 +423,99 @@ __device__ __forceinline__ void small_piece(const AttnParams& p, const SmallShar
   it.pad = 0;
   hk = rest - it.rtile * p.hkv;
   chunk = s_sm.chunk[r];
+}
+
+// S = Q K^T for this warp's kNT keys of the tile at tK (fp8 keys widened to f16 in registers;
+// kf: the ldmatrix registers of four k-steps of fp8 keys).
+template <typename KV, int D, int WM, int WN>
+__device__ __forceinline__ void qk_tile(const unsigned char* tK, const uint32_t (&qf)[D / 16][4], int wn, int lane,
+                                        float (&s)[Cfg<KV, D, WM, WN>::kNT / 8][4], uint32_t (&kf)[4]) {
+  using C = Cfg<KV, D, WM, WN>;
+  using TR = KVTraits<KV>;
+  constexpr bool kFast = kFastKV<KV>;
+  constexpr int kNT = C::kNT, kCPR = C::kCPR;
+  constexpr int kKSteps = D / 16;
+  constexpr int kNTilesS = kNT / 8;
+#pragma unroll
+  for (int j = 0; j < kNTilesS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kNTilesS; ++j) {
+    const int krow = wn * kNT + 8 * j + (lane & 7);
+    if constexpr (!TR::kFp8) {
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ks += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(smem_u32(tK + swz<kCPR>(krow, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
+        mma16816<TR::kBf16>(s[j], qf[ks], b0, b1);
+        mma16816<TR::kBf16>(s[j], qf[ks + 1], b2, b3);
+      }
+    } else {
+      if constexpr (kKSteps >= 4) {
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ks += 4) {
+          ldsm_x4(smem_u32(tK + swz<kCPR>(krow, ks + (lane >> 3))), kf[0], kf[1], kf[2], kf[3]);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            uint32_t b0, b1;
+            if constexpr (kFast) {
+              fp8x4_to_f16x2x2<TR::kE4m3>(kf[u], b0, b1);
+            } else {
+              b0 = fp8x2_to_f16x2<TR::kE4m3>(kf[u], 0x1404u);
+              b1 = fp8x2_to_f16x2<TR::kE4m3>(kf[u], 0x3424u);
+            }
+            mma16816<false>(s[j], qf[ks + u], b0, b1);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Online softmax of a tile for rows g and g + 8: the new running max (over the quad), the
+// scores' exp2 against it into s, the running sums scaled by alpha (the old max against the
+// new), O rescaled by alpha when some row's max moved (rare after the first tiles).
+template <typename KV, int D, int WM, int WN>
+__device__ __forceinline__ void softmax_tile(float (&s)[Cfg<KV, D, WM, WN>::kNT / 8][4], float (&m_r)[2],
+                                             float (&l_r)[2], float (&alpha)[2], float (&o)[D / 8][4]) {
+  using C = Cfg<KV, D, WM, WN>;
+  constexpr bool kFast = kFastKV<KV>;
+  constexpr int kNTilesS = C::kNT / 8;
+  constexpr int kNTilesO = D / 8;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kNTilesS; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_r[h], mx);
+    const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+    alpha[h] = kFast ? ex2_ftz(m_r[h] - m_use) : exp2f(m_r[h] - m_use);
+    m_r[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNTilesS; ++j) {
+      if constexpr (kFast) {
+        s[j][2 * h] = ex2_ftz(s[j][2 * h] - m_use);
+        s[j][2 * h + 1] = ex2_ftz(s[j][2 * h + 1] - m_use);
+      } else {
+        s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
+        s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
+      }
+      sum += s[j][2 * h] + s[j][2 * h + 1];
+    }
+    l_r[h] = l_r[h] * alpha[h] + sum;
+  }
+  // rescale O only when some row's running max moved (rare after the first tiles)
+  if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+    for (int n = 0; n < kNTilesO; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+  }
 }
 
 // O += P V for this warp's kNT keys of the tile at tV (P packed from the scores in registers;
@@ -445,6 +672,61 @@ __device__ __forceinline__ void epi_row_scales(const AttnParams& p, const Plan& 
   }
 }
 
+// Epilogue, step 3: a thread per (row, 8 dims) sums the WN warps' partial O with their factors
+// into acc, scales it and stores it: to the output (16-bit rows as one 16-byte store, packed in
+// ov), or, for a unit of several pieces, to the piece's partial O slot.
+template <typename KV, int D, int WM, int WN, typename SlotOf>
+__device__ __forceinline__ void epi_write(const AttnParams& p, const Plan& plan, unsigned char* smem,
+                                          const int* s_rtok, const int* s_rhead, bool split_run, SlotOf& slot_of,
+                                          int tid, float (&acc)[8], uint4& ov) {
+  using C = Cfg<KV, D, WM, WN>;
+  float* sO = reinterpret_cast<float*>(smem);
+  float* sM = sO + WN * C::kRows * C::kEpiPitch;
+  float* sL = sM + WN * C::kRows;
+  float* sF = sL + WN * C::kRows;  // per (warp, row) factor
+  // thread per (row, 8 dims): sum the WN warps' partial O, scale, store
+  for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
+    const int row = idx / (D / 8), c = idx % (D / 8);
+    const int tok = s_rtok[row];
+    if (tok < 0) continue;
+    const int head = s_rhead[row];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] = 0.f;
+#pragma unroll
+    for (int x = 0; x < WN; ++x) {
+      const float f = sF[x * C::kRows + row];
+      const float* src = sO + (x * C::kRows + row) * C::kEpiPitch + c * 8;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] += src[k] * f;
+    }
+    const float sc = sM[row];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] *= sc;
+    if (split_run) {
+      float4* dst = reinterpret_cast<float4*>(plan.part_o + ((int64_t(slot_of()) * p.num_tokens + tok) * p.hq + head) * D + c * 8);
+      dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    } else if (p.o_vec) {
+      uint32_t* w = reinterpret_cast<uint32_t*>(&ov);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (p.out_t == Elt::bf16) {
+          __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+          w[k] = *reinterpret_cast<uint32_t*>(&h);
+        } else {
+          __half2 h = __floats2half2_rn(acc[2 * k], acc[2 * k + 1]);
+          w[k] = *reinterpret_cast<uint32_t*>(&h);
+        }
+      }
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + c * 8) = ov;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        store_elt(p.out, int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + int64_t(c * 8 + k) * p.o_sd, p.out_t, acc[k]);
+    }
+  }
+}
+
 // Small-call path, a split unit: the last piece of the unit to arrive merges its pieces
 // (threadFenceReduction pattern): every thread's partial stores are made visible before thread 0
 // counts the arrival; the counter is put back to 0 by the last arrival, so the next launch (or
@@ -583,6 +865,142 @@ __device__ __forceinline__ void store_tile_off(const AttnParams& p, int tile, in
   sOff[((tile % kStages) * 2 + which) * kTile + row] = pg < 0 ? int64_t(-1) : off;
 }
 
+// Loader of a work unit's K / V tiles.  Row offsets (bytes from p.k / p.v) of each key row of a
+// tile are computed once per tile by 2*kTile threads (K rows, then V rows) into a ring of kStages
+// smem slots (sOff), from a page id fetched ahead (so its latency hides behind compute).  The
+// copy threads then only read the offset: thread chunks are (row = tid / CPR + i * step, chunk =
+// tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
+// The page-id word of tile `tile`'s offset slot k (index tid + k * kThreads over [K rows | V
+// rows]; the fp8 fast variant: key row tid) is loaded ahead (load: nothing waits for it there)
+// and turned into a checked page id by id() where it is used (-1: the row is zero-filled: a key
+// outside the unit, or a page id outside [0, num_pages)).  In the tile loop the page ids come two
+// iterations ahead through shared memory: a cp.async of the index word into this thread's slot of
+// the ring sPg (copy: kept in flight across the barriers, which would wait for a load into a
+// register: ncu put 10 % of the stall samples there), read back by the same thread once its copy
+// group has been waited for (ring_id).  Slot of tile t: t % 3.
+template <typename KV, int D, int WM, int WN>
+struct UnitLoader {
+  using C = Cfg<KV, D, WM, WN>;
+  static constexpr bool kFast = kFastKV<KV>;
+  static constexpr int kStages = C::kStages;
+  // page ids per thread: the fast variant loads one per key row (thread = row) and derives both
+  // the K and the V offset from it; the others one per offset slot (K rows, then V rows)
+  static constexpr int kPgPer = kFast ? 1 : C::kOffPer;
+  // Decode config without the fp8 fast variant (16-bit pages, and the previous fp8 kernel) when a
+  // thread's rows share a swizzle (D <= 128): the offset ring holds each row's K and V addresses
+  // side by side as in the fp8 fast variant (absolute, bit 63 = zero-fill), written by the row's
+  // K and V threads, so issue() reads both with one 16-byte load and needs no per-chunk select
+  static constexpr bool kAbsLoader = !kFast && WN > 1 && C::kRowStepPerChunk % 8 == 0;
+  // The copy of tile t + kStages + 2's page ids, made at iteration t, must be complete at the top
+  // of iteration t + 2, where the wait leaves the last kStages - 2 groups pending: with 2 stages
+  // it joins the group committed at iteration t + 1, with 3 the one committed at iteration t.
+  static_assert(kStages == 2 || kStages == 3, "page-id ring: 2 or 3 stages");
+  static constexpr bool kPgCopyAfterCommit = kStages == 2;
+
+  const AttnParams& p;
+  int64_t pbase;  // the request's page table
+  int32_t req;
+  int tile0, n_tiles, kstart, kend;  // the unit's keys (unit_keys)
+  int tid, hk;
+  int my_chunk, my_row0;  // tid % kCPR, tid / kCPR: this thread's chunk and first row of a tile copy
+  uint64_t* sPg;  // page-id ring: [3][kOffPer][kThreads] index words
+  int64_t* sOff;  // offset ring: [kStages][2][kTile]
+  unsigned char *sK, *sV;
+
+  // Element offset (in page_index(p)) of the page-id word of tile `tile`'s offset slot k; false
+  // when the slot holds no key of the unit.
+  __device__ __forceinline__ bool slot_elem(int tile, int k, int64_t& elem) const {
+    const int idx = tid + k * C::kThreads;
+    const int which = kFast ? 0 : idx / C::kTile, row = kFast ? tid : idx % C::kTile;
+    const int j = tile0 + tile * C::kTile + row;
+    const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+    elem = page_elem(p, pbase, req, blk);
+    return which <= 1 && tile < n_tiles && j >= kstart && j < kend;
+  }
+  __device__ __forceinline__ IdxWord load(int tile, int k) const {
+    int64_t elem;
+    const bool valid = slot_elem(tile, k, elem);
+    return load_idx_word(page_index(p), elem, valid);
+  }
+  __device__ __forceinline__ int64_t id(IdxWord w) const {
+    const int64_t pg = idx_word_value(page_index(p), w);
+    return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+  }
+  __device__ __forceinline__ uint64_t* ring_slot(int tile, int k) const {
+    return sPg + ((tile % 3) * C::kOffPer + k) * C::kThreads + tid;
+  }
+  __device__ __forceinline__ void copy(int tile, int k) const {
+    uint64_t* dst = ring_slot(tile, k);
+    int64_t elem;
+    if (!slot_elem(tile, k, elem)) {
+      *dst = ~uint64_t(0);  // reads as page -1 (its earlier copy, 3 tiles back, is complete)
+      return;
+    }
+    const Idx& x = page_index(p);
+    cp_async_idx(smem_u32(dst), static_cast<const char*>(x.ptr) + elem * (x.is64 ? 8 : 4), x.is64);
+  }
+  __device__ __forceinline__ int64_t ring_id(int tile, int k) const {
+    const uint64_t v = *ring_slot(tile, k);
+    return id(IdxWord{static_cast<uint32_t>(v), static_cast<uint32_t>(v >> 32)});
+  }
+  __device__ __forceinline__ void store_off(int tile, int k, int64_t pg) const {
+    store_tile_off<KV, D, WM, WN, kAbsLoader>(p, tile, k, pg, tile0, tid, hk, sOff);
+  }
+  __device__ __forceinline__ void issue(int tile) const {
+    issue_tile<KV, D, WM, WN, kAbsLoader>(p, tile, sK, sV, sOff, my_row0, my_chunk);
+  }
+  // The page-id words of tiles 0 .. kStages - 1.
+  __device__ __forceinline__ void load_pages(IdxWord (&pgs)[kStages][C::kOffPer]) const {
+#pragma unroll
+    for (int t = 0; t < kStages; ++t)
+#pragma unroll
+      for (int k = 0; k < kPgPer; ++k) pgs[t][k] = load(t, k);
+  }
+  // Prologue of a unit with tiles: the offset-ring entries of tiles 0 .. kStages - 1 from their
+  // page ids (loaded here when kLoad), the page-id copies of tiles kStages and kStages + 1 (in
+  // the first copy group), then tiles 0 .. kStages - 2 issued, a copy group each.
+  template <bool kLoad>
+  __device__ __forceinline__ void prologue(IdxWord (&pgs)[kStages][C::kOffPer]) const {
+    if constexpr (kLoad) load_pages(pgs);
+#pragma unroll
+    for (int t = 0; t < kStages; ++t)
+#pragma unroll
+      for (int k = 0; k < kPgPer; ++k) store_off(t, k, id(pgs[t][k]));
+#pragma unroll
+    for (int k = 0; k < kPgPer; ++k) {  // tiles kStages and kStages + 1: in the first group
+      copy(kStages, k);
+      copy(kStages + 1, k);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < kStages - 1; ++t) {
+      if (t < n_tiles) issue(t);
+      cp_async_commit();
+    }
+  }
+  // Step at the top of tile `tile` (after the barrier that frees its predecessor's stage): tile
+  // + kStages - 1 issued as one copy group, the offset-ring entry of tile + kStages stored from
+  // its page id (copied two iterations ago), the page ids of tile + kStages + 2 copied.
+  __device__ __forceinline__ void step(int tile) const {
+    if constexpr (!kPgCopyAfterCommit) {
+#pragma unroll
+      for (int k = 0; k < kPgPer; ++k) copy(tile + kStages + 2, k);
+    }
+    const int nt = tile + kStages - 1;
+    if (nt < n_tiles) issue(nt);
+    cp_async_commit();
+#pragma unroll
+    for (int k = 0; k < kPgPer; ++k) {
+      store_off(tile + kStages, k, ring_id(tile + kStages, k));  // offset slot of `tile`, issued long ago
+      if constexpr (kPgCopyAfterCommit) copy(tile + kStages + 2, k);
+    }
+  }
+};
+
+// The attention kernel: per work unit, its rows and keys, Q, the K / V tile pipeline with the
+// online softmax, the epilogue.  Its phases are the force-inlined functions above; they take the
+// kernel's register arrays by reference, per-tile scratch included (kf, alpha, acc / ov): an
+// array declared inside a phase function changes the kernel's register allocation.
 template <typename KV, int D, int WM, int WN, bool SMALL = false, bool SK = false>
 __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, WN>::kMinBlocks)
     attn_kernel(AttnParams p, Plan plan, float kv_logit_factor, float kv_out_factor) {
@@ -596,7 +1014,6 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   constexpr bool kFast = kFastKV<KV>;
   static_assert(!kFast || (WN > 1 && D <= 128 && !SMALL && C::kThreads == C::kTile),
                 "the fp8 fast variant is built for the decode config (one key row per thread)");
-  constexpr bool kBf16 = TR::kBf16;
   constexpr int kTile = C::kTile, kNT = C::kNT, kCPR = C::kCPR, kStages = C::kStages;
   constexpr int kKSteps = D / 16;
   constexpr int kNTilesS = kNT / 8;   // S n-tiles per warp
@@ -624,68 +1041,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
   __shared__ SmallShared<SMALL> s_sm;
   __shared__ SkShared<SK> s_sk;
   if constexpr (SMALL) {
-    // The plan of the whole call, computed by every CTA (no plan kernel): warp 0, one lane per
-    // request (batch <= kSmallMaxBatch, checked by the host).  Same split rule as plan_kernel
-    // (units of ~1/8 of a CTA's share, at least 8 tiles, one-tile units for tiny calls), with
-    // the split bound and the fewest tiles per piece applied per request.
-    if (warp == 0) {
-      const int r = lane;
-      int64_t qs = 0, qe = 0, kv = 0, pb = 0;
-      if (r < p.batch) {
-        const RequestBounds rb = load_request_bounds(p, r);
-        qs = rb.q_begin; qe = rb.q_end; kv = rb.kv_len; pb = rb.page_base;
-      }
-      const int ql = static_cast<int>(qe - qs);
-      const int rt = (ql * p.group + C::kRows - 1) / C::kRows;
-      const int kvt = static_cast<int>((kv + kTile - 1) / kTile);
-      int64_t wk = int64_t(rt) * kvt;
-      int kvt_max = rt > 0 ? kvt : 0;
-      for (int o = 16; o > 0; o >>= 1) {
-        wk += __shfl_xor_sync(0xffffffffu, wk, o);
-        kvt_max = max(kvt_max, __shfl_xor_sync(0xffffffffu, kvt_max, o));
-      }
-      // tiles per piece: sum over units of ceil(kvt / want) <= W / want + U <= G, so every
-      // piece has a CTA of its own (one wave, no work counter); the host sends only calls
-      // with U <= G / 2 here
-      int units_all = rt * p.hkv;
-      for (int o = 16; o > 0; o >>= 1) units_all += __shfl_xor_sync(0xffffffffu, units_all, o);
-      const int64_t room = max(int64_t(gridDim.x) - units_all, int64_t(1));
-      int64_t want = (wk * p.hkv + room - 1) / room;
-      want = max(want, int64_t(kvt_max + plan.small_smax - 1) / plan.small_smax);
-      want = max(want, int64_t(max(plan.small_min_tiles, 1)));
-      int sp = 1, chunk_tiles = 1;
-      if (kvt > 0) {
-        sp = static_cast<int>((kvt + want - 1) / want);
-        chunk_tiles = (kvt + sp - 1) / sp;
-        sp = (kvt + chunk_tiles - 1) / chunk_tiles;
-      }
-      const int units = rt * p.hkv;
-      int ui = units;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, ui, o);
-        if (lane >= o) ui += y;
-      }
-      const int uex = ui - units;
-      // units past the counter array (only with a malformed qo_indptr) are dropped, as
-      // plan_kernel drops items past max_items
-      const int pieces = uex + units <= plan.small_units ? units * sp : 0;
-      int pi = pieces;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, pi, o);
-        if (lane >= o) pi += y;
-      }
-      ReqInfo ri;
-      ri.q_start = static_cast<int32_t>(qs);
-      ri.q_len = ql;
-      ri.kv_len = static_cast<int32_t>(kv);
-      ri.splits = sp;
-      s_sm.req[r] = ri;
-      s_sm.pbase[r] = pb;
-      s_sm.chunk[r] = chunk_tiles * kTile;
-      s_sm.pinc[r] = pi;
-      s_sm.uex[r] = uex;
-      if (lane == 31) s_sm.npieces = pi;
-    }
+    if (warp == 0) small_plan(p, plan, s_sm, C::kRows, kTile);
     __syncthreads();
   }
   const int piece = blockIdx.x;  // small path: one piece per CTA
@@ -700,14 +1056,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     if (tid == 0 && tl != nullptr) tl[kTlHeader + 2 * blockIdx.x] = gtimer();
   }
   if constexpr (SK) {
-    if (tid == 0) {  // the CTA's range and the unit of its first position (read after the first barrier)
-      const int64_t C = sk_hdr(plan)[0], G = sk_hdr(plan)[1];
-      const int64_t c = blockIdx.x;
-      s_sk.t = c < G ? sk::range_begin(c, C, G) : 0;
-      s_sk.end = c < G ? sk::range_begin(c + 1, C, G) : 0;
-      s_sk.u = c < G ? reinterpret_cast<const int32_t*>(sk_hdr(plan)[3])[c] : 0;
-      s_sk.units = reinterpret_cast<const SkUnit*>(sk_hdr(plan)[2]);
-    }
+    if (tid == 0) sk_start(plan, s_sk);
   }
   for (;;) {
     Item it;
@@ -722,140 +1071,25 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     }
     const int rows_r = ri.q_len * p.group;
     const int row0 = it.rtile * C::kRows;
-    // key range of this work unit
-    const int last_row = min(rows_r, row0 + C::kRows) - 1;
-    const int qpos_first = ri.kv_len - ri.q_len + row0 / p.group;
-    const int qpos_last = ri.kv_len - ri.q_len + last_row / p.group;
-    int hi = ri.kv_len;
-    if (p.causal && p.xqa == nullptr && p.mm == nullptr) hi = min(hi, qpos_last + 1);
-    int lo = 0;
-    if (p.window_left >= 0) lo = max(0, qpos_first - static_cast<int>(p.window_left));
-    int kstart, kend;
-    if constexpr (SK) {  // tiles [tb, te) of the unit, counted from the tile holding lo
-      const int ubase = (lo / kTile) * kTile;
-      kstart = max(lo, ubase + s_sk.tb * kTile);
-      kend = min(hi, ubase + s_sk.te * kTile);
-    } else {
-      kstart = max(lo, it.split * chunk);
-      kend = min(hi, (it.split + 1) * chunk);
-    }
-    const int tile0 = (kstart / kTile) * kTile;
-    const int n_tiles = kend > kstart ? (kend - tile0 + kTile - 1) / kTile : 0;
+    int qpos_first, qpos_last, kstart, kend, tile0, n_tiles;
+    unit_keys<KV, D, WM, WN, SK>(p, ri, it, s_sk, chunk, rows_r, row0, qpos_first, qpos_last, kstart, kend, tile0,
+                                 n_tiles);
 
     // page table of this request
     int64_t pbase;
     if constexpr (SMALL) pbase = s_sm.pbase[it.req];
     else pbase = plan.page_base[it.req];
 
-    // ---- loader ----
-    // Row offsets (bytes from p.k / p.v) of each key row of a tile are computed once per
-    // tile by 2*kTile threads (K rows, then V rows) into a ring of kStages smem slots, from a
-    // page id fetched one tile earlier (so its latency hides behind a tile of compute).  The
-    // copy threads then only read the offset: thread chunks are (row = tid / CPR + i * step,
-    // chunk = tid % CPR), a warp covering whole 16-byte-chunk rows (coalesced).
-    const int my_chunk = tid % kCPR;
-    const int my_row0 = tid / kCPR;
-    [[maybe_unused]] constexpr uint64_t kZeroFill = uint64_t(1) << 63;  // fp8 fast / kAbsLoader: row not loaded
-    // Offset slot k of this thread: index tid + k * kThreads over [K rows | V rows].
-    constexpr int kOffPer = C::kOffPer;
-    // page ids per thread: the fast variant loads one per key row (thread = row) and derives both
-    // the K and the V offset from it; the others one per offset slot (K rows, then V rows)
-    constexpr int kPgPer = kFast ? 1 : kOffPer;
-    // The page-id word of tile `tile`'s offset slot k, loaded ahead (load_idx_word: nothing waits
-    // for it here) and turned into a checked page id by page_id() where it is used (-1: the row
-    // is zero-filled: a key outside the unit, or a page id outside [0, num_pages)).
-    // Element offset (in page_index(p)) of the page-id word of tile `tile`'s offset slot k; false
-    // when the slot holds no key of the unit.
-    auto slot_page_elem = [&](int tile, int k, int64_t& elem) -> bool {
-      const int idx = tid + k * C::kThreads;
-      const int which = kFast ? 0 : idx / kTile, row = kFast ? tid : idx % kTile;
-      const int j = tile0 + tile * kTile + row;
-      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      elem = page_elem(p, pbase, it.req, blk);
-      return which <= 1 && tile < n_tiles && j >= kstart && j < kend;
-    };
-    auto load_page = [&](int tile, int k) -> IdxWord {
-      int64_t elem;
-      const bool valid = slot_page_elem(tile, k, elem);
-      return load_idx_word(page_index(p), elem, valid);
-    };
-    auto page_id = [&](IdxWord w) -> int64_t {
-      const int64_t pg = idx_word_value(page_index(p), w);
-      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
-    };
-    // In the tile loop the page ids come two iterations ahead through shared memory: a cp.async of
-    // the index word into this thread's slot of the ring sPg (kept in flight across the barriers,
-    // which would wait for a load into a register: ncu put 10 % of the stall samples there), read
-    // back by the same thread once its copy group has been waited for.  Slot of tile t: t % 3.
-    auto pg_slot = [&](int tile, int k) -> uint64_t* {
-      return sPg + ((tile % 3) * C::kOffPer + k) * C::kThreads + tid;
-    };
-    auto copy_page = [&](int tile, int k) {
-      uint64_t* dst = pg_slot(tile, k);
-      int64_t elem;
-      if (!slot_page_elem(tile, k, elem)) {
-        *dst = ~uint64_t(0);  // reads as page -1 (its earlier copy, 3 tiles back, is complete)
-        return;
-      }
-      const Idx& x = page_index(p);
-      cp_async_idx(smem_u32(dst), static_cast<const char*>(x.ptr) + elem * (x.is64 ? 8 : 4), x.is64);
-    };
-    auto ring_page = [&](int tile, int k) -> int64_t {
-      const uint64_t v = *pg_slot(tile, k);
-      return page_id(IdxWord{static_cast<uint32_t>(v), static_cast<uint32_t>(v >> 32)});
-    };
-    // The copy of tile t + kStages + 2's page ids, made at iteration t, must be complete at the top
-    // of iteration t + 2, where the wait leaves the last kStages - 2 groups pending: with 2 stages
-    // it joins the group committed at iteration t + 1, with 3 the one committed at iteration t.
-    static_assert(kStages == 2 || kStages == 3, "page-id ring: 2 or 3 stages");
-    constexpr bool kPgCopyAfterCommit = kStages == 2;
-    // Decode config without the fp8 fast variant (16-bit pages, and the previous fp8 kernel) when a
-    // thread's rows share a swizzle (D <= 128): the offset ring holds each row's K and V addresses
-    // side by side as in the fp8 fast variant (absolute, bit 63 = zero-fill), written by the row's
-    // K and V threads, so issue() reads both with one 16-byte load and needs no per-chunk select
-    constexpr bool kAbsLoader = !kFast && WN > 1 && C::kRowStepPerChunk % 8 == 0;
-    auto store_off = [&](int tile, int k, int64_t pg) {
-      store_tile_off<KV, D, WM, WN, kAbsLoader>(p, tile, k, pg, tile0, tid, hk, sOff);
-    };
-    auto issue = [&](int tile) {
-      issue_tile<KV, D, WM, WN, kAbsLoader>(p, tile, sK, sV, sOff, my_row0, my_chunk);
-    };
-
+    const UnitLoader<KV, D, WM, WN> loader{p, pbase, it.req, tile0, n_tiles, kstart, kend, tid, hk, tid % kCPR, tid / kCPR,
+                                           sPg, sOff, sK, sV};
     // SMALL: the prologue's page ids are requested before Q (one round trip less per piece)
-    IdxWord pgs[kStages][kOffPer];
+    IdxWord pgs[kStages][C::kOffPer];
     if constexpr (SMALL) {
-      if (n_tiles > 0) {
-#pragma unroll
-        for (int t = 0; t < kStages; ++t)
-#pragma unroll
-          for (int k = 0; k < kOffPer; ++k) pgs[t][k] = load_page(t, k);
-      }
+      if (n_tiles > 0) loader.load_pages(pgs);
     }
 
-    // ---- rows of this thread (g and g + 8 of the warp's 16) ----
     RowInfo rinfo[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rr = row0 + wm * 16 + g + 8 * h;
-      RowInfo& R = rinfo[h];
-      R.valid = rr < rows_r;
-      const int tq = R.valid ? rr / p.group : 0;
-      R.tok = ri.q_start + tq;
-      R.head = hk * p.group + (R.valid ? rr % p.group : 0);
-      R.qpos = ri.kv_len - ri.q_len + tq;
-      R.mm_s = -1;
-      R.mm_e = -1;
-      if (p.mm != nullptr && R.valid) {
-        R.mm_s = p.mm[R.tok * p.mm_s0];
-        R.mm_e = p.mm[R.tok * p.mm_s0 + p.mm_s1];
-      }
-    }
-    // ---- per-row (token, head) table: no divisions in the Q / output loops ----
-    if (tid < C::kRows) {
-      const int rr = row0 + tid;
-      s_rtok[tid] = rr < rows_r ? ri.q_start + rr / p.group : -1;
-      s_rhead[tid] = hk * p.group + (rr < rows_r ? rr % p.group : 0);
-    }
+    unit_rows<KV, D, WM, WN>(p, ri, row0, rows_r, hk, wm, g, tid, rinfo, s_rtok, s_rhead);
     __syncthreads();
     // ---- Q: rows staged in smem as float (independent coalesced loads), then fragments ----
     {
@@ -899,30 +1133,7 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     for (int n = 0; n < kNTilesO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
 
-    if (n_tiles > 0) {
-      // prologue: offsets of tiles 0..S-1, issue tiles 0..S-2
-      if constexpr (!SMALL) {
-#pragma unroll
-        for (int t = 0; t < kStages; ++t)
-#pragma unroll
-          for (int k = 0; k < kPgPer; ++k) pgs[t][k] = load_page(t, k);
-      }
-#pragma unroll
-      for (int t = 0; t < kStages; ++t)
-#pragma unroll
-        for (int k = 0; k < kPgPer; ++k) store_off(t, k, page_id(pgs[t][k]));
-#pragma unroll
-      for (int k = 0; k < kPgPer; ++k) {  // tiles kStages and kStages + 1: in the first group
-        copy_page(kStages, k);
-        copy_page(kStages + 1, k);
-      }
-      __syncthreads();
-#pragma unroll
-      for (int t = 0; t < kStages - 1; ++t) {
-        if (t < n_tiles) issue(t);
-        cp_async_commit();
-      }
-    }
+    if (n_tiles > 0) loader.template prologue<!SMALL>(pgs);  // offsets of tiles 0..S-1, issue tiles 0..S-2
 
     uint64_t wait_ns = 0;  // timeline only
     for (int tile = 0; tile < n_tiles; ++tile) {
@@ -934,61 +1145,15 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
       if (!SMALL && tl != nullptr && tile == 0) {
         if (uint64_t* r = tl_unit()) r[1] = gtimer();
       }
-      {
-        if constexpr (!kPgCopyAfterCommit) {
-#pragma unroll
-          for (int k = 0; k < kPgPer; ++k) copy_page(tile + kStages + 2, k);
-        }
-        const int nt = tile + kStages - 1;
-        if (nt < n_tiles) issue(nt);
-        cp_async_commit();
-#pragma unroll
-        for (int k = 0; k < kPgPer; ++k) {
-          store_off(tile + kStages, k, ring_page(tile + kStages, k));  // offset slot of `tile`, issued long ago
-          if constexpr (kPgCopyAfterCommit) copy_page(tile + kStages + 2, k);
-        }
-      }
+      loader.step(tile);
       const int st = tile % kStages;
       const unsigned char* tK = sK + st * C::kStageBytes;
       const unsigned char* tV = sV + st * C::kStageBytes;
       const int key0 = tile0 + tile * kTile + wn * kNT;  // first key of this warp's slice
 
-      // ---- S = Q K^T ----
       float s[kNTilesS][4];
-#pragma unroll
-      for (int j = 0; j < kNTilesS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-      for (int j = 0; j < kNTilesS; ++j) {
-        const int krow = wn * kNT + 8 * j + (lane & 7);
-        if constexpr (!TR::kFp8) {
-#pragma unroll
-          for (int ks = 0; ks < kKSteps; ks += 2) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4(smem_u32(tK + swz<kCPR>(krow, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
-            mma16816<kBf16>(s[j], qf[ks], b0, b1);
-            mma16816<kBf16>(s[j], qf[ks + 1], b2, b3);
-          }
-        } else {
-          if constexpr (kKSteps >= 4) {
-#pragma unroll
-            for (int ks = 0; ks < kKSteps; ks += 4) {
-              uint32_t r[4];
-              ldsm_x4(smem_u32(tK + swz<kCPR>(krow, ks + (lane >> 3))), r[0], r[1], r[2], r[3]);
-#pragma unroll
-              for (int u = 0; u < 4; ++u) {
-                uint32_t b0, b1;
-                if constexpr (kFast) {
-                  fp8x4_to_f16x2x2<TR::kE4m3>(r[u], b0, b1);
-                } else {
-                  b0 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x1404u);
-                  b1 = fp8x2_to_f16x2<TR::kE4m3>(r[u], 0x3424u);
-                }
-                mma16816<false>(s[j], qf[ks + u], b0, b1);
-              }
-            }
-          }
-        }
-      }
+      uint32_t kf[4];
+      qk_tile<KV, D, WM, WN>(tK, qf, wn, lane, s, kf);
       // ---- scale, soft cap, mask ----
       const int tile_lo = tile0 + tile * kTile, tile_hi = tile_lo + kTile;
       bool full = tile_lo >= kstart && tile_hi <= kend;
@@ -1022,43 +1187,8 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
           s[j][e] = x;
         }
       }
-      // ---- online softmax (rows g and g+8) ----
       float alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < kNTilesS; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_r[h], mx);
-        const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-        alpha[h] = kFast ? ex2_ftz(m_r[h] - m_use) : exp2f(m_r[h] - m_use);
-        m_r[h] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < kNTilesS; ++j) {
-          if constexpr (kFast) {
-            s[j][2 * h] = ex2_ftz(s[j][2 * h] - m_use);
-            s[j][2 * h + 1] = ex2_ftz(s[j][2 * h + 1] - m_use);
-          } else {
-            s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
-            s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
-          }
-          sum += s[j][2 * h] + s[j][2 * h + 1];
-        }
-        l_r[h] = l_r[h] * alpha[h] + sum;
-      }
-      // rescale O only when some row's running max moved (rare after the first tiles)
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int n = 0; n < kNTilesO; ++n) {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
-        }
-      }
+      softmax_tile<KV, D, WM, WN>(s, m_r, l_r, alpha, o);
       pv_tile<KV, D, WM, WN>(tV, s, wn, lane, o);
     }
     cp_async_wait<0>();
@@ -1080,53 +1210,9 @@ __global__ void __launch_bounds__(Cfg<KV, D, WM, WN>::kThreads, Cfg<KV, D, WM, W
     else split_run = ri.splits > 1;
     epi_row_scales<KV, D, WM, WN>(p, plan, smem, ri, row0, rows_r, hk, split_run, slot_of, kv_out_factor, tid);
     __syncthreads();
-    float* sO = reinterpret_cast<float*>(smem);
-    float* sM = sO + WN * C::kRows * C::kEpiPitch;
-    float* sL = sM + WN * C::kRows;
-    float* sF = sL + WN * C::kRows;  // per (warp, row) factor
-    // thread per (row, 8 dims): sum the WN warps' partial O, scale, store
-    for (int idx = tid; idx < C::kRows * (D / 8); idx += C::kThreads) {
-      const int row = idx / (D / 8), c = idx % (D / 8);
-      const int tok = s_rtok[row];
-      if (tok < 0) continue;
-      const int head = s_rhead[row];
-      float acc[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-#pragma unroll
-      for (int x = 0; x < WN; ++x) {
-        const float f = sF[x * C::kRows + row];
-        const float* src = sO + (x * C::kRows + row) * C::kEpiPitch + c * 8;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc[k] += src[k] * f;
-      }
-      const float sc = sM[row];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] *= sc;
-      if (split_run) {
-        float4* dst = reinterpret_cast<float4*>(plan.part_o + ((int64_t(slot_of()) * p.num_tokens + tok) * p.hq + head) * D + c * 8);
-        dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      } else if (p.o_vec) {
-        uint4 v;
-        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          if (p.out_t == Elt::bf16) {
-            __nv_bfloat162 h = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
-            w[k] = *reinterpret_cast<uint32_t*>(&h);
-          } else {
-            __half2 h = __floats2half2_rn(acc[2 * k], acc[2 * k + 1]);
-            w[k] = *reinterpret_cast<uint32_t*>(&h);
-          }
-        }
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + c * 8) = v;
-      } else {
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          store_elt(p.out, int64_t(tok) * p.o_st + int64_t(head) * p.o_sh + int64_t(c * 8 + k) * p.o_sd, p.out_t, acc[k]);
-      }
-    }
+    float acc[8];
+    uint4 ov;
+    epi_write<KV, D, WM, WN>(p, plan, smem, s_rtok, s_rhead, split_run, slot_of, tid, acc, ov);
     __syncthreads();  // smem reused by the next work unit
     if (!SMALL && tl != nullptr) {
       if (uint64_t* r = tl_unit()) {
