@@ -182,6 +182,242 @@ __device__ __forceinline__ void tl_stamp_after(uint64_t* tl, int point, uint32_t
   }
 }
 
+#ifdef KVATTN_CLUSTER_KERNEL
+// ---- the cluster kernel's phases (sm_90+).  They take most of the kernel's variables by
+// reference, scalars too: copies of some (the slice's first key, the piece's end) changed the
+// compiler's code for the kernel (scripts/dev/sass_diff.sh tells).
+
+// Thread tid's share of the page-id window: entries [0, win_n) of the page index (pix: all of
+// kv_indices, or the first columns of request r's block-table row) into s_win by cp.async.
+template <int W>
+__device__ __forceinline__ void copy_page_window(const AttnParams& p, const Idx& pix, const int& r, const int& win_n,
+                                                 const int& tid, unsigned char (&s_win)[kWinBytes]) {
+  const int esh = pix.is64 ? 3 : 2;
+  for (int i = tid; i < win_n; i += 32 * W) {
+    const int64_t e = p.paged_form ? int64_t(i) * pix.s0 : int64_t(r) * pix.s0 + int64_t(i) * pix.s1;
+    cp_async_idx(smem_u32(s_win + (i << esh)), static_cast<const char*>(pix.ptr) + (e << esh), pix.is64);
+  }
+}
+
+// Page id of key `first + tile * kTile + lane` (lanes 0..15), -1 when outside the piece (its
+// n_tiles tiles, keys below kend) or out of range; with one_page every lane holds the page id of
+// the slice's first key.  Entries inside the page-id window (s_win, win_n entries) are read from
+// shared memory, the others from the page index.
+template <int kTile>
+__device__ __forceinline__ int64_t slice_page(const AttnParams& p, const Idx& pix, const unsigned char (&s_win)[kWinBytes],
+                                              const int& win_n, const int64_t& pbase, const int& r, const int& first,
+                                              const int& kend, const int& n_tiles, const bool& one_page, const int& lane,
+                                              int tile) {
+  const int j = first + tile * kTile + (one_page ? 0 : lane);
+  if ((!one_page && lane >= kSlice) || tile >= n_tiles || j >= kend) return -1;
+  const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+  const int64_t w = p.paged_form ? pbase + blk : int64_t(blk);  // entry of the window
+  int64_t pg;
+  if (w >= 0 && w < win_n)
+    pg = pix.is64 ? reinterpret_cast<const int64_t*>(s_win)[w] : int64_t(reinterpret_cast<const int32_t*>(s_win)[w]);
+  else
+    pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, r, blk);
+  return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+}
+// This lane's cp.async of tile `tile`'s K and V slice into its stage of the warp's ring (wbuf),
+// from the slice's page pg_lane (slice_page's): with one_page a fixed offset (k_lane / v_lane) plus
+// i * step from the slice's page row, else (!SIMPLE) one page id per key row, passed by shuffles;
+// rows past the piece zero-filled; L2 evict-first when the call reads K/V once.
+template <int D, int W, bool SIMPLE>
+__device__ __forceinline__ void issue_slice(const AttnParams& p, unsigned char* const& wbuf, const unsigned char* const& kb,
+                                            const unsigned char* const& vb, const int64_t& k_lane, const int64_t& v_lane,
+                                            const int64_t& k_step, const int64_t& v_step, const int& my_row0,
+                                            const int& my_chunk, const int& hk, const int& first, const int& kend,
+                                            const bool& one_page, int tile, int64_t pg_lane) {
+  using C = SCfg<D, W>;
+  constexpr int kTile = W * kSlice, kCPR = C::kCPR;
+  const int st = tile % kStages;
+  const uint32_t sk = smem_u32(wbuf + st * 2 * C::kSliceBytes);
+  const uint32_t sv = sk + C::kSliceBytes;
+  const uint64_t ef = l2_evict_first_policy();
+  const bool ef_on = kv_read_once(p);  // K/V evict-first only then
+  if (one_page) {
+    const int key0 = first + tile * kTile;
+    const int slot0 = p.page_shift >= 0 ? (key0 & (p.page_size - 1)) : (key0 % p.page_size);
+    const bool okp = pg_lane >= 0;
+    const unsigned char* ka = kb + (okp ? pg_lane * p.k_sb + int64_t(slot0) * p.k_so + k_lane : 0);
+    const unsigned char* va = vb + (okp ? pg_lane * p.v_sb + int64_t(slot0) * p.v_so + v_lane : 0);
+    const int nvalid = okp ? kend - key0 : 0;  // rows of this slice inside the piece
+#pragma unroll
+    for (int i = 0; i < C::kChunks; ++i) {
+      const int row = my_row0 + i * C::kRowStep;
+      const bool ok = row < nvalid;
+      const int off = swz<kCPR>(row, my_chunk);
+      cp_async16_policy_if(sk + off, ok ? ka + i * k_step : kb, ok ? 16 : 0, ef, ef_on);
+      cp_async16_policy_if(sv + off, ok ? va + i * v_step : vb, ok ? 16 : 0, ef, ef_on);
+    }
+    return;
+  }
+  if constexpr (!SIMPLE) {  // pages of fewer than 16 keys: one page id per key row
+#pragma unroll
+    for (int i = 0; i < C::kChunks; ++i) {
+      const int row = my_row0 + i * C::kRowStep;
+      const int64_t pg = __shfl_sync(0xffffffffu, pg_lane, row);
+      const int j = first + tile * kTile + row;
+      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+      const int off = swz<kCPR>(row, my_chunk);
+      const bool ok = pg >= 0;
+      const int64_t ko = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh + my_chunk * 16;
+      const int64_t vo = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh + my_chunk * 16;
+      cp_async16_policy_if(sk + off, ok ? kb + ko : kb, ok ? 16 : 0, ef, ef_on);
+      cp_async16_policy_if(sv + off, ok ? vb + vo : vb, ok ? 16 : 0, ef, ef_on);
+    }
+  }
+}
+// Query rows g + 8 h of the row tile from row0 (rvalid[h]: the row exists) straight into the A
+// fragments: h 0 fills a0 / a2 (row g: dims 16 s + 2 t4, + 8), h 1 fills a1 / a3 (row g + 8).
+template <int D, class GDiv, class GMod>
+__device__ __forceinline__ void load_q_rows(const AttnParams& p, const int& q_start, const int& hk, const int& row0,
+                                            const int& g, const int& t4, const int (&rvalid)[2], GDiv& gdiv, GMod& gmod,
+                                            uint32_t (&qf)[D / 16][4], int h) {
+  const int rr = row0 + g + 8 * h;
+  const int tq = rvalid[h] ? gdiv(rr) : 0;
+  const int head = hk * p.group + (rvalid[h] ? gmod(rr) : 0);
+  const uint16_t* qrow = static_cast<const uint16_t*>(p.q) + int64_t(q_start + tq) * p.q_st + int64_t(head) * p.q_sh;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    qf[s][h] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
+    qf[s][h + 2] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
+  }
+}
+
+// S = Q K^T of the warp's 16-row tile and 16-key slice (tK: the slice's K rows, swizzled).
+template <bool BF16, int D>
+__device__ __forceinline__ void slice_scores(float (&s)[2][4], const uint32_t (&qf)[D / 16][4], const unsigned char* tK,
+                                             int lane) {
+  constexpr int kKSteps = D / 16, kCPR = SCfg<D, 4>::kCPR;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int krow = 8 * j + (lane & 7);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ks += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(smem_u32(tK + swz<kCPR>(krow, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
+      mma16816<BF16>(s[j], qf[ks], b0, b1);
+      mma16816<BF16>(s[j], qf[ks + 1], b2, b3);
+    }
+  }
+}
+// The slice's scores in log2 units, soft-capped (tanh) when softcap.
+__device__ __forceinline__ void scale_scores(float (&s)[2][4], const AttnParams& p, bool softcap, float scale_lin,
+                                             float scale_log2) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = s[j][e];
+      s[j][e] = softcap ? p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e : x * scale_log2;
+    }
+  }
+}
+// The same with the keys key0 + 8 j + 2 t4 + (0, 1) a row does not see -inf: past the piece
+// (kend), after the row's position rqpos (causal), before its window, and every key of a row past
+// the unit's (rvalid 0).
+__device__ __forceinline__ void scale_and_mask(float (&s)[2][4], const AttnParams& p, bool softcap, float scale_lin,
+                                               float scale_log2, const int& key0, const int& kend, const int (&rvalid)[2],
+                                               const int (&rqpos)[2], const int& t4) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[j][e];
+      if (softcap) x = p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e;
+      else x *= scale_log2;
+      const int h = e >> 1;
+      const int key = key0 + 8 * j + 2 * t4 + (e & 1);
+      bool vis = rvalid[h] && key < kend;
+      if (p.causal && key > rqpos[h]) vis = false;
+      if (p.window_left >= 0 && int64_t(key) < int64_t(rqpos[h]) - p.window_left) vis = false;
+      s[j][e] = vis ? x : -INFINITY;
+    }
+  }
+}
+// Online softmax of rows g and g + 8 over the slice's scores (log2 units): the running max m_r
+// and sum l_r move on, s becomes P; alpha: the factor O is rescaled by.
+__device__ __forceinline__ void online_softmax(float (&s)[2][4], float (&m_r)[2], float (&l_r)[2], float (&alpha)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_r[h], mx);
+    const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
+    alpha[h] = exp2f(m_r[h] - m_use);
+    m_r[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
+      s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
+      sum += s[j][2 * h] + s[j][2 * h + 1];
+    }
+    l_r[h] = l_r[h] * alpha[h] + sum;
+  }
+}
+// O rescaled by alpha: row g (o[.][0..1]) and row g + 8 (o[.][2..3]).
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+}
+// O += P V over the slice (tV: its V rows, swizzled; P from the score accumulators in registers).
+template <bool BF16, int D>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&s)[2][4], const unsigned char* tV,
+                                              int lane) {
+  constexpr int kCPR = SCfg<D, 4>::kCPR;
+  uint32_t a[4];
+  a[0] = pack2<BF16>(s[0][0], s[0][1]);
+  a[1] = pack2<BF16>(s[0][2], s[0][3]);
+  a[2] = pack2<BF16>(s[1][0], s[1][1]);
+  a[3] = pack2<BF16>(s[1][2], s[1][3]);
+  const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int n = 0; n < D / 8; n += 2) {
+    uint32_t b0, b1, b2, b3;
+    ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b0, b1, b2, b3);
+    mma16816<BF16>(o[n], a, b0, b1);
+    mma16816<BF16>(o[n + 1], a, b2, b3);
+  }
+}
+
+// denom and acc summed over each group of PP lanes (xor shuffles).
+__device__ __forceinline__ void group_sum(float& denom, float4& acc, const int& PP) {
+  for (int off = PP >> 1; off > 0; off >>= 1) {
+    denom += __shfl_xor_sync(0xffffffffu, denom, off, PP);
+    acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off, PP);
+    acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off, PP);
+    acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off, PP);
+    acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off, PP);
+  }
+}
+// One output item: dims 4 c .. 4 c + 3 of (token tok, head `head`) from its group's max M
+// (Mu: the max with the sink s2, 0 for -inf), denom (the sink added here) and acc; at c = 0 the
+// row's LSE too.
+__device__ __forceinline__ void store_item(const AttnParams& p, const int64_t& tok, const int& head, const int& c,
+                                           const float& M, const float& Mu, const float& s2, float& denom,
+                                           const float4& acc) {
+  if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
+  const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
+  store_out4(p, tok, head, 4 * c, acc.x * sc, acc.y * sc, acc.z * sc, acc.w * sc);
+  if (c == 0 && p.lse != nullptr) {
+    const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
+    p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
+  }
+}
+#endif
+
 // One CTA = piece blockIdx.x (cluster rank) of unit blockIdx.y = request * hkv + KV head.
 // SIMPLE: the call's pages hold whole 16-key slices and it has no soft cap (the host decides,
 // simple_call()): the per-key page walk and tanh are compiled out, which halves the code a
@@ -222,11 +458,7 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
   // from shared memory, not fetched by a second global round trip after kv_indptr ----
   __shared__ __align__(16) unsigned char s_win[kWinBytes];
   const Idx& pix = page_index(p);
-  const int esh = pix.is64 ? 3 : 2;
-  for (int i = tid; i < win_n; i += kThreads) {
-    const int64_t e = p.paged_form ? int64_t(i) * pix.s0 : int64_t(r) * pix.s0 + int64_t(i) * pix.s1;
-    cp_async_idx(smem_u32(s_win + (i << esh)), static_cast<const char*>(pix.ptr) + (e << esh), pix.is64);
-  }
+  copy_page_window<W>(p, pix, r, win_n, tid, s_win);
   cp_async_commit();
 
   // ---- the request's index words: every thread loads them (same addresses: one round trip) ----
@@ -282,58 +514,13 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
     const int first = kstart + warp * kSlice;
     const int n_tiles = kend > first ? (kend - first + kTile - 1) / kTile : 0;
 
-    // page id of key `first + tile * 64 + lane` (lanes 0..15), -1 when outside the piece; with
-    // one_page every lane holds the page id of the slice's first key
+    // a tile's page ids (slice_page) and its K/V copies (issue_slice)
     auto load_page = [&](int tile) -> int64_t {
-      const int j = first + tile * kTile + (one_page ? 0 : lane);
-      if ((!one_page && lane >= kSlice) || tile >= n_tiles || j >= kend) return -1;
-      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      const int64_t w = p.paged_form ? pbase + blk : int64_t(blk);  // entry of the window
-      int64_t pg;
-      if (w >= 0 && w < win_n)
-        pg = pix.is64 ? reinterpret_cast<const int64_t*>(s_win)[w] : int64_t(reinterpret_cast<const int32_t*>(s_win)[w]);
-      else
-        pg = p.paged_form ? load_idx(p.kv_indices, pbase + blk) : load_idx2(p.block_table, r, blk);
-      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+      return slice_page<kTile>(p, pix, s_win, win_n, pbase, r, first, kend, n_tiles, one_page, lane, tile);
     };
     auto issue = [&](int tile, int64_t pg_lane) {
-      const int st = tile % kStages;
-      const uint32_t sk = smem_u32(wbuf + st * 2 * C::kSliceBytes);
-      const uint32_t sv = sk + C::kSliceBytes;
-      const uint64_t ef = l2_evict_first_policy();
-      const bool ef_on = kv_read_once(p);  // K/V evict-first only then
-      if (one_page) {
-        const int key0 = first + tile * kTile;
-        const int slot0 = p.page_shift >= 0 ? (key0 & (p.page_size - 1)) : (key0 % p.page_size);
-        const bool okp = pg_lane >= 0;
-        const unsigned char* ka = kb + (okp ? pg_lane * p.k_sb + int64_t(slot0) * p.k_so + k_lane : 0);
-        const unsigned char* va = vb + (okp ? pg_lane * p.v_sb + int64_t(slot0) * p.v_so + v_lane : 0);
-        const int nvalid = okp ? kend - key0 : 0;  // rows of this slice inside the piece
-#pragma unroll
-        for (int i = 0; i < C::kChunks; ++i) {
-          const int row = my_row0 + i * C::kRowStep;
-          const bool ok = row < nvalid;
-          const int off = swz<kCPR>(row, my_chunk);
-          cp_async16_policy_if(sk + off, ok ? ka + i * k_step : kb, ok ? 16 : 0, ef, ef_on);
-          cp_async16_policy_if(sv + off, ok ? va + i * v_step : vb, ok ? 16 : 0, ef, ef_on);
-        }
-        return;
-      }
-      if constexpr (!SIMPLE) {  // pages of fewer than 16 keys: one page id per key row
-#pragma unroll
-        for (int i = 0; i < C::kChunks; ++i) {
-          const int row = my_row0 + i * C::kRowStep;
-          const int64_t pg = __shfl_sync(0xffffffffu, pg_lane, row);
-          const int j = first + tile * kTile + row;
-          const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-          const int off = swz<kCPR>(row, my_chunk);
-          const bool ok = pg >= 0;
-          const int64_t ko = pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh + my_chunk * 16;
-          const int64_t vo = pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh + my_chunk * 16;
-          cp_async16_policy_if(sk + off, ok ? kb + ko : kb, ok ? 16 : 0, ef, ef_on);
-          cp_async16_policy_if(sv + off, ok ? vb + vo : vb, ok ? 16 : 0, ef, ef_on);
-        }
-      }
+      issue_slice<D, W, SIMPLE>(p, wbuf, kb, vb, k_lane, v_lane, k_step, v_step, my_row0, my_chunk, hk, first, kend,
+                                one_page, tile, pg_lane);
     };
 
     // ---- page ids of the first kStages + 1 tiles, their K/V issued, then Q ----
@@ -359,20 +546,9 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
       rvalid[h] = rr < rows_r;
       rqpos[h] = kv_len - q_len + (rvalid[h] ? gdiv(rr) : 0);
     }
-    auto load_q_rows = [&](int h) {  // a0 / a2 (h 0, row g): dims 16s + 2t4 (+8); a1 / a3 (h 1): row g + 8
-      const int rr = row0 + g + 8 * h;
-      const int tq = rvalid[h] ? gdiv(rr) : 0;
-      const int head = hk * p.group + (rvalid[h] ? gmod(rr) : 0);
-      const uint16_t* qrow = static_cast<const uint16_t*>(p.q) + int64_t(q_start + tq) * p.q_st + int64_t(head) * p.q_sh;
-#pragma unroll
-      for (int s = 0; s < kKSteps; ++s) {
-        qf[s][h] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 2 * t4) : 0u;
-        qf[s][h + 2] = rvalid[h] ? *reinterpret_cast<const uint32_t*>(qrow + 16 * s + 8 + 2 * t4) : 0u;
-      }
-    };
-    load_q_rows(0);
+    load_q_rows<D>(p, q_start, hk, row0, g, t4, rvalid, gdiv, gmod, qf, 0);  // row g, then g + 8
     if (upper) {
-      load_q_rows(1);
+      load_q_rows<D>(p, q_start, hk, row0, g, t4, rvalid, gdiv, gmod, qf, 1);
     } else {  // a 1-token tile of <= 8 heads: no loads for the upper half
 #pragma unroll
       for (int s = 0; s < kKSteps; ++s) qf[s][1] = qf[s][3] = 0u;
@@ -403,95 +579,23 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
 
       // ---- S = Q K^T (16 rows x 16 keys) ----
       float s[2][4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int krow = 8 * j + (lane & 7);
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ks += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4(smem_u32(tK + swz<kCPR>(krow, 2 * ks + (lane >> 3))), b0, b1, b2, b3);
-          mma16816<BF16>(s[j], qf[ks], b0, b1);
-          mma16816<BF16>(s[j], qf[ks + 1], b2, b3);
-        }
-      }
+      slice_scores<BF16, D>(s, qf, tK, lane);
       // ---- scale, soft cap, mask (piece range, causal, window) ----
       // a slice inside the piece, at or before every row's position and inside every row's
       // window needs no mask (rows past the tile's end are never stored)
       const bool no_mask = key0 + kSlice <= kend && (!p.causal || key0 + kSlice - 1 <= qpos_first) &&
                            (p.window_left < 0 || int64_t(key0) >= int64_t(qpos_last) - p.window_left);
       if (no_mask) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float x = s[j][e];
-            s[j][e] = softcap ? p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e : x * scale_log2;
-          }
-        }
+        scale_scores(s, p, softcap, scale_lin, scale_log2);
       } else {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[j][e];
-          if (softcap) x = p.soft_cap * tanhf(x * scale_lin / p.soft_cap) * kLog2e;
-          else x *= scale_log2;
-          const int h = e >> 1;
-          const int key = key0 + 8 * j + 2 * t4 + (e & 1);
-          bool vis = rvalid[h] && key < kend;
-          if (p.causal && key > rqpos[h]) vis = false;
-          if (p.window_left >= 0 && int64_t(key) < int64_t(rqpos[h]) - p.window_left) vis = false;
-          s[j][e] = vis ? x : -INFINITY;
-        }
-      }
+        scale_and_mask(s, p, softcap, scale_lin, scale_log2, key0, kend, rvalid, rqpos, t4);
       }
       // ---- online softmax (rows g and g + 8) ----
       float alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_r[h], mx);
-        const float m_use = (m_new == -INFINITY) ? 0.f : m_new;
-        alpha[h] = exp2f(m_r[h] - m_use);
-        m_r[h] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          s[j][2 * h] = exp2f(s[j][2 * h] - m_use);
-          s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - m_use);
-          sum += s[j][2 * h] + s[j][2 * h + 1];
-        }
-        l_r[h] = l_r[h] * alpha[h] + sum;
-      }
-      if (tile > 0) {  // o is still zero before the first tile
-#pragma unroll
-        for (int n = 0; n < kNTilesO; ++n) {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
-        }
-      }
+      online_softmax(s, m_r, l_r, alpha);
+      if (tile > 0) rescale_o<D>(o, alpha);  // o is still zero before the first tile
       // ---- O += P V ----
-      {
-        uint32_t a[4];
-        a[0] = pack2<BF16>(s[0][0], s[0][1]);
-        a[1] = pack2<BF16>(s[0][2], s[0][3]);
-        a[2] = pack2<BF16>(s[1][0], s[1][1]);
-        a[3] = pack2<BF16>(s[1][2], s[1][3]);
-        const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-        for (int n = 0; n < kNTilesO; n += 2) {
-          uint32_t b0, b1, b2, b3;
-          ldsm_x4_t(smem_u32(tV + swz<kCPR>(vrow, n + (lane >> 4))), b0, b1, b2, b3);
-          mma16816<BF16>(o[n], a, b0, b1);
-          mma16816<BF16>(o[n + 1], a, b2, b3);
-        }
-      }
+      accumulate_pv<BF16, D>(o, s, tV, lane);
       __syncwarp();  // every lane is done reading this stage before it is refilled
       const int nt = tile + kStages;
       if (nt < n_tiles) issue(nt, pg_pref);
@@ -600,23 +704,9 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
       const float f = exp2f(mj - Mu);  // 0 for lanes without a piece (mj = -inf)
       float denom = lj * f;
       float4 acc = make_float4(f * oj.x, f * oj.y, f * oj.z, f * oj.w);
-      for (int off = PP >> 1; off > 0; off >>= 1) {
-        denom += __shfl_xor_sync(0xffffffffu, denom, off, PP);
-        acc.x += __shfl_xor_sync(0xffffffffu, acc.x, off, PP);
-        acc.y += __shfl_xor_sync(0xffffffffu, acc.y, off, PP);
-        acc.z += __shfl_xor_sync(0xffffffffu, acc.z, off, PP);
-        acc.w += __shfl_xor_sync(0xffffffffu, acc.w, off, PP);
-      }
+      group_sum(denom, acc, PP);
       if (k0 == 0) tl_stamp_after<TL>(tl, kTlCombined, __float_as_uint(acc.x) ^ __float_as_uint(denom));
-      if (have && jp == 0) {
-        if (p.sinks != nullptr) denom += exp2f(s2 - Mu);
-        const float sc = (denom > 0.f && M != -INFINITY) ? p.v_scale / denom : 0.f;
-        store_out4(p, tok, head, 4 * c, acc.x * sc, acc.y * sc, acc.z * sc, acc.w * sc);
-        if (c == 0 && p.lse != nullptr) {
-          const float lse2 = denom > 0.f ? Mu + log2f(denom) : -INFINITY;
-          p.lse[tok * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
-        }
-      }
+      if (have && jp == 0) store_item(p, tok, head, c, M, Mu, s2, denom, acc);
     }
     tl_stamp<TL>(tl, kTlStored);
     // no CTA may leave (or overwrite its partial in the next row tile) while another reads it
