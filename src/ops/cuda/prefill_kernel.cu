@@ -210,6 +210,9 @@ struct PfCfg {
   static constexpr int kTile = kKeyTile;
   static constexpr bool kQRegs = MT * D <= 128;  // Q fragments held in registers
   static constexpr bool kFragDB = MT * D <= 128;  // K fragments double-buffered in registers
+  using QRegFrags = uint32_t[kQRegs ? D / 16 : 1][4];                       // Q fragments held (kQRegs)
+  using KFrags = uint32_t[kFragDB ? 2 : 1][kTile / 16][4];                  // K fragments of a k-step
+  using QTileFrags = uint32_t[kQRegs ? 1 : (kFragDB ? 2 : 1)][MT][4];       // Q fragments read per k-step
   static constexpr int kCPR = D * 2 / 16;
   static constexpr int kStageBytes = kTile * D * 2;  // one of K / V
   static constexpr int kQBytes = kRows * D * 2;
@@ -228,6 +231,259 @@ struct PfCfg {
   static_assert((kTile * kCPR) % kThreads == 0 && kThreads % kCPR == 0, "loader mapping");
   static_assert(kThreads >= 2 * kTile, "one offset per thread");
 };
+
+// ---- the attention kernel's phases.  They take the kernel's variables by reference, scalars too,
+// and the register buffers a phase fills (kf / qa, vf / a) are declared by the kernel: so the
+// compiler's code for the kernel is the one it makes of the phases written inline.  Arrays of the
+// phases' own changed it, and so did moving the masks, the online softmax or the epilogue out as
+// well (scripts/dev/sass_diff.sh tells).
+
+// Row tid of the unit's row table (rows row0 .. of the request's rows_r, KV head hk): its token
+// (-1 past the end), head, query position (rows past the end: the last row's), and the element
+// offsets of its Q and O rows (-1 past the end).
+__device__ __forceinline__ void fill_row_table(const AttnParams& p, const PfReq& ri, const int& row0, const int& rows_r,
+                                               const int& hk, const int& ctx, const int& tid, int* const& s_rtok,
+                                               int* const& s_rhead, int* const& s_rpos, int64_t* const& s_qoff,
+                                               int64_t* const& s_ooff) {
+  const int rr = row0 + tid;
+  const bool v = rr < rows_r;
+  const int tk = min(rr, rows_r - 1) / p.group;  // rows past the end: the last row's position
+  const int tok = ri.q_start + tk;
+  const int head = hk * p.group + (v ? rr - tk * p.group : 0);
+  s_rtok[tid] = v ? tok : -1;
+  s_rhead[tid] = head;
+  s_rpos[tid] = ctx + tk;
+  s_qoff[tid] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
+  s_ooff[tid] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
+}
+// The unit's Q rows into the swizzled Q tile sQ from 16-byte query rows of the MMA type: a fixed
+// 16-byte chunk my_chunk of rows my_row0 + i * kRowStep per thread, by cp.async from the row
+// table's offsets (-1: zero-fill).
+template <int D, int MT, int NW>
+__device__ __forceinline__ void stage_q_rows(const AttnParams& p, unsigned char* const& sQ, const int64_t* const& s_qoff,
+                                             const int& my_row0, const int& my_chunk) {
+  using C = PfCfg<D, MT, NW>;
+  constexpr int kCPR = C::kCPR;
+  // kRowStep is a multiple of 8, so the swizzle (row & 7) is the same for all of a thread's rows
+  static_assert(C::kRowStep % 8 == 0 && (C::kRows * kCPR) % C::kThreads == 0, "Q mapping");
+  constexpr int kQIters = C::kRows * kCPR / C::kThreads;
+  const uint32_t dq = smem_u32(sQ + swz<kCPR>(my_row0, my_chunk));
+  const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + my_chunk * 8;
+#pragma unroll
+  for (int i = 0; i < kQIters; ++i) {
+    const int64_t off = s_qoff[my_row0 + i * C::kRowStep];
+    cpa16z(dq + i * C::kRowStep * kCPR * 16, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+  }
+}
+// The same element by element (other query types or layouts), converted to the MMA type.
+template <bool BF16, int D, int MT, int NW>
+__device__ __forceinline__ void stage_q_elements(const AttnParams& p, unsigned char* const& sQ,
+                                                 const int (&s_rtok)[16 * MT * NW], const int (&s_rhead)[16 * MT * NW],
+                                                 const int& tid) {
+  using C = PfCfg<D, MT, NW>;
+  constexpr int kCPR = C::kCPR;
+  for (int idx = tid; idx < C::kRows * (D / 2); idx += C::kThreads) {
+    const int row = idx / (D / 2), d = 2 * (idx % (D / 2));
+    const int tok = s_rtok[row];
+    float x0 = 0.f, x1 = 0.f;
+    if (tok >= 0) {
+      const int64_t b = int64_t(tok) * p.q_st + int64_t(s_rhead[row]) * p.q_sh;
+      x0 = load_elt(p.q, b + int64_t(d) * p.q_sd, p.q_t);
+      x1 = load_elt(p.q, b + int64_t(d + 1) * p.q_sd, p.q_t);
+    }
+    *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(row, d >> 3) + (d & 7) * 2) = pack2<BF16>(x0, x1);
+  }
+}
+
+// ---- the K/V loader (called through the kernel's lambdas load_page, page_id, store_off, issue)
+
+// Page-id word of key row tid of tile `tile` (keys from tile0 + tile * kTile, below hi; n_tiles
+// tiles) of request req, loaded ahead (load_idx_word: nothing waits for it here); kv_page_id
+// checks it where it is used.
+__device__ __forceinline__ IdxWord kv_page_word(const AttnParams& p, const int64_t& pbase, const int& req, const int& tile0,
+                                                const int& hi, const int& n_tiles, const int& tid, int tile) {
+  constexpr int kTile = kKeyTile;
+  const int j = tile0 + tile * kTile + (tid & (kTile - 1));
+  const bool valid = tid < 2 * kTile && tile < n_tiles && j < hi;
+  const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
+  return load_idx_word(page_index(p), page_elem(p, pbase, req, blk), valid);
+}
+// The page id of a page-id word, -1 (a zero-filled row) outside [0, num_pages).
+__device__ __forceinline__ int64_t kv_page_id(const AttnParams& p, IdxWord w) {
+  const int64_t pg = idx_word_value(page_index(p), w);
+  return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
+}
+// K and V row addresses of key row tid & (kTile - 1) of tile `tile` (page pg, -1: zero-fill) for
+// KV head hk into the offset table sOff: PAIRED [stage][row][K, V], a row to zero-fill pointing
+// at g_pf_zero_row; else [stage][K|V][row], a row to zero-fill flagged in bit 0.
+template <int D, int MT, int NW, bool PAIRED>
+__device__ __forceinline__ void store_kv_offsets(const AttnParams& p, int64_t* const& sOff, const unsigned char* const& kb,
+                                                 const unsigned char* const& vb, const int& hk, const int& tile0,
+                                                 const int& tid, int tile, int64_t pg) {
+  constexpr int kTile = kKeyTile, kS = PfCfg<D, MT, NW>::kStages;
+  if (tid >= 2 * kTile) return;
+  const int row = tid & (kTile - 1), which = tid / kTile;
+  const int j = tile0 + tile * kTile + row;
+  const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
+  const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
+                                 : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
+  if constexpr (PAIRED) {
+    // [stage][row][K, V] absolute addresses; a row to zero-fill reads the zero row
+    const unsigned char* base = which == 0 ? kb : vb;
+    sOff[(((tile % kS) * kTile + row) << 1) + which] =
+        pg < 0 ? reinterpret_cast<int64_t>(g_pf_zero_row) : reinterpret_cast<int64_t>(base + off);
+  } else {
+    // absolute address; a row to zero-fill keeps the (readable, 16-byte aligned) base | 1
+    const unsigned char* base = which == 0 ? kb : vb;
+    sOff[((tile % kS) * 2 + which) * kTile + row] =
+        pg < 0 ? (reinterpret_cast<int64_t>(base) | 1) : reinterpret_cast<int64_t>(base + off);
+  }
+}
+// This thread's cp.async of tile `tile`'s K and V rows (addresses from sOff) into its stage of the
+// ring sKV: rows my_row0 + i * kRowStep, 16-byte chunk my_chunk.
+template <int D, int MT, int NW, bool PAIRED>
+__device__ __forceinline__ void issue_kv_tile(unsigned char* const& sKV, int64_t* const& sOff, const int& my_row0,
+                                              const int& my_chunk, int tile) {
+  using C = PfCfg<D, MT, NW>;
+  constexpr int kTile = C::kTile, kCPR = C::kCPR, kS = C::kStages;
+  const int st = tile % kS;
+  if constexpr (PAIRED) {
+    // rows my_row0 + i * kRowStep (kRowStep a multiple of 8: one swizzle per thread), K and
+    // V of a row from one 16-byte shared load; destinations = d0 + immediates
+    static_assert(C::kRowStep % 8 == 0 && kCPR * 16 <= int(sizeof(g_pf_zero_row)), "paired-row loader mapping");
+    const uint32_t d0 = smem_u32(sKV + st * 2 * C::kStageBytes + swz<kCPR>(my_row0, my_chunk));
+    const int64_t* pr = sOff + ((st * kTile + my_row0) << 1);
+    static_for<C::kChunksPerThread>([&](auto ic) {
+      constexpr int kR = decltype(ic)::value * C::kRowStep;
+      const longlong2 a = *reinterpret_cast<const longlong2*>(pr + 2 * kR);
+      // rows aligned to their size (host check pf_rows_aligned): chunk offset in the low word
+      cpa16_at<kR * kCPR * 16>(d0, add_lo32(a.x, uint32_t(my_chunk) * 16u));
+      cpa16_at<kR * kCPR * 16 + C::kStageBytes>(d0, add_lo32(a.y, uint32_t(my_chunk) * 16u));
+    });
+    return;
+  }
+  const uint32_t sk = smem_u32(sKV + st * 2 * C::kStageBytes);
+  const uint32_t sv = sk + C::kStageBytes;
+  const int64_t* offk = sOff + st * 2 * kTile;
+  const int64_t* offv = offk + kTile;
+#pragma unroll
+  for (int i = 0; i < C::kChunksPerThread; ++i) {
+    const int row = my_row0 + i * C::kRowStep;
+    const int so = swz<kCPR>(row, my_chunk);
+    const int64_t ok = offk[row], ov = offv[row];
+    const uint32_t zk = uint32_t(ok) & 1u, zv = uint32_t(ov) & 1u;
+    cpa16z(sk + so, reinterpret_cast<const unsigned char*>(ok - zk) + my_chunk * 16, zk);
+    cpa16z(sv + so, reinterpret_cast<const unsigned char*>(ov - zv) + my_chunk * 16, zv);
+  }
+}
+
+// ---- one tile's math
+
+// S = Q K^T of the warp's MT m-tiles (rows from wrow0) and the tile's keys (tK).  Per k-step (16
+// dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles (kf); the next k-step's
+// fragments are loaded before this k-step's MMAs (register double buffer, C::kFragDB).  Q
+// fragments: qf (C::kQRegs), else read from the Q tile sQ per k-step (qa).
+template <bool BF16, int D, int MT, int NW>
+__device__ __forceinline__ void qk_tile(float (&s)[MT][kKeyTile / 8][4], typename PfCfg<D, MT, NW>::QRegFrags& qf,
+                                        typename PfCfg<D, MT, NW>::KFrags& kf, typename PfCfg<D, MT, NW>::QTileFrags& qa,
+                                        const unsigned char* const& sQ, const unsigned char* const& tK, const int& wrow0,
+                                        const int& lane) {
+  using C = PfCfg<D, MT, NW>;
+  constexpr int kCPR = C::kCPR, kKSteps = D / 16, kNTs = kKeyTile / 8;
+  auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
+#pragma unroll
+    for (int jj = 0; jj < kNTs / 2; ++jj)
+      ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
+  };
+  auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+      ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
+  };
+  if constexpr (C::kFragDB) {
+    load_k(0, kf[0]);
+    if constexpr (!C::kQRegs) load_q(0, qa[0]);
+  }
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const int cur = C::kFragDB ? (ks & 1) : 0;
+    if constexpr (C::kFragDB) {
+      if (ks + 1 < kKSteps) {
+        load_k(ks + 1, kf[(ks + 1) & 1]);
+        if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
+      }
+    } else {
+      load_k(ks, kf[0]);
+      if constexpr (!C::kQRegs) load_q(ks, qa[0]);
+    }
+#pragma unroll
+    for (int jj = 0; jj < kNTs / 2; ++jj)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
+        mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
+        mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
+      }
+  }
+}
+// Soft cap of the tile's scores: cap_out tanh(s cap_in).
+template <int MT>
+__device__ __forceinline__ void soft_cap(float (&s)[MT][kKeyTile / 8][4], const float& cap_in, const float& cap_out) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int j = 0; j < kKeyTile / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
+}
+// O rescaled by alpha (rows g and g + 8 of each m-tile).
+template <int D, int MT>
+__device__ __forceinline__ void rescale_o(float (&o)[MT][D / 8][4], const float (&alpha)[MT][2]) {
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[m][n][0] *= alpha[m][0];
+      o[m][n][1] *= alpha[m][0];
+      o[m][n][2] *= alpha[m][1];
+      o[m][n][3] *= alpha[m][1];
+    }
+}
+// O += P V over the tile: P stays in registers (the S accumulator layout is the A layout: a); V
+// fragments by ldmatrix.trans from tV, loaded two steps ahead of their MMAs (ring of three: vf).
+template <bool BF16, int D, int MT>
+__device__ __forceinline__ void pv_tile(float (&o)[MT][D / 8][4], const float (&s)[MT][kKeyTile / 8][4],
+                                        uint32_t (&vf)[3][4], uint32_t (&a)[MT][4], const unsigned char* const& tV,
+                                        const int& lane) {
+  constexpr int kCPR = D * 2 / 16;
+  constexpr int kNP = D / 16;                 // n-tile pairs per 16-key step
+  constexpr int kNV = (kKeyTile / 16) * kNP;  // ldmatrix.x4.trans per tile
+  auto load_v = [&](int idx, uint32_t (&b)[4]) {
+    const int kk = idx / kNP, np = idx % kNP;
+    ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
+  };
+  load_v(0, vf[0]);
+  if (kNV > 1) load_v(1, vf[1]);
+#pragma unroll
+  for (int idx = 0; idx < kNV; ++idx) {
+    if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
+    const int kk = idx / kNP, n = 2 * (idx % kNP);
+    if (n == 0) {
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
+        a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
+        a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
+        a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
+      mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
+    }
+  }
+}
 
 // The kernel's steps, each measured on an H200 when it landed:
 //  * lazy O rescale: a row's reference max moves only when the tile max exceeds it by more than
@@ -309,18 +565,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
 
     const bool warp_valid = row0 + wrow0 < rows_r;
     // the unit's row table: token, head, query position, Q and O element offsets per CTA row
-    if (tid < C::kRows) {
-      const int rr = row0 + tid;
-      const bool v = rr < rows_r;
-      const int tk = min(rr, rows_r - 1) / p.group;  // rows past the end: the last row's position
-      const int tok = ri.q_start + tk;
-      const int head = hk * p.group + (v ? rr - tk * p.group : 0);
-      s_rtok[tid] = v ? tok : -1;
-      s_rhead[tid] = head;
-      s_rpos[tid] = ctx + tk;
-      s_qoff[tid] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
-      s_ooff[tid] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
-    }
+    if (tid < C::kRows) fill_row_table(p, ri, row0, rows_r, hk, ctx, tid, s_rtok, s_rhead, s_rpos, s_qoff, s_ooff);
     __syncthreads();
     // this warp's rows: positions (for masks) and the warp's position range (for skips); rows
     // past the end are clamped to the last row, w_first of a warp without valid rows is never used
@@ -333,95 +578,19 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
     const int w_last = s_rpos[wrow0 + 16 * MT - 1];
     // ---- Q -> shared (swizzled, MMA element type) ----
     if (q_fast) {
-      // thread = fixed 16-byte chunk my_chunk of rows my_row0 + i * kRowStep; kRowStep is a
-      // multiple of 8, so the swizzle (row & 7) is the same for all of a thread's rows
-      static_assert(C::kRowStep % 8 == 0 && (C::kRows * kCPR) % C::kThreads == 0, "Q mapping");
-      constexpr int kQIters = C::kRows * kCPR / C::kThreads;
-      const uint32_t dq = smem_u32(sQ + swz<kCPR>(my_row0, my_chunk));
-      const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + my_chunk * 8;
-#pragma unroll
-      for (int i = 0; i < kQIters; ++i) {
-        const int64_t off = s_qoff[my_row0 + i * C::kRowStep];
-        cpa16z(dq + i * C::kRowStep * kCPR * 16, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
-      }
+      stage_q_rows<D, MT, NW>(p, sQ, s_qoff, my_row0, my_chunk);
     } else {
-      for (int idx = tid; idx < C::kRows * (D / 2); idx += C::kThreads) {
-        const int row = idx / (D / 2), d = 2 * (idx % (D / 2));
-        const int tok = s_rtok[row];
-        float x0 = 0.f, x1 = 0.f;
-        if (tok >= 0) {
-          const int64_t b = int64_t(tok) * p.q_st + int64_t(s_rhead[row]) * p.q_sh;
-          x0 = load_elt(p.q, b + int64_t(d) * p.q_sd, p.q_t);
-          x1 = load_elt(p.q, b + int64_t(d + 1) * p.q_sd, p.q_t);
-        }
-        *reinterpret_cast<uint32_t*>(sQ + swz<kCPR>(row, d >> 3) + (d & 7) * 2) = pack2<BF16>(x0, x1);
-      }
+      stage_q_elements<BF16, D, MT, NW>(p, sQ, s_rtok, s_rhead, tid);
     }
     cp_async_commit();
 
-    // ---- K/V loader ----
-    // page-id word of tile `tile` for this thread's row, loaded ahead (load_idx_word: nothing
-    // waits for it here); page_id() checks it where it is used (-1: zero-filled row)
-    auto load_page = [&](int tile) -> IdxWord {
-      const int j = tile0 + tile * kTile + (tid & (kTile - 1));
-      const bool valid = tid < 2 * kTile && tile < n_tiles && j < hi;
-      const int blk = p.page_shift >= 0 ? (j >> p.page_shift) : (j / p.page_size);
-      return load_idx_word(page_index(p), page_elem(p, pbase, it.x, blk), valid);
-    };
-    auto page_id = [&](IdxWord w) -> int64_t {
-      const int64_t pg = idx_word_value(page_index(p), w);
-      return (pg < 0 || pg >= p.num_pages) ? int64_t(-1) : pg;
-    };
+    // ---- K/V loader: page ids a tile ahead, row addresses in shared memory, the tile's copies ----
+    auto load_page = [&](int tile) -> IdxWord { return kv_page_word(p, pbase, it.x, tile0, hi, n_tiles, tid, tile); };
+    auto page_id = [&](IdxWord w) -> int64_t { return kv_page_id(p, w); };
     auto store_off = [&](int tile, int64_t pg) {
-      if (tid >= 2 * kTile) return;
-      const int row = tid & (kTile - 1), which = tid / kTile;
-      const int j = tile0 + tile * kTile + row;
-      const int slot = p.page_shift >= 0 ? (j & (p.page_size - 1)) : (j % p.page_size);
-      const int64_t off = which == 0 ? pg * p.k_sb + int64_t(slot) * p.k_so + int64_t(hk) * p.k_sh
-                                     : pg * p.v_sb + int64_t(slot) * p.v_so + int64_t(hk) * p.v_sh;
-      if constexpr (PAIRED) {
-        // [stage][row][K, V] absolute addresses; a row to zero-fill reads the zero row
-        const unsigned char* base = which == 0 ? kb : vb;
-        sOff[(((tile % kS) * kTile + row) << 1) + which] =
-            pg < 0 ? reinterpret_cast<int64_t>(g_pf_zero_row) : reinterpret_cast<int64_t>(base + off);
-      } else {
-        // absolute address; a row to zero-fill keeps the (readable, 16-byte aligned) base | 1
-        const unsigned char* base = which == 0 ? kb : vb;
-        sOff[((tile % kS) * 2 + which) * kTile + row] =
-            pg < 0 ? (reinterpret_cast<int64_t>(base) | 1) : reinterpret_cast<int64_t>(base + off);
-      }
+      store_kv_offsets<D, MT, NW, PAIRED>(p, sOff, kb, vb, hk, tile0, tid, tile, pg);
     };
-    auto issue = [&](int tile) {
-      const int st = tile % kS;
-      if constexpr (PAIRED) {
-        // rows my_row0 + i * kRowStep (kRowStep a multiple of 8: one swizzle per thread), K and
-        // V of a row from one 16-byte shared load; destinations = d0 + immediates
-        static_assert(C::kRowStep % 8 == 0 && kCPR * 16 <= int(sizeof(g_pf_zero_row)), "paired-row loader mapping");
-        const uint32_t d0 = smem_u32(sKV + st * 2 * C::kStageBytes + swz<kCPR>(my_row0, my_chunk));
-        const int64_t* pr = sOff + ((st * kTile + my_row0) << 1);
-        static_for<C::kChunksPerThread>([&](auto ic) {
-          constexpr int kR = decltype(ic)::value * C::kRowStep;
-          const longlong2 a = *reinterpret_cast<const longlong2*>(pr + 2 * kR);
-          // rows aligned to their size (host check pf_rows_aligned): chunk offset in the low word
-          cpa16_at<kR * kCPR * 16>(d0, add_lo32(a.x, uint32_t(my_chunk) * 16u));
-          cpa16_at<kR * kCPR * 16 + C::kStageBytes>(d0, add_lo32(a.y, uint32_t(my_chunk) * 16u));
-        });
-        return;
-      }
-      const uint32_t sk = smem_u32(sKV + st * 2 * C::kStageBytes);
-      const uint32_t sv = sk + C::kStageBytes;
-      const int64_t* offk = sOff + st * 2 * kTile;
-      const int64_t* offv = offk + kTile;
-#pragma unroll
-      for (int i = 0; i < C::kChunksPerThread; ++i) {
-        const int row = my_row0 + i * C::kRowStep;
-        const int so = swz<kCPR>(row, my_chunk);
-        const int64_t ok = offk[row], ov = offv[row];
-        const uint32_t zk = uint32_t(ok) & 1u, zv = uint32_t(ov) & 1u;
-        cpa16z(sk + so, reinterpret_cast<const unsigned char*>(ok - zk) + my_chunk * 16, zk);
-        cpa16z(sv + so, reinterpret_cast<const unsigned char*>(ov - zv) + my_chunk * 16, zv);
-      }
-    };
+    auto issue = [&](int tile) { issue_kv_tile<D, MT, NW, PAIRED>(sKV, sOff, my_row0, my_chunk, tile); };
 
     IdxWord pg_pref{0xffffffffu, 0xffffffffu};
     if (n_tiles > 0) {
@@ -478,62 +647,18 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
       const unsigned char* tV = tK + C::kStageBytes;
 
       // ---- S = Q K^T ----
-      // Per k-step (16 dims): one ldmatrix.x4 gives the B fragments of two 8-key n-tiles; the
-      // next k-step's fragments are loaded before this k-step's MMAs (register double buffer).
       float s[MT][kNTs][4];
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int j = 0; j < kNTs; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
       {
-        constexpr int kKB = C::kFragDB ? 2 : 1;
-        uint32_t kf[kKB][kNTs / 2][4];
-        uint32_t qa[C::kQRegs ? 1 : kKB][MT][4];
-        auto load_k = [&](int ks, uint32_t (&b)[kNTs / 2][4]) {
-#pragma unroll
-          for (int jj = 0; jj < kNTs / 2; ++jj)
-            ldsm_x4(smem_u32(tK + swz<kCPR>(16 * jj + ((lane >> 4) << 3) + (lane & 7), 2 * ks + ((lane >> 3) & 1))), b[jj]);
-        };
-        auto load_q = [&](int ks, uint32_t (&a)[MT][4]) {
-#pragma unroll
-          for (int m = 0; m < MT; ++m)
-            ldsm_x4(smem_u32(sQ + swz<kCPR>(wrow0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * ks + (lane >> 4))), a[m]);
-        };
-        if constexpr (C::kFragDB) {
-          load_k(0, kf[0]);
-          if constexpr (!C::kQRegs) load_q(0, qa[0]);
-        }
-#pragma unroll
-        for (int ks = 0; ks < kKSteps; ++ks) {
-          const int cur = C::kFragDB ? (ks & 1) : 0;
-          if constexpr (C::kFragDB) {
-            if (ks + 1 < kKSteps) {
-              load_k(ks + 1, kf[(ks + 1) & 1]);
-              if constexpr (!C::kQRegs) load_q(ks + 1, qa[(ks + 1) & 1]);
-            }
-          } else {
-            load_k(ks, kf[0]);
-            if constexpr (!C::kQRegs) load_q(ks, qa[0]);
-          }
-#pragma unroll
-          for (int jj = 0; jj < kNTs / 2; ++jj)
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-              const uint32_t(&a)[4] = C::kQRegs ? qf[C::kQRegs ? ks : 0] : qa[C::kQRegs ? 0 : cur][m];
-              mma16816<BF16, false>(s[m][2 * jj], a, kf[cur][jj][0], kf[cur][jj][1]);
-              mma16816<BF16, false>(s[m][2 * jj + 1], a, kf[cur][jj][2], kf[cur][jj][3]);
-            }
-        }
+        typename C::KFrags kf;
+        typename C::QTileFrags qa;
+        qk_tile<BF16, D, MT, NW>(s, qf, kf, qa, sQ, tK, wrow0, lane);
       }
       // ---- soft cap, mask (each a uniform branch around the whole tile) ----
-      if (softcap) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int j = 0; j < kNTs; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[m][j][e] = cap_out * tanhf(s[m][j][e] * cap_in);
-      }
+      if (softcap) soft_cap<MT>(s, cap_in, cap_out);
       const bool need_mask = (kt0 + kTile > ri.kv_len) || (p.causal && kt0 + kTile - 1 > w_first) ||
                              (p.window_left >= 0 && int64_t(kt0) < int64_t(w_last) - p.window_left);
       if (need_mask && p.window_left < 0) {
@@ -598,51 +723,13 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
           l_r[m][h] = l_r[m][h] * alpha[m][h] + sum;
         }
       // on the warp's first computed tile O is still zero (alpha = 0 or 1): nothing to scale
-      if (!fresh && __any_sync(0xffffffffu, moved)) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-          for (int n = 0; n < kNTo; ++n) {
-            o[m][n][0] *= alpha[m][0];
-            o[m][n][1] *= alpha[m][0];
-            o[m][n][2] *= alpha[m][1];
-            o[m][n][3] *= alpha[m][1];
-          }
-      }
+      if (!fresh && __any_sync(0xffffffffu, moved)) rescale_o<D, MT>(o, alpha);
       fresh = false;
       // ---- O += P V ----
-      // P stays in registers (the S accumulator layout is the A layout); V fragments by
-      // ldmatrix.trans, loaded two steps ahead of their MMAs (ring of three).
       {
-        constexpr int kNP = kNTo / 2;              // n-tile pairs per 16-key step
-        constexpr int kNV = (kTile / 16) * kNP;    // ldmatrix.x4.trans per tile
         uint32_t vf[3][4];
-        auto load_v = [&](int idx, uint32_t (&b)[4]) {
-          const int kk = idx / kNP, np = idx % kNP;
-          ldsm_x4_t(smem_u32(tV + swz<kCPR>(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * np + (lane >> 4))), b);
-        };
-        load_v(0, vf[0]);
-        if (kNV > 1) load_v(1, vf[1]);
         uint32_t a[MT][4];
-#pragma unroll
-        for (int idx = 0; idx < kNV; ++idx) {
-          if (idx + 2 < kNV) load_v(idx + 2, vf[(idx + 2) % 3]);
-          const int kk = idx / kNP, n = 2 * (idx % kNP);
-          if (n == 0) {
-#pragma unroll
-            for (int m = 0; m < MT; ++m) {
-              a[m][0] = pack2<BF16>(s[m][2 * kk][0], s[m][2 * kk][1]);
-              a[m][1] = pack2<BF16>(s[m][2 * kk][2], s[m][2 * kk][3]);
-              a[m][2] = pack2<BF16>(s[m][2 * kk + 1][0], s[m][2 * kk + 1][1]);
-              a[m][3] = pack2<BF16>(s[m][2 * kk + 1][2], s[m][2 * kk + 1][3]);
-            }
-          }
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            mma16816<BF16, false>(o[m][n], a[m], vf[idx % 3][0], vf[idx % 3][1]);
-            mma16816<BF16, false>(o[m][n + 1], a[m], vf[idx % 3][2], vf[idx % 3][3]);
-          }
-        }
+        pv_tile<BF16, D, MT>(o, s, vf, a, tV, lane);
       }
     }
     cp_async_wait<0>();
