@@ -62,6 +62,9 @@ NUMPY_PY=""   # the model tests' generator of test models and reference logits n
 for p in /usr/bin/python3 "$(command -v python3)"; do
   [ -x "$p" ] && "$p" -c 'import numpy' > /dev/null 2>&1 && { NUMPY_PY=$p; break; }
 done
+# the model tests run NUMPY_PY through KVATTN_TEST_PYTHON (the build's cached path may not exist
+# here when the binaries were built elsewhere)
+[ -n "$NUMPY_PY" ] && export KVATTN_TEST_PYTHON="$NUMPY_PY"
 HAVE_TORCH=0
 "$PY" -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1 && HAVE_TORCH=1
 build() {  # targets...
@@ -140,7 +143,9 @@ test_jobs() {
   done
   echo "test_attention_cuda $TT $TATT"
   if [ -x "$TMOD" ]; then
-    echo "test_model_cuda $TT $TMOD"
+    for i in 0 1 2 3; do  # the model tests' reference logits are CPU work: four processes
+      echo "test_model_cuda_$i $TT env GTEST_TOTAL_SHARDS=4 GTEST_SHARD_INDEX=$i $TMOD"
+    done
   else
     stamp "test_model_cuda not run: $([ -z "$NUMPY_PY" ] && echo 'no python3 with NumPy' || echo "no $TMOD")" >&2
   fi
