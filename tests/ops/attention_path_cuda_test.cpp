@@ -122,10 +122,21 @@ TEST_F(CudaAttentionPath, PrefillTakesThePrefillKernels) {
   EXPECT_TRUE(has(general.reason, "prefill configuration")) << general.reason;
 }
 
-TEST_F(CudaAttentionPath, Fp8PrefillStaysOnAttnKernel) {
+// fp8 pages: the wgmma kernel reads them on sm_90a; the mma.sync prefill kernel does not, so
+// elsewhere (or with the wgmma kernel off) the call goes to attn_kernel's prefill configuration.
+TEST_F(CudaAttentionPath, Fp8PrefillTakesTheWgmmaKernelElseAttnKernel) {
   Call c(8, 2048, 2048, DType::bf16, DType::fp8_e4m3);
   const auto choice = attention_path_for(c.a);
-  EXPECT_EQ(choice.path, AttentionPath::attn_kernel) << cuda_impl::attention_path_name(choice.path);
+  if (hopper()) {
+    EXPECT_EQ(choice.path, AttentionPath::prefill_wgmma) << cuda_impl::attention_path_name(choice.path);
+    EXPECT_TRUE(has(choice.reason, "fp8")) << choice.reason;
+  } else {
+    EXPECT_EQ(choice.path, AttentionPath::attn_kernel) << cuda_impl::attention_path_name(choice.path);
+  }
+  cuda_impl::set_prefill_hopper_mode(1);
+  const auto off = attention_path_for(c.a);
+  EXPECT_EQ(off.path, AttentionPath::attn_kernel) << cuda_impl::attention_path_name(off.path);
+  EXPECT_TRUE(has(off.reason, "prefill configuration")) << off.reason;
 }
 #else
 TEST(CudaAttentionPath, NeedsCuda) { GTEST_SKIP() << "a build without CUDA"; }

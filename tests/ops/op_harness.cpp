@@ -77,7 +77,10 @@ const std::vector<Line> kRegistry = {
      {Path::decode, Path::small_decode, Path::streamk, Path::page_decode}, Shape::decode_gqa4, kCausal | kIdx64},
     // ---- paged_attention on CUDA: every prefill path x dtype x layout ----------------------------
     {Op::paged_attention, kHalf, kSame, kLayouts, kCuda, {Path::prefill_mma}, Shape::prefill_gqa4, kCausal},
-    {Op::paged_attention, kBf16, kSame, kLayouts, kCuda, {Path::prefill_wgmma}, Shape::prefill_gqa4, kCausal},
+    {Op::paged_attention, kHalf, kSame, kLayouts, kCuda, {Path::prefill_wgmma}, Shape::prefill_gqa4, kCausal},
+    {Op::paged_attention, kHalf, kFp8, kLayouts, kCuda, {Path::prefill_wgmma}, Shape::prefill_gqa4, kCausal | kScales},
+    {Op::paged_attention, kBf16, {Kv::fp8_e4m3}, kNhd, kCuda, {Path::prefill_wgmma}, Shape::prefill_gqa4,
+     kCausal | kScales | kSinks | kCap30 | kWin8},
     {Op::paged_attention, kBf16, kFp8, kLayouts, kCuda, {Path::attn_prefill}, Shape::prefill_gqa4, kCausal | kScales},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, kPrefillPaths, Shape::prefill_gqa4, kBlockTable | kLnLse},
     {Op::paged_attention, kBf16, kSame, kNhd, kCuda, kPrefillPaths, Shape::prefill_gqa4, kCausal | kSinks},

@@ -386,12 +386,14 @@ TEST_F(CudaPrefill, ManyUnitsPerCta) {
 }
 
 // Whether the wgmma prefill kernel (src/ops/cuda/hopper_prefill.cu) should serve a case on this
-// device: an sm_90 device (the CUDA build holds sm_90a code), bf16 query / cache / output,
-// head_dim 128, no PrefixLM / XQA, pages dividing the 128-key tile (soft cap and sliding window
-// included).
+// device: an sm_90 device (the CUDA build holds sm_90a code), head_dim 128, a bf16 or f16 query
+// with an output of its type, a cache of the query's type or fp8 (e4m3 / e5m2), no PrefixLM /
+// XQA, pages dividing the 128-key tile (soft cap and sliding window included).
 bool hopper_covers(const Case& c) {
-  return kvattn::cuda::compute_capability(0) == 90 && c.dim == 128 && c.q_dt == DType::bf16 &&
-         c.kv_dt == DType::bf16 && c.out_dt == DType::bf16 && !c.mm && !c.xqa && c.page >= 8 && 128 % c.page == 0;
+  const bool half_q = c.q_dt == DType::bf16 || c.q_dt == DType::f16;
+  const bool fp8 = c.kv_dt == DType::fp8_e4m3 || c.kv_dt == DType::fp8_e5m2;
+  return kvattn::cuda::compute_capability(0) == 90 && c.dim == 128 && half_q && c.out_dt == c.q_dt &&
+         (c.kv_dt == c.q_dt || fp8) && !c.mm && !c.xqa && c.page >= 8 && 128 % c.page == 0;
 }
 
 // run_case, then checks which prefill kernel served the call: the wgmma kernel exactly when
@@ -517,6 +519,42 @@ void run_hopper_matrix(int sched, uint32_t seed) {
     c.kv_lens = {800, 45, 257};
     run_checked(c, seed++);
   }
+  // f16 and fp8 pages (fp8: widened to f16 in shared memory, f16 wgmma; a bf16 query is rounded
+  // to f16): tile and page edges, GQA 4 / 8, causal and not, scales, then with soft cap, window,
+  // sinks and LSE base e
+  {
+    struct Dt {
+      DType kv, q;
+    };
+    int variant = 0;
+    for (const Dt dt : {Dt{DType::f16, DType::f16}, Dt{DType::fp8_e4m3, DType::bf16}, Dt{DType::fp8_e5m2, DType::bf16},
+                        Dt{DType::fp8_e4m3, DType::f16}, Dt{DType::fp8_e5m2, DType::f16}}) {
+      for (int opts = 0; opts < 2; ++opts, ++variant) {
+        Case c;
+        c.kv_dt = dt.kv;
+        c.q_dt = c.out_dt = dt.q;
+        c.hq = opts ? 16 : 8;
+        c.hkv = 2;
+        c.causal = variant % 3 != 2;
+        c.page = variant % 4 == 1 ? 8 : (variant % 4 == 3 ? 64 : 16);
+        c.paged_form = variant % 2 == 0;
+        c.layout = variant % kNumLayouts;
+        c.k_scale = 0.7;
+        c.v_scale = 1.3;
+        if (opts) {
+          c.soft_cap = 20.0;
+          c.window_left = 90;
+          c.sinks = true;
+          c.base = LseBase::E;
+        }
+        c.q_lens = {1, 130, 17, 300, 129};
+        c.kv_lens = {9, 130, 400, 333, 1029};
+        c.name = tag + "kv " + dtype_name(dt.kv) + " q " + dtype_name(dt.q) + (opts ? " + window/soft cap/sinks" : "") +
+                 (c.causal ? " causal" : " non-causal");
+        run_checked(c, seed++);
+      }
+    }
+  }
   {
     Case c;
     c.name = tag + "causal 1025 + 300 + 100 (block table)";
@@ -557,8 +595,8 @@ TEST_F(CudaPrefill, HopperWgmmaOverlap) { run_hopper_matrix(1, 11000); }
 TEST_F(CudaPrefill, HopperWgmmaPingpong) { run_hopper_matrix(2, 11000); }
 TEST_F(CudaPrefill, HopperWgmmaTurns) { run_hopper_matrix(3, 11000); }
 
-// The calls the wgmma kernel leaves to the mma.sync kernel, with the reason (head_dim 64, f16,
-// f32 output), and the kernel turned off.
+// The calls the wgmma kernel leaves to the mma.sync kernel, with the reason (head_dim 64, f32
+// output), an f16 call it takes, and the kernel turned off.
 TEST_F(CudaPrefill, HopperWgmma) {
   uint32_t seed = 11500;
   {
@@ -572,7 +610,7 @@ TEST_F(CudaPrefill, HopperWgmma) {
     EXPECT_NE(std::string(cuda_impl::last_prefill_kernel_reason()).find("head_dim"), std::string::npos)
         << cuda_impl::last_prefill_kernel_reason();
     c.dim = 128;
-    c.name = "f16 -> mma.sync";
+    c.name = "f16 -> wgmma";
     c.kv_dt = c.q_dt = c.out_dt = DType::f16;
     run_checked(c, seed++);
     c.kv_dt = c.q_dt = DType::bf16;
@@ -623,6 +661,18 @@ TEST_F(CudaPrefill, HopperWgmmaSmall) {
       c.name = tag + "variant " + std::to_string(variant);
       run_checked(c, seed++);
     }
+    for (int variant = 0; variant < 2; ++variant) {  // fp8 pages: the staging tile and its widening
+      Case c;
+      c.kv_dt = variant ? DType::fp8_e5m2 : DType::fp8_e4m3;
+      c.q_dt = c.out_dt = variant ? DType::f16 : DType::bf16;
+      c.hq = 4; c.hkv = 1;
+      c.page = variant ? 8 : 16;
+      c.k_scale = 0.5;
+      c.q_lens = {17, 130};
+      c.kv_lens = {17, 257};
+      c.name = tag + "fp8 variant " + std::to_string(variant);
+      run_checked(c, seed++);
+    }
     Case c;
     c.name = tag + "kept plan, 2 repeats";
     c.hq = 4; c.hkv = 1;
@@ -640,10 +690,15 @@ TEST_F(CudaPrefill, Routing) {
   Case c;
   c.q_lens = {100, 40};
   c.kv_lens = {130, 40};
-  c.name = "fp8 e4m3 pages -> attn_kernel";
+  c.name = "fp8 e4m3 pages -> the wgmma kernel on sm_90, else attn_kernel";
   c.kv_dt = DType::fp8_e4m3;
   c.k_scale = 0.5;
-  EXPECT_EQ(run_case(c, 9000), 0);
+  EXPECT_EQ(run_case(c, 9000), hopper_covers(c) ? 1 : 0);
+  if (hopper_covers(c)) {
+    const HopperMode off(1);
+    c.name = "fp8 e4m3 pages, wgmma kernel off -> attn_kernel";
+    EXPECT_EQ(run_case(c, 9000), 0);
+  }
   c.name = "PrefixLM ranges -> attn_kernel";
   c.kv_dt = DType::bf16;
   c.k_scale = 1.0;

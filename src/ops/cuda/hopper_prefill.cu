@@ -1,12 +1,13 @@
 // src/ops/cuda/hopper_prefill.cu — paged PREFILL attention for sm_90a: TMA page gathers by a
 // producer warp, wgmma in two consumer warpgroups, an mbarrier ring of two K/V stages.
 //
-// Covers: bf16 query / K / V / output (16-byte rows), head_dim 128, GQA, causal or not, sliding
-// window, logit soft cap, pages of 8..128 tokens (a divisor of the 128-key tile) through either
-// page form, LSE (both bases), sinks, q/k/v scales.  Everything else (fp8 KV, head dims 64 / 256,
-// f16, f32 query or output, PrefixLM / XQA masks) stays on the mma.sync kernel (prefill_kernel.cu), which
+// Covers: head_dim 128; bf16 query / K / V / output, f16 query / K / V / output, or fp8 (e4m3 /
+// e5m2) K / V with a bf16 or f16 query and output of its type (16-byte rows); GQA, causal or not,
+// sliding window, logit soft cap, pages of 8..128 tokens (a divisor of the 128-key tile) through
+// either page form, LSE (both bases), sinks, q/k/v scales.  Everything else (head dims 64 / 256,
+// f32 query or output, PrefixLM / XQA masks) stays on the mma.sync kernel (prefill_kernel.cu), which
 // also builds the plan this kernel reads (same 128-row tiles; hopper_prefill_choice() says which
-// kernel serves a call and why).
+// kernel serves a call and why), or for fp8 pages on attn_kernel (the mma.sync kernel reads no fp8).
 //
 // CTA = 3 warpgroups.  Warpgroup 0: one producer warp (the other three exit); per 128-key tile it
 // reads the tile's page ids from the block table / kv_indices and issues one TMA box per page
@@ -37,12 +38,20 @@
 // Unset, a call takes pingpong when its requests average at most 1024 KV tokens, turns above
 // (hopper_sched_for, routing.h, with the measurements behind it).
 // Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
+// fp8 pages (kKV e4m3 / e5m2): the producer warp's TMA boxes (one per page, 128 one-byte dims)
+// land in one K and one V staging tile (16 KB each, 128-byte swizzle); warps 1-3 of the producer
+// warpgroup widen each into the f16 operand tile of the next K/V stage (e4m3 by the hardware cvt,
+// e5m2 as the high byte of an f16: exact, so k_scale / v_scale stay in sm_scale / the epilogue),
+// write zeros for keys past kv_len, and arrive on the stage's full barriers (3 arrivals); the
+// consumers then run f16 wgmma, a bf16 query rounded to f16 as it is staged (as attn_kernel's fp8
+// path computes in f16).  The widening warps need 32 registers: the consumers get 232 (else 240).
 // Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ...
 // (heaviest first, no counter: the producer and consumers walk the same list independently).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include "ops/cuda/cuda_common.cuh"
+#include "ops/cuda/fp8.cuh"
 #include "ops/cuda/hopper_prefill.h"
 #include "ops/cuda/routing.h"
 #include "ops/cuda/softmax.cuh"
@@ -66,10 +75,31 @@ constexpr int kHalf = kKeys * 128;     // bytes of one 64-column half of a 128-r
 constexpr int kTileBytes = 2 * kHalf;  // one K or V tile (or the Q tile)
 constexpr int kOffK = kTileBytes;      // after Q
 constexpr int kStageBytes = 2 * kTileBytes;
-constexpr int kOffBar = kOffK + kStages * kStageBytes;
-constexpr int kOffTab = kOffBar + 8 * kStages * 4;  // fullK, fullV, empty, aux per stage
-constexpr int kTabBytes = kRows * (8 + 8 + 4 + 4 + 4);
-constexpr int kSmem = kOffTab + kTabBytes + 1024;  // + alignment of the base to 1024
+// The K/V cache element type the kernel reads (its second template parameter).  bf16 and f16
+// pages go from TMA straight into the wgmma operand tiles; fp8 pages (e4m3, e5m2) land in one
+// staging tile per tensor and the producer warpgroup's three other warps widen them into f16
+// operand tiles (exact: every e4m3 / e5m2 value is an f16), so fp8 calls run f16 wgmma.
+enum HpKv : int { kKvBf16 = 0, kKvF16 = 1, kKvE4m3 = 2, kKvE5m2 = 3 };
+constexpr int kNumKv = 4;
+// Shared memory: Q tile, kStages K/V stages, (fp8) kStages8 stages of K and V staging tiles, the
+// mbarriers (full K, full V, empty, aux per stage; fp8: staging full K, full V, empty per staging
+// stage), the row tables (token, head, position; 16-bit pages also each row's Q and O offsets).
+// fp8 fits two staging stages only without the offset tables: 32 + 128 + 64 KB + 112 bytes of
+// barriers + 1.5 KB of tables + 1 KB of alignment = 232,048 bytes of the 232,448 a CTA may have.
+template <int kKV>
+struct HpLayout {
+  static constexpr bool kFp8 = kKV >= kKvE4m3;
+  static constexpr int kStages8 = kFp8 ? 2 : 0;
+  static constexpr bool kRowOffsets = !kFp8;  // Q / O offsets per row in the table, else computed
+  static constexpr int kOffStage8 = kOffK + kStages * kStageBytes;
+  static constexpr int kStage8Tile = kKeys * kD;  // 128 keys x 128 one-byte dims
+  static constexpr int kOffBar = kOffStage8 + kStages8 * 2 * kStage8Tile;
+  static constexpr int kBars = 4 * kStages + 3 * kStages8;
+  static constexpr int kOffTab = kOffBar + 8 * kBars;
+  static constexpr int kTabBytes = kRows * ((kRowOffsets ? 8 + 8 : 0) + 4 + 4 + 4);
+  static constexpr int kSmem = kOffTab + kTabBytes + 1024;  // + alignment of the base to 1024
+  static_assert(kSmem <= 232448, "shared memory per CTA (227 KB)");
+};
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KVATTN_HP_BODY 1
@@ -111,6 +141,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&h);
 }
+__device__ __forceinline__ uint32_t pack_f16(float a, float b) {
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack16(float a, float b) {
+  if constexpr (kBf16) return pack_bf16(a, b);
+  else return pack_f16(a, b);
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
 // The unit's key range: [lo, hi) (causal: up to the last row's position; sliding window: from
 // the first row's window start), in n_tiles tiles from tile t0 (keys t0 * 128 ...).
 struct HpUnit {
@@ -140,12 +182,58 @@ __device__ __forceinline__ HpUnit hp_unit(const AttnParams& p, const HopperPlanT
   u.pbase = plan.page_base[it.x];
   return u;
 }
+// The page id of this lane's page of the key tile at kt0 (lanes < pages per tile; -1 past the
+// end or out of range: the TMA box then lies outside the tensor map and reads zeros).
+__device__ __forceinline__ int hp_page(const AttnParams& p, const HpUnit& u, int kt0, int lane, int ppt) {
+  const int P = p.page_size;
+  int pg = -1;
+  const int j0 = kt0 + lane * P;
+  if (lane < ppt && j0 < u.kv_len) {
+    const int blk = p.page_shift >= 0 ? (j0 >> p.page_shift) : (j0 / P);
+    const int64_t v = idx_word_value(page_index(p), load_idx_word(page_index(p), page_elem(p, u.pbase, u.r, blk), true));
+    pg = (v < 0 || v >= p.num_pages) ? -1 : static_cast<int>(v);
+  }
+  return pg;
+}
+// fp8 widening: one tensor's staging tile (128 keys x 128 bytes, 128-byte swizzle) -> its f16
+// operand tile (two 64-column halves of 128 keys x 128 bytes, 128-byte swizzle); keys from
+// `valid` on are written as zeros (bytes past kv_len may be anything, NaN too).  Warp cw of 3
+// takes the (8-key block, 64-dim half) items cw, cw + 3, ...; lane = (key in the block, 16-dim
+// group): 8 lanes of one 16-byte access phase hit 8 different bank groups on both sides.
+template <bool kE4m3>
+__device__ __forceinline__ void hp_widen_tile(uint32_t src, uint32_t dst, int valid, int cw, int lane) {
+  const int sw = lane & 7, q = lane >> 3;
+  const uint32_t c_lo = uint32_t((2 * q) ^ sw) << 4, c_hi = uint32_t((2 * q + 1) ^ sw) << 4;
+  for (int i = cw; i < 32; i += 3) {
+    const int h = i & 1, r = (i >> 1) * 8 + sw;
+    uint32_t x0 = 0, x1 = 0, x2 = 0, x3 = 0;
+    if (r < valid)
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                   : "r"(src + r * 128 + (uint32_t((4 * h + q) ^ sw) << 4))
+                   : "memory");
+    const uint32_t row = dst + h * kHalf + r * 128;
+    uint32_t y0, y1, y2, y3;  // one 16-byte chunk at a time (the widening warps have 24 registers)
+    fp8x4_to_f16x2x2<kE4m3>(x0, y0, y1);
+    fp8x4_to_f16x2x2<kE4m3>(x1, y2, y3);
+    st_shared_v4(row + c_lo, y0, y1, y2, y3);
+    fp8x4_to_f16x2x2<kE4m3>(x2, y0, y1);
+    fp8x4_to_f16x2x2<kE4m3>(x3, y2, y3);
+    st_shared_v4(row + c_hi, y0, y1, y2, y3);
+  }
+}
 
-template <int kSched>
+template <int kSched, int kKV>
 __global__ void __launch_bounds__(kThreads, 1)
     hp_prefill_kernel(const AttnParams p, const HopperPlanTables plan, const __grid_constant__ CUtensorMap tm_k,
                       const __grid_constant__ CUtensorMap tm_v) {
   constexpr bool kOverlap = kSched == 1 || kSched == 2, kPing = kSched >= 2;
+  using L = HpLayout<kKV>;
+  constexpr bool kFp8 = L::kFp8;
+  constexpr bool kBf16 = kKV == kKvBf16;  // the wgmma operand type: bf16, else f16
+  // registers per thread (the CTA's 384 x 168): producer warpgroup 24 (fp8: 32, the widening
+  // warps), consumers what is left (128 x 24 + 256 x 240 = 128 x 32 + 256 x 232 = 384 x 168)
+  constexpr int kProducerRegs = kFp8 ? 32 : 24, kConsumerRegs = kFp8 ? 232 : 240;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -153,24 +241,46 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sQ = base;
   auto sK = [&](int s) { return base + kOffK + s * kStageBytes; };
   auto sV = [&](int s) { return base + kOffK + s * kStageBytes + kTileBytes; };
-  const uint32_t bars = base + kOffBar;
+  const uint32_t bars = base + L::kOffBar;
   auto full_k = [&](int s) { return bars + 8 * s; };
   auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
   auto empty = [&](int s) { return bars + 8 * (2 * kStages + s); };
   auto aux = [&](int s) { return bars + 8 * (3 * kStages + s); };
-  int64_t* s_qoff = reinterpret_cast<int64_t*>(sbase + kOffTab);
+  // fp8: the staging tiles and their barriers (filled by TMA, emptied by the widening)
+  auto sK8 = [&](int s) { return base + L::kOffStage8 + s * 2 * L::kStage8Tile; };
+  auto sV8 = [&](int s) { return base + L::kOffStage8 + s * 2 * L::kStage8Tile + L::kStage8Tile; };
+  auto st_full_k = [&](int s) { return bars + 8 * (4 * kStages + s); };
+  auto st_full_v = [&](int s) { return bars + 8 * (4 * kStages + L::kStages8 + s); };
+  auto st_empty = [&](int s) { return bars + 8 * (4 * kStages + 2 * L::kStages8 + s); };
+  int64_t* s_qoff = reinterpret_cast<int64_t*>(sbase + L::kOffTab);  // (kRowOffsets)
   int64_t* s_ooff = s_qoff + kRows;
-  int* s_pos = reinterpret_cast<int*>(s_ooff + kRows);
+  int* s_pos = reinterpret_cast<int*>(sbase + L::kOffTab + (L::kRowOffsets ? 16 * kRows : 0));
   int* s_tok = s_pos + kRows;
   int* s_head = s_tok + kRows;
+  // a row's Q / O element offset (-1: no row): from the table, or from its token and head
+  auto q_off = [&](int lr) -> int64_t {
+    if constexpr (L::kRowOffsets) return s_qoff[lr];
+    const int tok = s_tok[lr];
+    return tok < 0 ? int64_t(-1) : int64_t(tok) * p.q_st + int64_t(s_head[lr]) * p.q_sh;
+  };
+  auto o_off = [&](int lr) -> int64_t {
+    if constexpr (L::kRowOffsets) return s_ooff[lr];
+    const int tok = s_tok[lr];
+    return tok < 0 ? int64_t(-1) : int64_t(tok) * p.o_st + int64_t(s_head[lr]) * p.o_sh;
+  };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k(s), 1);
-      mbar_init(full_v(s), 1);
+      mbar_init(full_k(s), kFp8 ? 3 : 1);  // fp8: the three widening warps arrive, else TMA
+      mbar_init(full_v(s), kFp8 ? 3 : 1);
       mbar_init(empty(s), 2 * 128);
       mbar_init(aux(s), 1);
+    }
+    for (int s = 0; s < L::kStages8; ++s) {
+      mbar_init(st_full_k(s), 1);
+      mbar_init(st_full_v(s), 1);
+      mbar_init(st_empty(s), 3);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -178,9 +288,59 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int total = plan.num_items[0] * p.hkv;
   const int P = p.page_size, ppt = kKeys / P;
 
-  if (warp < 4) {  // ---- producer warpgroup: warp 0 issues, warps 1-3 leave ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (warp != 0) return;
+  if (warp < 4) {  // ---- producer warpgroup ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    if constexpr (kFp8) {
+      int it = 0;
+      if (warp == 0) {  // TMA: each tile's pages into the staging tiles
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+          const HpUnit u = hp_unit(p, plan, w);
+          for (int t = 0; t < u.n_tiles; ++t, ++it) {
+            const int kt0 = (u.t0 + t) * kKeys;
+            const int pg = hp_page(p, u, kt0, lane, ppt);
+            const int s8 = it % L::kStages8;
+            mbar_wait(st_empty(s8), ((it / L::kStages8) & 1) ^ 1);
+            if (lane == 0) {
+              mbar_expect_tx(st_full_k(s8), L::kStage8Tile);
+              mbar_expect_tx(st_full_v(s8), L::kStage8Tile);
+            }
+            __syncwarp();
+            if (lane < ppt) {
+              tma_load_4d(sK8(s8) + lane * P * 128, &tm_k, st_full_k(s8), 0, 0, u.hk, pg);
+              tma_load_4d(sV8(s8) + lane * P * 128, &tm_v, st_full_v(s8), 0, 0, u.hk, pg);
+            }
+          }
+        }
+      } else {  // warps 1-3: staging tiles -> f16 operand tiles of stage it % kStages
+        const int cw = warp - 1;
+        for (int w = blockIdx.x; w < total; w += gridDim.x) {
+          const HpUnit u = hp_unit(p, plan, w);
+          for (int t = 0; t < u.n_tiles; ++t, ++it) {
+            const int s = it % kStages;
+            const uint32_t ph = (it / kStages) & 1;
+            const int s8 = it % L::kStages8;
+            const uint32_t ph8 = (it / L::kStages8) & 1;
+            const int valid = u.kv_len - (u.t0 + t) * kKeys;
+            mbar_wait(empty(s), ph ^ 1);
+            mbar_wait(st_full_k(s8), ph8);
+            hp_widen_tile<kKV == kKvE4m3>(sK8(s8), sK(s), valid, cw, lane);
+            fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
+            __syncwarp();
+            if (lane == 0) mbar_arrive(full_k(s));
+            mbar_wait(st_full_v(s8), ph8);
+            hp_widen_tile<kKV == kKvE4m3>(sV8(s8), sV(s), valid, cw, lane);
+            fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) {
+              mbar_arrive(full_v(s));
+              mbar_arrive(st_empty(s8));
+            }
+          }
+        }
+      }
+      return;
+    }
+    if (warp != 0) return;  // 16-bit pages: warp 0 issues, warps 1-3 leave
     int it = 0;
     uint32_t aux_par = 0;  // per stage: parity of aux's next phase
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -189,13 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = it % kStages;
         const uint32_t ph = (it / kStages) & 1;
         const int kt0 = (u.t0 + t) * kKeys;
-        int pg = -1;
-        const int j0 = kt0 + lane * P;
-        if (lane < ppt && j0 < u.kv_len) {
-          const int blk = p.page_shift >= 0 ? (j0 >> p.page_shift) : (j0 / P);
-          const int64_t v = idx_word_value(page_index(p), load_idx_word(page_index(p), page_elem(p, u.pbase, u.r, blk), true));
-          pg = (v < 0 || v >= p.num_pages) ? -1 : static_cast<int>(v);
-        }
+        const int pg = hp_page(p, u, kt0, lane, ppt);
         const bool partial = kt0 + kKeys > u.kv_len && (u.kv_len % P) != 0;
         mbar_wait(empty(s), ph ^ 1);
         if (lane == 0) {
@@ -232,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumer warpgroups ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   const int c = warp / 4 - 1;  // 0 or 1
   const int tw = tid & 127, wq = tw >> 5;
   const int g = lane >> 2, t4 = lane & 3;
@@ -263,21 +417,36 @@ __global__ void __launch_bounds__(kThreads, 1)
       s_tok[lr] = v ? tok : -1;
       s_head[lr] = head;
       s_pos[lr] = u.ctx + tk;
-      s_qoff[lr] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
-      s_ooff[lr] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
+      if constexpr (L::kRowOffsets) {
+        s_qoff[lr] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
+        s_ooff[lr] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
+      }
     }
     named_sync(bar_id, 128);
     {  // Q rows -> shared (swizzled): thread = fixed 16-byte chunk, 8 rows
       const int ch = tw & 15;
       const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
+      if (kFp8 && p.q_t == Elt::bf16) {  // fp8 pages run f16 wgmma: bf16 rows widened, rounded to f16
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int lr = c * 64 + (tw >> 4) + 8 * i;
-        const int64_t off = s_qoff[lr];
-        const uint32_t dst = sQ + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
-        cpa16z(dst, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+        for (int i = 0; i < 8; ++i) {
+          const int lr = c * 64 + (tw >> 4) + 8 * i;
+          const int64_t off = q_off(lr);
+          const uint32_t dst = sQ + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
+          uint4 x = make_uint4(0u, 0u, 0u, 0u);
+          if (off >= 0) x = *reinterpret_cast<const uint4*>(qsrc + off);
+          auto f16x2 = [](uint32_t b) { return pack_f16(__uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u)); };
+          st_shared_v4(dst, f16x2(x.x), f16x2(x.y), f16x2(x.z), f16x2(x.w));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int lr = c * 64 + (tw >> 4) + 8 * i;
+          const int64_t off = q_off(lr);
+          const uint32_t dst = sQ + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
+          cpa16z(dst, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
       }
-      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
       fence_proxy_async();
     }
     named_sync(bar_id, 128);
@@ -311,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t off = (ks >> 2) * kHalf + (ks & 3) * 32;
         const uint64_t da = desc_sw128(sQ + c * 64 * 128 + off, 16, 1024);
         const uint64_t db = desc_sw128(sK(s) + off, 16, 1024);
-        wgmma_ss_m64n128(sacc, da, db, ks > 0);
+        wgmma_ss_m64n128<kBf16>(sacc, da, db, ks > 0);
       }
       wg_commit();
     };
@@ -321,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const uint64_t dv = desc_sw128(sV(s) + h * kHalf + kk * 16 * 128, 16, 1024);
-          wgmma_rs_m64n64_tb(o[h], pa[kk], dv);
+          wgmma_rs_m64n64_tb<kBf16>(o[h], pa[kk], dv);
         }
       wg_commit();
     };
@@ -387,10 +556,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto convert_p = [&] {
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        pa[kk][0] = pack_bf16(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-        pa[kk][1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-        pa[kk][2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-        pa[kk][3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+        pa[kk][0] = pack16<kBf16>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+        pa[kk][1] = pack16<kBf16>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+        pa[kk][2] = pack16<kBf16>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+        pa[kk][3] = pack16<kBf16>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
       }
     };
     // a tile with nothing visible to this warpgroup: wait for the fill, release it (ping-pong:
@@ -520,16 +689,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     uint16_t* ob = static_cast<uint16_t*>(p.out);
+    // the output's type is the query's: bf16 for bf16 pages, f16 for f16 pages, either for fp8
+    const bool out_bf16 = kKV == kKvBf16 || (kKV != kKvF16 && p.out_t == Elt::bf16);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t off = s_ooff[rl + 8 * h];
+      const int64_t off = o_off(rl + 8 * h);
       if (off < 0) continue;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) =
-              pack_bf16(o[hh][4 * j + 2 * h] * sc[h], o[hh][4 * j + 2 * h + 1] * sc[h]);
+        for (int j = 0; j < 8; ++j) {
+          const float a = o[hh][4 * j + 2 * h] * sc[h], b = o[hh][4 * j + 2 * h + 1] * sc[h];
+          *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) = out_bf16 ? pack_bf16(a, b) : pack_f16(a, b);
+        }
     }
   }
   // ping-pong: warpgroup 1 arrived once more on barrier 3 than warpgroup 0 synced (the opening
@@ -540,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 #else
-template <int kSched>
+template <int kSched, int kKV>
 __global__ void __launch_bounds__(kThreads, 1)
     hp_prefill_kernel(const AttnParams, const HopperPlanTables, const __grid_constant__ CUtensorMap,
                       const __grid_constant__ CUtensorMap) {}
@@ -592,18 +764,35 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// A 4-D bf16 tensor map over one cache view: (dim, slot, head, page), box = 64 dims x one page,
-// 128-byte swizzle; out-of-range boxes read zeros.
+// The kernel's element-type parameter for a cache type (-1: none).
+int hp_kv(Elt t) {
+  switch (t) {
+    case Elt::bf16: return kKvBf16;
+    case Elt::f16: return kKvF16;
+    case Elt::e4m3: return kKvE4m3;
+    case Elt::e5m2: return kKvE5m2;
+    default: return -1;
+  }
+}
+
+// A 4-D tensor map over one cache view: (dim, slot, head, page), box = one page of 128 bytes per
+// slot (64 dims of a 16-bit cache: two boxes per page; 128 dims of an fp8 cache: one), 128-byte
+// swizzle; out-of-range boxes read zeros.
 bool encode_cache_map(CUtensorMap* map, const void* ptr, const AttnParams& p, int64_t sb, int64_t so, int64_t sh) {
   auto fn = encode_fn();
   if (fn == nullptr) return false;
+  const int kv = hp_kv(p.kv_t);
+  if (kv < 0) return false;
+  const bool fp8 = kv >= kKvE4m3;
   const cuuint64_t dims[4] = {cuuint64_t(kD), cuuint64_t(p.page_size), cuuint64_t(p.hkv), cuuint64_t(p.num_pages)};
   const cuuint64_t strides[3] = {cuuint64_t(so), cuuint64_t(sh), cuuint64_t(sb)};
-  const cuuint32_t box[4] = {64, cuuint32_t(p.page_size), 1, 1};
+  const cuuint32_t box[4] = {fp8 ? 128u : 64u, cuuint32_t(p.page_size), 1, 1};
   const cuuint32_t estr[4] = {1, 1, 1, 1};
-  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estr,
-            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const CUtensorMapDataType type = fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : kv == kKvF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                  : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return fn(map, type, 4, const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 bool stride_ok(int64_t s) { return s > 0 && s % 16 == 0 && s < (int64_t(1) << 40); }
@@ -627,9 +816,13 @@ PrefillChoice hopper_prefill_choice(const AttnParams& p) {
     return no("wgmma kernel not selected by default (KVATTN_PREFILL_HOPPER=force selects it)");
   if (!hopper_code_loaded()) return no("no sm_90a code for this device (needs compute capability 9.0 and an sm_90a build)");
   if (p.head_dim != kD) return no("head_dim is not 128");
-  if (p.kv_t != Elt::bf16) return no("K/V cache is not bf16");
-  if (p.q_t != Elt::bf16 || !p.q_vec) return no("query is not bf16 with 16-byte aligned contiguous rows");
-  if (p.out_t != Elt::bf16 || !p.o_vec) return no("output is not bf16 with 16-byte aligned contiguous rows");
+  const int kv = hp_kv(p.kv_t);
+  if (kv < 0) return no("K/V cache is not bf16, f16 or fp8");
+  if (kv == kKvBf16 && p.q_t != Elt::bf16) return no("bf16 K/V cache with a query that is not bf16");
+  if (kv == kKvF16 && p.q_t != Elt::f16) return no("f16 K/V cache with a query that is not f16");
+  if ((p.q_t != Elt::bf16 && p.q_t != Elt::f16) || !p.q_vec)
+    return no("query is not bf16 / f16 with 16-byte aligned contiguous rows");
+  if (p.out_t != p.q_t || !p.o_vec) return no("output is not of the query's type with 16-byte aligned contiguous rows");
   if (p.xqa != nullptr || p.mm != nullptr) return no("XQA / PrefixLM mask");
   if (p.page_size < 8 || p.page_size > kKeys || kKeys % p.page_size != 0)
     return no("page size is not a divisor of 128 of at least 8");
@@ -639,7 +832,16 @@ PrefillChoice hopper_prefill_choice(const AttnParams& p) {
   if (!stride_ok(p.k_sb) || !stride_ok(p.k_so) || !stride_ok(p.k_sh) || !stride_ok(p.v_sb) || !stride_ok(p.v_so) ||
       !stride_ok(p.v_sh))
     return no("K/V strides not positive multiples of 16 bytes");
-  return PrefillChoice{PrefillPath::wgmma, "bf16, head_dim 128, no XQA / PrefixLM mask: wgmma kernel"};
+  CUtensorMap mk, mv;  // host-side encoding only: a call the driver would reject stays off this kernel
+  if (!encode_cache_map(&mk, p.k, p, p.k_sb, p.k_so, p.k_sh) || !encode_cache_map(&mv, p.v, p, p.v_sb, p.v_so, p.v_sh))
+    return no("the driver rejected the K/V tensor maps");
+  switch (kv) {
+    case kKvBf16: return PrefillChoice{PrefillPath::wgmma, "bf16, head_dim 128, no XQA / PrefixLM mask: wgmma kernel"};
+    case kKvF16: return PrefillChoice{PrefillPath::wgmma, "f16, head_dim 128, no XQA / PrefixLM mask: wgmma kernel"};
+    default:
+      return PrefillChoice{PrefillPath::wgmma,
+                           "fp8 K/V pages, head_dim 128, no XQA / PrefixLM mask: wgmma kernel (pages widened to f16)"};
+  }
 }
 
 int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTables& plan) {
@@ -651,23 +853,34 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
   const int64_t pages = p.paged_form ? p.kv_entries : p.max_blocks * p.batch;
   const int64_t avg_kv = p.batch > 0 ? pages * p.page_size / p.batch : 0;
   const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched, avg_kv), 0, kNumSched - 1);
-  static int attr_set[64] = {};  // per device: bit i = schedule i's shared-memory limit raised
+  const int kv = hp_kv(p.kv_t);
+  if (kv < 0) return -1;
+  using Kernel = void (*)(const AttnParams, const HopperPlanTables, const CUtensorMap, const CUtensorMap);
+  struct Entry {
+    Kernel kernel;
+    int smem;
+  };
+  static const Entry kTable[kNumKv][kNumSched] = {
+#define KVATTN_HP_ROW(KV)                                                                          \
+  {{hp_prefill_kernel<0, KV>, HpLayout<KV>::kSmem}, {hp_prefill_kernel<1, KV>, HpLayout<KV>::kSmem}, \
+   {hp_prefill_kernel<2, KV>, HpLayout<KV>::kSmem}, {hp_prefill_kernel<3, KV>, HpLayout<KV>::kSmem}}
+      KVATTN_HP_ROW(kKvBf16), KVATTN_HP_ROW(kKvF16), KVATTN_HP_ROW(kKvE4m3), KVATTN_HP_ROW(kKvE5m2)};
+#undef KVATTN_HP_ROW
+  static std::atomic<uint32_t> attr_set[64] = {};  // per device: bit kv * 4 + sched = its shared-memory limit raised
   int dev = 0;
   cudaGetDevice(&dev);
-  auto kernel = sched == 0   ? hp_prefill_kernel<0>
-                : sched == 1 ? hp_prefill_kernel<1>
-                : sched == 2 ? hp_prefill_kernel<2>
-                             : hp_prefill_kernel<3>;
-  if (!(attr_set[dev & 63] & (1 << sched))) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (e != cudaSuccess) return static_cast<int>(e);
-    attr_set[dev & 63] |= 1 << sched;
+  const Entry& e = kTable[kv][sched];
+  const uint32_t bit = 1u << (kv * kNumSched + sched);
+  if (!(attr_set[dev & 63].load() & bit)) {
+    const cudaError_t err = cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    attr_set[dev & 63].fetch_or(bit);
   }
   // units bound: every item is at most one 128-row tile (the plan's max_items for head_dim 128)
   const int64_t max_items = (p.num_tokens * p.group + kRows - 1) / kRows + p.batch;
   const int64_t units = max_items * p.hkv;
   const int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
-  kernel<<<grid, kThreads, kSmem>>>(p, plan, mk, mv);
+  e.kernel<<<grid, kThreads, e.smem>>>(p, plan, mk, mv);
   return static_cast<int>(cudaGetLastError());
 }
 

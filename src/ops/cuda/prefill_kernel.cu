@@ -902,12 +902,15 @@ bool prefill_supported(const AttnParams& p) {
                                        : PfCfgOf<256>::kSmem + PfCfgOf<256>::kRowTableBytes;
   // + 2048: the static row arrays and work slots
   if (need + 2048 > optin) return false;  // e.g. head_dim 256 on sm_80 (164 KB)
-  if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16) return false;  // fp8 pages: attn_kernel
+  const bool fp8 = p.kv_t == Elt::e4m3 || p.kv_t == Elt::e5m2;
+  if (p.kv_t != Elt::bf16 && p.kv_t != Elt::f16 && !fp8) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (p.xqa != nullptr || p.mm != nullptr) return false;  // XQA draft masks, PrefixLM: attn_kernel
   if (p.kv_t == Elt::bf16 && p.q_t == Elt::f16) return false;  // unsupported on CUDA altogether
   if (!(p.sm_scale > 0.f)) return false;
   if (p.batch <= 0 || p.num_tokens <= 0) return false;
+  // fp8 pages: only the wgmma kernel reads them (the mma.sync kernel does not); else attn_kernel
+  if (fp8 && (p.head_dim != 128 || hopper_prefill_choice(p).path != PrefillPath::wgmma)) return false;
   return true;
 }
 
@@ -955,6 +958,9 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
       }
       return rc;
     }
+    // (the choice encodes the same maps, so this is not expected; fp8 pages have no other
+    // prefill kernel)
+    if (p.kv_t == Elt::e4m3 || p.kv_t == Elt::e5m2) return static_cast<int>(cudaErrorNotSupported);
     choice = PrefillChoice{PrefillPath::mma_sync, "the driver rejected the K/V tensor maps"};
     run_plan = false;  // the plan above serves the mma.sync kernel too
   }
