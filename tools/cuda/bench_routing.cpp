@@ -25,6 +25,10 @@ PrefillServed last_prefill() {
   std::lock_guard<std::mutex> lock(state().mu);
   return state().prefill;
 }
+void reset_last_prefill() {
+  std::lock_guard<std::mutex> lock(state().mu);
+  state().prefill = PrefillServed{};
+}
 
 }  // namespace kvattn::tools::cuda_bench
 

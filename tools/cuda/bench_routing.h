@@ -19,5 +19,7 @@ struct PrefillServed {
   const char* reason = "no prefill call yet";
 };
 PrefillServed last_prefill();
+// Forgets the last prefill-routed call (a row whose call may not reach the prefill kernels).
+void reset_last_prefill();
 
 }  // namespace kvattn::tools::cuda_bench
