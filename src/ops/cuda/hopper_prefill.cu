@@ -39,7 +39,7 @@
 // (hopper_sched_for, routing.h, with the measurements behind it).
 // Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
 // fp8 pages (kKV e4m3 / e5m2): the producer warp's TMA boxes (one per page, 128 one-byte dims)
-// land in one K and one V staging tile (16 KB each, 128-byte swizzle); warps 1-3 of the producer
+// land in two stages of K and V staging tiles (16 KB each, 128-byte swizzle); warps 1-3 of the producer
 // warpgroup widen each into the f16 operand tile of the next K/V stage (e4m3 by the hardware cvt,
 // e5m2 as the high byte of an f16: exact, so k_scale / v_scale stay in sm_scale / the epilogue),
 // write zeros for keys past kv_len, and arrive on the stage's full barriers (3 arrivals); the
@@ -137,19 +137,6 @@ __device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sy
 __device__ __forceinline__ void named_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-__device__ __forceinline__ uint32_t pack_f16(float a, float b) {
-  __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack16(float a, float b) {
-  if constexpr (kBf16) return pack_bf16(a, b);
-  else return pack_f16(a, b);
-}
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
@@ -213,7 +200,7 @@ __device__ __forceinline__ void hp_widen_tile(uint32_t src, uint32_t dst, int va
                    : "r"(src + r * 128 + (uint32_t((4 * h + q) ^ sw) << 4))
                    : "memory");
     const uint32_t row = dst + h * kHalf + r * 128;
-    uint32_t y0, y1, y2, y3;  // one 16-byte chunk at a time (the widening warps have 24 registers)
+    uint32_t y0, y1, y2, y3;  // one 16-byte chunk at a time (the widening warps have 32 registers)
     fp8x4_to_f16x2x2<kE4m3>(x0, y0, y1);
     fp8x4_to_f16x2x2<kE4m3>(x1, y2, y3);
     st_shared_v4(row + c_lo, y0, y1, y2, y3);
@@ -434,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t dst = sQ + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
           uint4 x = make_uint4(0u, 0u, 0u, 0u);
           if (off >= 0) x = *reinterpret_cast<const uint4*>(qsrc + off);
-          auto f16x2 = [](uint32_t b) { return pack_f16(__uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u)); };
+          auto f16x2 = [](uint32_t b) { return pack2<false>(__uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u)); };
           st_shared_v4(dst, f16x2(x.x), f16x2(x.y), f16x2(x.z), f16x2(x.w));
         }
       } else {
@@ -556,10 +543,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto convert_p = [&] {
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        pa[kk][0] = pack16<kBf16>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-        pa[kk][1] = pack16<kBf16>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-        pa[kk][2] = pack16<kBf16>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-        pa[kk][3] = pack16<kBf16>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+        pa[kk][0] = pack2<kBf16>(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+        pa[kk][1] = pack2<kBf16>(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+        pa[kk][2] = pack2<kBf16>(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+        pa[kk][3] = pack2<kBf16>(sacc[8 * kk + 6], sacc[8 * kk + 7]);
       }
     };
     // a tile with nothing visible to this warpgroup: wait for the fill, release it (ping-pong:
@@ -700,7 +687,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const float a = o[hh][4 * j + 2 * h] * sc[h], b = o[hh][4 * j + 2 * h + 1] * sc[h];
-          *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) = out_bf16 ? pack_bf16(a, b) : pack_f16(a, b);
+          *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) = out_bf16 ? pack2<true>(a, b) : pack2<false>(a, b);
         }
     }
   }
