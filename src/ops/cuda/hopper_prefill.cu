@@ -9,16 +9,20 @@
 // also builds the plan this kernel reads (same 128-row tiles; hopper_prefill_choice() says which
 // kernel serves a call and why), or for fp8 pages on attn_kernel (the mma.sync kernel reads no fp8).
 //
-// CTA = 3 warpgroups.  Warpgroup 0: one producer warp (the other three exit); per 128-key tile it
-// reads the tile's page ids from the block table / kv_indices and issues one TMA box per page
+// CTA = 3 warpgroups.  Warpgroup 0, the producer: warp 0 brings K / V, warps 1-3 the queries
+// (16-bit pages) or widen fp8 K / V (below).  Per 128-key tile warp 0 reads the tile's page ids from the block table / kv_indices and issues one TMA box per page
 // and 64-column half into the stage's K and V buffers (128-byte swizzle, the wgmma operand
 // layout).  A page id out of range reads as -1: the box lies outside the tensor map and TMA
 // fills it with zeros.  Where the last page of a request holds slots past kv_len (their bytes
 // may be anything, NaN too), the producer waits for the V box itself, zeroes those rows and
 // then releases V (masked scores give P = 0, but 0 * NaN is NaN).
 // Warpgroups 1 and 2: 64 query rows each (rows = (token, head in the GQA group) pairs of one KV
-// head, as prefill_kernel.cu).  Q rows are gathered with cp.async into the swizzled layout;
-// S = Q K^T by wgmma m64n128k16 from shared memory; mask only on diagonal / tail tiles; online
+// head, as prefill_kernel.cu).  16-bit pages: producer warps 1-3 gather each unit's Q rows with
+// cp.async into the swizzled layout of one of two Q tiles, with the unit's row tables, while the
+// consumers still work on the unit before (barriers q_full / q_empty per Q tile), so a unit
+// starts without waiting for its query (short requests have units of 1-4 key tiles, where that
+// wait showed as the top stall); fp8 pages leave no room for a second Q tile, so there the
+// consumers gather their own rows at each unit's start.  S = Q K^T by wgmma m64n128k16 from shared memory; mask only on diagonal / tail tiles; online
 // softmax in base 2 (lazy rescale, as prefill_kernel.cu); P converted to bf16 A fragments in
 // registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  A warpgroup's
 // visible tiles are one contiguous range: those above its causal diagonal and left of its window
@@ -29,7 +33,7 @@
 //   overlap  per tile t: S(t) and P(t-1) V(t-1) issued back to back, wait_group 1 (S(t) done),
 //            softmax of t while P V runs on the tensor cores, wait_group 0, stage of t-1
 //            released, O rescaled, P(t) formed (FA3's intra-warpgroup pipelining; one more
-//            64-float accumulator live: no spills under setmaxnreg 240).
+//            64-float accumulator live: no spills under setmaxnreg 232).
 //   pingpong overlap, and the two consumer warpgroups take turns at issuing each tile's GEMMs
 //            (named barriers 3 + c: bar.sync on one's own, bar.arrive on the other's, 256
 //            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
@@ -38,13 +42,16 @@
 // Unset, a call takes pingpong when its requests average at most 1024 KV tokens, turns above
 // (hopper_sched_for, routing.h, with the measurements behind it).
 // Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
+// Registers: the producer warpgroup 40 per thread, the consumers 232 (at 24 the fp8 widening
+// spilled 48-60 bytes; at 40 it spills none and the 16-bit Q gathering 4-28 bytes, off the
+// consumers' path).
 // fp8 pages (kKV e4m3 / e5m2): the producer warp's TMA boxes (one per page, 128 one-byte dims)
 // land in two stages of K and V staging tiles (16 KB each, 128-byte swizzle); warps 1-3 of the producer
 // warpgroup widen each into the f16 operand tile of the next K/V stage (e4m3 by the hardware cvt,
 // e5m2 as the high byte of an f16: exact, so k_scale / v_scale stay in sm_scale / the epilogue),
 // write zeros for keys past kv_len, and arrive on the stage's full barriers (3 arrivals); the
 // consumers then run f16 wgmma, a bf16 query rounded to f16 as it is staged (as attn_kernel's fp8
-// path computes in f16).  The widening warps need 32 registers: the consumers get 232 (else 240).
+// path computes in f16).
 // Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ...
 // (heaviest first, no counter: the producer and consumers walk the same list independently).
 #include <cuda.h>
@@ -72,31 +79,40 @@ constexpr int kKeys = 128;       // keys per K/V tile
 constexpr int kStages = 2;
 constexpr int kThreads = 384;
 constexpr int kHalf = kKeys * 128;     // bytes of one 64-column half of a 128-row tile
-constexpr int kTileBytes = 2 * kHalf;  // one K or V tile (or the Q tile)
-constexpr int kOffK = kTileBytes;      // after Q
+constexpr int kTileBytes = 2 * kHalf;  // one K or V tile (or a Q tile)
 constexpr int kStageBytes = 2 * kTileBytes;
 // The K/V cache element type the kernel reads (its second template parameter).  bf16 and f16
-// pages go from TMA straight into the wgmma operand tiles; fp8 pages (e4m3, e5m2) land in one
-// staging tile per tensor and the producer warpgroup's three other warps widen them into f16
-// operand tiles (exact: every e4m3 / e5m2 value is an f16), so fp8 calls run f16 wgmma.
+// pages go from TMA straight into the wgmma operand tiles; fp8 pages (e4m3, e5m2) land in
+// staging tiles and the producer warpgroup's three other warps widen them into f16 operand tiles
+// (exact: every e4m3 / e5m2 value is an f16), so fp8 calls run f16 wgmma.
 enum HpKv : int { kKvBf16 = 0, kKvF16 = 1, kKvE4m3 = 2, kKvE5m2 = 3 };
 constexpr int kNumKv = 4;
-// Shared memory: Q tile, kStages K/V stages, (fp8) kStages8 stages of K and V staging tiles, the
-// mbarriers (full K, full V, empty, aux per stage; fp8: staging full K, full V, empty per staging
-// stage), the row tables (token, head, position; 16-bit pages also each row's Q and O offsets).
-// fp8 fits two staging stages only without the offset tables: 32 + 128 + 64 KB + 112 bytes of
-// barriers + 1.5 KB of tables + 1 KB of alignment = 232,048 bytes of the 232,448 a CTA may have.
+// Shared memory: the Q tile(s), kStages K/V stages, (fp8) kStages8 stages of K and V staging
+// tiles, the mbarriers, the row tables (position, token, head; 16-bit pages also each row's
+// output offset) of each Q tile.
+// 16-bit pages: two Q tiles, each with its row tables.  The producer warpgroup's warps 1-3 gather
+// unit n's Q rows into tile n % 2 while the consumers work on unit n - 1 (barriers per Q tile:
+// full, empty), so a unit starts without waiting for its query: 64 + 128 KB + 5 KB of tables.
+// fp8 pages: those warps widen K / V, so the consumers gather their own Q at each unit's start
+// into the one Q tile; two staging stages fit only with output offsets computed from token and
+// head: 32 + 128 + 64 KB + 112 bytes of barriers + 1.5 KB of tables + 1 KB of alignment =
+// 232,048 bytes of the 232,448 a CTA may have.
 template <int kKV>
 struct HpLayout {
   static constexpr bool kFp8 = kKV >= kKvE4m3;
+  static constexpr int kQTiles = kFp8 ? 1 : 2;     // 2: Q gathered ahead by the producer warpgroup
   static constexpr int kStages8 = kFp8 ? 2 : 0;
-  static constexpr bool kRowOffsets = !kFp8;  // Q / O offsets per row in the table, else computed
+  static constexpr bool kRowOffsets = !kFp8;  // output offset per row in the table, else computed
+  static constexpr int kOffK = kQTiles * kTileBytes;
   static constexpr int kOffStage8 = kOffK + kStages * kStageBytes;
   static constexpr int kStage8Tile = kKeys * kD;  // 128 keys x 128 one-byte dims
   static constexpr int kOffBar = kOffStage8 + kStages8 * 2 * kStage8Tile;
-  static constexpr int kBars = 4 * kStages + 3 * kStages8;
+  // full K, full V, empty, aux per stage; fp8: staging full K, full V, empty per staging stage;
+  // two Q tiles: full, empty per tile
+  static constexpr int kBars = 4 * kStages + 3 * kStages8 + (kQTiles == 2 ? 4 : 0);
   static constexpr int kOffTab = kOffBar + 8 * kBars;
-  static constexpr int kTabBytes = kRows * ((kRowOffsets ? 8 + 8 : 0) + 4 + 4 + 4);
+  static constexpr int kTabRow = (kRowOffsets ? 8 : 0) + 4 + 4 + 4;  // bytes per row of one Q tile
+  static constexpr int kTabBytes = kQTiles * kRows * kTabRow;
   static constexpr int kSmem = kOffTab + kTabBytes + 1024;  // + alignment of the base to 1024
   static_assert(kSmem <= 232448, "shared memory per CTA (227 KB)");
 };
@@ -182,6 +198,16 @@ __device__ __forceinline__ int hp_page(const AttnParams& p, const HpUnit& u, int
   }
   return pg;
 }
+// Row lr (CTA-local) of unit u: its token (-1: no row), query head and the token's position.
+struct HpRow {
+  int tok, head, pos;
+};
+__device__ __forceinline__ HpRow hp_row(const AttnParams& p, const HpUnit& u, int lr) {
+  const int rr = u.row0 + lr;
+  const bool v = rr < u.rows;
+  const int tk = max(min(rr, u.rows - 1), 0) / p.group;
+  return {v ? u.q_start + tk : -1, u.hk * p.group + (v ? rr - tk * p.group : 0), u.ctx + tk};
+}
 // fp8 widening: one tensor's staging tile (128 keys x 128 bytes, 128-byte swizzle) -> its f16
 // operand tile (two 64-column halves of 128 keys x 128 bytes, 128-byte swizzle); keys from
 // `valid` on are written as zeros (bytes past kv_len may be anything, NaN too).  Warp cw of 3
@@ -218,16 +244,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = HpLayout<kKV>;
   constexpr bool kFp8 = L::kFp8;
   constexpr bool kBf16 = kKV == kKvBf16;  // the wgmma operand type: bf16, else f16
-  // registers per thread (the CTA's 384 x 168): producer warpgroup 24 (fp8: 32, the widening
-  // warps), consumers what is left (128 x 24 + 256 x 240 = 128 x 32 + 256 x 232 = 384 x 168)
-  constexpr int kProducerRegs = kFp8 ? 32 : 24, kConsumerRegs = kFp8 ? 232 : 240;
+  // registers per thread (the CTA's 384 x 168): producer warpgroup 40, consumers what is left
+  // (128 x 40 + 256 x 232 = 384 x 168; setmaxnreg.inc waits for registers the others released)
+  constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* sbase = smem_raw + (base - raw);
-  const uint32_t sQ = base;
-  auto sK = [&](int s) { return base + kOffK + s * kStageBytes; };
-  auto sV = [&](int s) { return base + kOffK + s * kStageBytes + kTileBytes; };
+  auto sQt = [&](int b) { return base + b * kTileBytes; };  // Q tile b
+  auto sK = [&](int s) { return base + L::kOffK + s * kStageBytes; };
+  auto sV = [&](int s) { return base + L::kOffK + s * kStageBytes + kTileBytes; };
   const uint32_t bars = base + L::kOffBar;
   auto full_k = [&](int s) { return bars + 8 * s; };
   auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
@@ -239,21 +265,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto st_full_k = [&](int s) { return bars + 8 * (4 * kStages + s); };
   auto st_full_v = [&](int s) { return bars + 8 * (4 * kStages + L::kStages8 + s); };
   auto st_empty = [&](int s) { return bars + 8 * (4 * kStages + 2 * L::kStages8 + s); };
-  int64_t* s_qoff = reinterpret_cast<int64_t*>(sbase + L::kOffTab);  // (kRowOffsets)
-  int64_t* s_ooff = s_qoff + kRows;
-  int* s_pos = reinterpret_cast<int*>(sbase + L::kOffTab + (L::kRowOffsets ? 16 * kRows : 0));
-  int* s_tok = s_pos + kRows;
-  int* s_head = s_tok + kRows;
-  // a row's Q / O element offset (-1: no row): from the table, or from its token and head
-  auto q_off = [&](int lr) -> int64_t {
-    if constexpr (L::kRowOffsets) return s_qoff[lr];
-    const int tok = s_tok[lr];
-    return tok < 0 ? int64_t(-1) : int64_t(tok) * p.q_st + int64_t(s_head[lr]) * p.q_sh;
+  // two Q tiles: tile b filled (producer warps 1-3 arrive) and free again (the 8 consumer warps)
+  auto q_full = [&](int b) { return bars + 8 * (4 * kStages + 3 * L::kStages8 + b); };
+  auto q_empty = [&](int b) { return bars + 8 * (4 * kStages + 3 * L::kStages8 + 2 + b); };
+  // Q tile b's row tables: output offsets (kRowOffsets), then positions, tokens, heads
+  auto tab_ooff = [&](int b) { return reinterpret_cast<int64_t*>(sbase + L::kOffTab) + b * kRows; };
+  auto tab_pos = [&](int b) {
+    return reinterpret_cast<int*>(sbase + L::kOffTab + (L::kRowOffsets ? 8 * kRows * L::kQTiles : 0)) + b * 3 * kRows;
   };
-  auto o_off = [&](int lr) -> int64_t {
-    if constexpr (L::kRowOffsets) return s_ooff[lr];
-    const int tok = s_tok[lr];
-    return tok < 0 ? int64_t(-1) : int64_t(tok) * p.o_st + int64_t(s_head[lr]) * p.o_sh;
+  // row lr of unit u into Q tile b's tables
+  auto put_row = [&](const HpUnit& u, int b, int lr) {
+    const HpRow r = hp_row(p, u, lr);
+    int* pos = tab_pos(b);
+    pos[lr] = r.pos;
+    pos[kRows + lr] = r.tok;
+    pos[2 * kRows + lr] = r.head;
+    if constexpr (L::kRowOffsets)
+      tab_ooff(b)[lr] = r.tok < 0 ? int64_t(-1) : int64_t(r.tok) * p.o_st + int64_t(r.head) * p.o_sh;
+  };
+  // row lr's Q element offset in unit u (-1: no row)
+  auto q_off = [&](const HpUnit& u, int lr) -> int64_t {
+    const HpRow r = hp_row(p, u, lr);
+    return r.tok < 0 ? int64_t(-1) : int64_t(r.tok) * p.q_st + int64_t(r.head) * p.q_sh;
+  };
+  // where 16-byte chunk ch (of 16) of row lr of Q tile b lies (128-byte swizzle, two 64-column halves)
+  auto q_chunk = [&](int b, int lr, int ch) {
+    return sQt(b) + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
   };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -268,6 +305,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(st_full_k(s), 1);
       mbar_init(st_full_v(s), 1);
       mbar_init(st_empty(s), 3);
+    }
+    if constexpr (L::kQTiles == 2) {
+      for (int b = 0; b < 2; ++b) {
+        mbar_init(q_full(b), 3);   // producer warps 1-3
+        mbar_init(q_empty(b), 8);  // the consumer warps
+      }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -327,7 +370,29 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       return;
     }
-    if (warp != 0) return;  // 16-bit pages: warp 0 issues, warps 1-3 leave
+    if (warp != 0) {  // 16-bit pages: warps 1-3 gather each unit's Q rows and tables into Q tile n % 2
+      const int pt = tid - 32;  // 0..95: a fixed 16-byte chunk (96 = 6 rows x 16 chunks), rows pt / 16 + 6 k
+      const int ch = pt & 15;
+      const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
+      int n = 0;
+      for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
+        const int b = n & 1;
+        mbar_wait(q_empty(b), ((n >> 1) & 1) ^ 1);
+        const HpUnit u = hp_unit(p, plan, w);
+#pragma unroll 1
+        for (int lr = pt; lr < kRows; lr += 96) put_row(u, b, lr);
+#pragma unroll 1
+        for (int lr = pt >> 4; lr < kRows; lr += 6) {
+          const int64_t off = q_off(u, lr);
+          cpa16z(q_chunk(b, lr, ch), qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+        }
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        fence_proxy_async();  // the rows, before wgmma reads them
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_full(b));
+      }
+      return;
+    }
     int it = 0;
     uint32_t aux_par = 0;  // per stage: parity of aux's next phase
     for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -391,52 +456,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPing) {
     if (c == 1) named_arrive(3, 256);
   }
-  for (int w = blockIdx.x; w < total; w += gridDim.x) {
+  int n = 0;  // units done: this unit's Q tile is n % kQTiles
+  for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
     const HpUnit u = hp_unit(p, plan, w);
-    named_sync(bar_id, 128);  // the previous unit's Q and row-table reads are done
-    if (tw < 64) {
-      const int lr = c * 64 + tw;
-      const int rr = u.row0 + lr;
-      const bool v = rr < u.rows;
-      const int tk = max(min(rr, u.rows - 1), 0) / p.group;
-      const int tok = u.q_start + tk;
-      const int head = u.hk * p.group + (v ? rr - tk * p.group : 0);
-      s_tok[lr] = v ? tok : -1;
-      s_head[lr] = head;
-      s_pos[lr] = u.ctx + tk;
-      if constexpr (L::kRowOffsets) {
-        s_qoff[lr] = v ? int64_t(tok) * p.q_st + int64_t(head) * p.q_sh : int64_t(-1);
-        s_ooff[lr] = v ? int64_t(tok) * p.o_st + int64_t(head) * p.o_sh : int64_t(-1);
-      }
-    }
-    named_sync(bar_id, 128);
-    {  // Q rows -> shared (swizzled): thread = fixed 16-byte chunk, 8 rows
+    const int qb = L::kQTiles == 2 ? (n & 1) : 0;
+    if constexpr (L::kQTiles == 2) {
+      mbar_wait(q_full(qb), (n >> 1) & 1);  // gathered by producer warps 1-3
+    } else {  // this warpgroup's 64 rows: tables, then Q (thread = fixed 16-byte chunk, 8 rows)
+      named_sync(bar_id, 128);  // the previous unit's Q and row-table reads are done
+      if (tw < 64) put_row(u, 0, c * 64 + tw);
       const int ch = tw & 15;
       const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
-      if (kFp8 && p.q_t == Elt::bf16) {  // fp8 pages run f16 wgmma: bf16 rows widened, rounded to f16
+      if (p.q_t == Elt::bf16) {  // fp8 pages run f16 wgmma: bf16 rows widened, rounded to f16
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int lr = c * 64 + (tw >> 4) + 8 * i;
-          const int64_t off = q_off(lr);
-          const uint32_t dst = sQ + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
+          const int64_t off = q_off(u, lr);
           uint4 x = make_uint4(0u, 0u, 0u, 0u);
           if (off >= 0) x = *reinterpret_cast<const uint4*>(qsrc + off);
-          auto f16x2 = [](uint32_t b) { return pack2<false>(__uint_as_float(b << 16), __uint_as_float(b & 0xffff0000u)); };
-          st_shared_v4(dst, f16x2(x.x), f16x2(x.y), f16x2(x.z), f16x2(x.w));
+          auto f16x2 = [](uint32_t v) { return pack2<false>(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)); };
+          st_shared_v4(q_chunk(0, lr, ch), f16x2(x.x), f16x2(x.y), f16x2(x.z), f16x2(x.w));
         }
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int lr = c * 64 + (tw >> 4) + 8 * i;
-          const int64_t off = q_off(lr);
-          const uint32_t dst = sQ + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
-          cpa16z(dst, qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+          const int64_t off = q_off(u, lr);
+          cpa16z(q_chunk(0, lr, ch), qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
         }
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
       }
       fence_proxy_async();
+      named_sync(bar_id, 128);
     }
-    named_sync(bar_id, 128);
+    const uint32_t sQ = sQt(qb);
+    const int* s_pos = tab_pos(qb);
+    const int* s_tok = s_pos + kRows;
+    const int* s_head = s_tok + kRows;
     const int qp0 = s_pos[rl], qp1 = s_pos[rl + 8];
     const int wg_first = s_pos[c * 64], wg_last = s_pos[c * 64 + 63];
     const bool wg_valid = u.row0 + c * 64 < u.rows;
@@ -675,6 +731,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         p.lse[int64_t(tok) * p.lse_st + int64_t(head) * p.lse_sh] = p.lse_natural ? lse2 * kLn2 : lse2;
       }
     }
+    // a row's output element offset (-1: no row): from the table, or from its token and head
+    auto o_off = [&](int lr) -> int64_t {
+      if constexpr (L::kRowOffsets) return tab_ooff(qb)[lr];
+      const int tok = s_tok[lr];
+      return tok < 0 ? int64_t(-1) : int64_t(tok) * p.o_st + int64_t(s_head[lr]) * p.o_sh;
+    };
     uint16_t* ob = static_cast<uint16_t*>(p.out);
     // the output's type is the query's: bf16 for bf16 pages, f16 for f16 pages, either for fp8
     const bool out_bf16 = kKV == kKvBf16 || (kKV != kKvF16 && p.out_t == Elt::bf16);
@@ -689,6 +751,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float a = o[hh][4 * j + 2 * h] * sc[h], b = o[hh][4 * j + 2 * h + 1] * sc[h];
           *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) = out_bf16 ? pack2<true>(a, b) : pack2<false>(a, b);
         }
+    }
+    if constexpr (L::kQTiles == 2) {  // this warp is done with the Q tile and its tables
+      __syncwarp();
+      if (lane == 0) mbar_arrive(q_empty(qb));
     }
   }
   // ping-pong: warpgroup 1 arrived once more on barrier 3 than warpgroup 0 synced (the opening
