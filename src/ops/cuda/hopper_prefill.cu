@@ -22,8 +22,11 @@
 // consumers still work on the unit before (barriers q_full / q_empty per Q tile), so a unit
 // starts without waiting for its query (short requests have units of 1-4 key tiles, where that
 // wait showed as the top stall); fp8 pages leave no room for a second Q tile, so there the
-// consumers gather their own rows at each unit's start.  S = Q K^T by wgmma m64n128k16 from shared memory; mask only on diagonal / tail tiles; online
-// softmax in base 2 (lazy rescale, as prefill_kernel.cu); P converted to bf16 A fragments in
+// consumers gather their own rows at each unit's start.  S = Q K^T by wgmma m64n128k16 from
+// shared memory; K(t) is released as soon as S(t) is done, V(t) once P(t) V(t) is (separate
+// empty barriers: under the overlapped schedules P V trails S by a tile, and one barrier per
+// stage held K back with V, so the producer refilled K just before S needed it); mask only on
+// diagonal / tail tiles; online softmax in base 2 (lazy rescale, as prefill_kernel.cu); P converted to bf16 A fragments in
 // registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  A warpgroup's
 // visible tiles are one contiguous range: those above its causal diagonal and left of its window
 // are only waited for and released (a unit's key range already starts at its first row's window).
@@ -33,7 +36,7 @@
 //   overlap  per tile t: S(t) and P(t-1) V(t-1) issued back to back, wait_group 1 (S(t) done),
 //            softmax of t while P V runs on the tensor cores, wait_group 0, stage of t-1
 //            released, O rescaled, P(t) formed (FA3's intra-warpgroup pipelining; one more
-//            64-float accumulator live: no spills under setmaxnreg 232).
+//            64-float accumulator live: no spills under setmaxnreg 224).
 //   pingpong overlap, and the two consumer warpgroups take turns at issuing each tile's GEMMs
 //            (named barriers 3 + c: bar.sync on one's own, bar.arrive on the other's, 256
 //            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
@@ -42,9 +45,9 @@
 // Unset, a call takes pingpong when its requests average at most 1024 KV tokens, turns above
 // (hopper_sched_for, routing.h, with the measurements behind it).
 // Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
-// Registers: the producer warpgroup 40 per thread, the consumers 232 (at 24 the fp8 widening
-// spilled 48-60 bytes; at 40 it spills none and the 16-bit Q gathering 4-28 bytes, off the
-// consumers' path).
+// Registers: the producer warpgroup 56 per thread, the consumers 224: nothing spills (ptxas -v;
+// at 24 / 240 the fp8 widening spilled 48-60 bytes, at 40 / 232 the producer of 16-bit pages
+// 12-36; the consumers fit 224).
 // fp8 pages (kKV e4m3 / e5m2): the producer warp's TMA boxes (one per page, 128 one-byte dims)
 // land in two stages of K and V staging tiles (16 KB each, 128-byte swizzle); warps 1-3 of the producer
 // warpgroup widen each into the f16 operand tile of the next K/V stage (e4m3 by the hardware cvt,
@@ -107,9 +110,9 @@ struct HpLayout {
   static constexpr int kOffStage8 = kOffK + kStages * kStageBytes;
   static constexpr int kStage8Tile = kKeys * kD;  // 128 keys x 128 one-byte dims
   static constexpr int kOffBar = kOffStage8 + kStages8 * 2 * kStage8Tile;
-  // full K, full V, empty, aux per stage; fp8: staging full K, full V, empty per staging stage;
+  // full K, full V, empty K, empty V, aux per stage; fp8: staging full K, full V, empty per staging stage;
   // two Q tiles: full, empty per tile
-  static constexpr int kBars = 4 * kStages + 3 * kStages8 + (kQTiles == 2 ? 4 : 0);
+  static constexpr int kBars = 5 * kStages + 3 * kStages8 + (kQTiles == 2 ? 4 : 0);
   static constexpr int kOffTab = kOffBar + 8 * kBars;
   static constexpr int kTabRow = (kRowOffsets ? 8 : 0) + 4 + 4 + 4;  // bytes per row of one Q tile
   static constexpr int kTabBytes = kQTiles * kRows * kTabRow;
@@ -244,9 +247,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using L = HpLayout<kKV>;
   constexpr bool kFp8 = L::kFp8;
   constexpr bool kBf16 = kKV == kKvBf16;  // the wgmma operand type: bf16, else f16
-  // registers per thread (the CTA's 384 x 168): producer warpgroup 40, consumers what is left
-  // (128 x 40 + 256 x 232 = 384 x 168; setmaxnreg.inc waits for registers the others released)
-  constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // registers per thread (the CTA's 384 x 168): producer warpgroup 56, consumers what is left
+  // (128 x 56 + 256 x 224 = 384 x 168; setmaxnreg.inc waits for registers the others released)
+  constexpr int kProducerRegs = 56, kConsumerRegs = 224;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -257,17 +260,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t bars = base + L::kOffBar;
   auto full_k = [&](int s) { return bars + 8 * s; };
   auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
-  auto empty = [&](int s) { return bars + 8 * (2 * kStages + s); };
-  auto aux = [&](int s) { return bars + 8 * (3 * kStages + s); };
+  // K and V of a stage are released apart: K once S = Q K^T is done, V once O += P V is (under the
+  // overlapped schedules a tile's P V runs a tile later, so one barrier held K back with V)
+  auto empty_k = [&](int s) { return bars + 8 * (2 * kStages + s); };
+  auto empty_v = [&](int s) { return bars + 8 * (3 * kStages + s); };
+  auto aux = [&](int s) { return bars + 8 * (4 * kStages + s); };
   // fp8: the staging tiles and their barriers (filled by TMA, emptied by the widening)
   auto sK8 = [&](int s) { return base + L::kOffStage8 + s * 2 * L::kStage8Tile; };
   auto sV8 = [&](int s) { return base + L::kOffStage8 + s * 2 * L::kStage8Tile + L::kStage8Tile; };
-  auto st_full_k = [&](int s) { return bars + 8 * (4 * kStages + s); };
-  auto st_full_v = [&](int s) { return bars + 8 * (4 * kStages + L::kStages8 + s); };
-  auto st_empty = [&](int s) { return bars + 8 * (4 * kStages + 2 * L::kStages8 + s); };
+  auto st_full_k = [&](int s) { return bars + 8 * (5 * kStages + s); };
+  auto st_full_v = [&](int s) { return bars + 8 * (5 * kStages + L::kStages8 + s); };
+  auto st_empty = [&](int s) { return bars + 8 * (5 * kStages + 2 * L::kStages8 + s); };
   // two Q tiles: tile b filled (producer warps 1-3 arrive) and free again (the 8 consumer warps)
-  auto q_full = [&](int b) { return bars + 8 * (4 * kStages + 3 * L::kStages8 + b); };
-  auto q_empty = [&](int b) { return bars + 8 * (4 * kStages + 3 * L::kStages8 + 2 + b); };
+  auto q_full = [&](int b) { return bars + 8 * (5 * kStages + 3 * L::kStages8 + b); };
+  auto q_empty = [&](int b) { return bars + 8 * (5 * kStages + 3 * L::kStages8 + 2 + b); };
   // Q tile b's row tables: output offsets (kRowOffsets), then positions, tokens, heads
   auto tab_ooff = [&](int b) { return reinterpret_cast<int64_t*>(sbase + L::kOffTab) + b * kRows; };
   auto tab_pos = [&](int b) {
@@ -298,7 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full_k(s), kFp8 ? 3 : 1);  // fp8: the three widening warps arrive, else TMA
       mbar_init(full_v(s), kFp8 ? 3 : 1);
-      mbar_init(empty(s), 2 * 128);
+      mbar_init(empty_k(s), 2 * 128);
+      mbar_init(empty_v(s), 2 * 128);
       mbar_init(aux(s), 1);
     }
     for (int s = 0; s < L::kStages8; ++s) {
@@ -351,12 +358,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int s8 = it % L::kStages8;
             const uint32_t ph8 = (it / L::kStages8) & 1;
             const int valid = u.kv_len - (u.t0 + t) * kKeys;
-            mbar_wait(empty(s), ph ^ 1);
+            mbar_wait(empty_k(s), ph ^ 1);
             mbar_wait(st_full_k(s8), ph8);
             hp_widen_tile<kKV == kKvE4m3>(sK8(s8), sK(s), valid, cw, lane);
             fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
             __syncwarp();
             if (lane == 0) mbar_arrive(full_k(s));
+            mbar_wait(empty_v(s), ph ^ 1);
             mbar_wait(st_full_v(s8), ph8);
             hp_widen_tile<kKV == kKvE4m3>(sV8(s8), sV(s), valid, cw, lane);
             fence_proxy_async();
@@ -403,19 +411,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int kt0 = (u.t0 + t) * kKeys;
         const int pg = hp_page(p, u, kt0, lane, ppt);
         const bool partial = kt0 + kKeys > u.kv_len && (u.kv_len % P) != 0;
-        mbar_wait(empty(s), ph ^ 1);
-        if (lane == 0) {
-          mbar_expect_tx(full_k(s), kTileBytes);
-          mbar_expect_tx(partial ? aux(s) : full_v(s), kTileBytes);
-        }
+        const uint32_t vb = partial ? aux(s) : full_v(s);
+        mbar_wait(empty_k(s), ph ^ 1);
+        if (lane == 0) mbar_expect_tx(full_k(s), kTileBytes);
         __syncwarp();
         if (lane < ppt) {
-          const uint32_t vb = partial ? aux(s) : full_v(s);
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            tma_load_4d(sK(s) + h * kHalf + lane * P * 128, &tm_k, full_k(s), h * 64, 0, u.hk, pg);
-            tma_load_4d(sV(s) + h * kHalf + lane * P * 128, &tm_v, vb, h * 64, 0, u.hk, pg);
-          }
+          for (int h = 0; h < 2; ++h) tma_load_4d(sK(s) + h * kHalf + lane * P * 128, &tm_k, full_k(s), h * 64, 0, u.hk, pg);
+        }
+        mbar_wait(empty_v(s), ph ^ 1);
+        if (lane == 0) mbar_expect_tx(vb, kTileBytes);
+        __syncwarp();
+        if (lane < ppt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) tma_load_4d(sV(s) + h * kHalf + lane * P * 128, &tm_v, vb, h * 64, 0, u.hk, pg);
         }
         if (partial) {
           // the V rows past kv_len: zeroed once the box has landed, then V is released
@@ -614,7 +623,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       mbar_wait(full_k(s), ph);
       mbar_wait(full_v(s), ph);
-      mbar_arrive(empty(s));
+      mbar_arrive(empty_k(s));
+      mbar_arrive(empty_v(s));
     };
 
     int t = 0;
@@ -631,6 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kPing) named_arrive(3 + (1 - c), 256);
         wg_wait0();
         reg_fence(sacc);
+        mbar_arrive(empty_k(s));
         float alpha[2];
         const bool moved = softmax((u.t0 + t) * kKeys, alpha);
         if (!fresh && moved) rescale_o(alpha);
@@ -644,13 +655,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg_wait0();
         reg_fence(o[0]);
         reg_fence(o[1]);
-        mbar_arrive(empty(s));
+        mbar_arrive(empty_v(s));
       }
     } else if (t < ve) {
       // Tile t's S = Q K^T is issued before the softmax of tile t - 1's... (FA3's intra-warpgroup
       // pipelining): per tile, S(t) and then O += P(t-1) V(t-1) are issued, S(t) is waited for
-      // (wait_group 1), its softmax runs while P V runs, then P V is waited for (wait_group 0),
-      // its stage released, O rescaled and P(t) formed.
+      // (wait_group 1) and K(t) released, its softmax runs while P V runs, then P V is waited for
+      // (wait_group 0), V(t - 1) released, O rescaled and P(t) formed.
       int ps = it % kStages;
       uint32_t pph = (it / kStages) & 1;
       {
@@ -661,6 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kPing) named_arrive(3 + (1 - c), 256);
         wg_wait0();
         reg_fence(sacc);
+        mbar_arrive(empty_k(ps));
         float alpha[2];
         softmax((u.t0 + t) * kKeys, alpha);  // O is zero: nothing to rescale
         convert_p();
@@ -681,12 +693,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kPing) named_arrive(3 + (1 - c), 256);
         wg_wait1();
         reg_fence(sacc);
+        mbar_arrive(empty_k(s));
         float alpha[2];
         const bool moved = softmax((u.t0 + t) * kKeys, alpha);
         wg_wait0();
         reg_fence(o[0]);
         reg_fence(o[1]);
-        mbar_arrive(empty(ps));
+        mbar_arrive(empty_v(ps));
         if (moved) rescale_o(alpha);
         convert_p();
         ps = s;
@@ -700,7 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_wait0();
       reg_fence(o[0]);
       reg_fence(o[1]);
-      mbar_arrive(empty(ps));
+      mbar_arrive(empty_v(ps));
     }
     for (; t < u.n_tiles; ++t, ++it) skip_tile(it % kStages, (it / kStages) & 1);
 
