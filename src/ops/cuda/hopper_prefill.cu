@@ -42,8 +42,7 @@
 //            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
 //            under the other's GEMMs.
 //   turns    serial, with the pingpong turns around each tile's S (P V issued outside them).
-// Unset, a call takes pingpong when its requests average at most 1024 KV tokens, turns above
-// (hopper_sched_for, routing.h, with the measurements behind it).
+// Unset, every call takes pingpong (hopper_sched_for, routing.h, with the measurements behind it).
 // Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
 // Registers: the producer warpgroup 56 per thread, the consumers 224: nothing spills (ptxas -v;
 // at 24 / 240 the fp8 widening spilled 48-60 bytes, at 40 / 232 the producer of 16-bit pages
@@ -913,11 +912,7 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
   CUtensorMap mk, mv;
   if (!encode_cache_map(&mk, p.k, p, p.k_sb, p.k_so, p.k_sh) || !encode_cache_map(&mv, p.v, p, p.v_sb, p.v_so, p.v_sh))
     return -1;
-  // the requests' average KV length: the paged form's page count, else the block table's width
-  // (an upper bound; the lengths are on the device)
-  const int64_t pages = p.paged_form ? p.kv_entries : p.max_blocks * p.batch;
-  const int64_t avg_kv = p.batch > 0 ? pages * p.page_size / p.batch : 0;
-  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched, avg_kv), 0, kNumSched - 1);
+  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched), 0, kNumSched - 1);
   const int kv = hp_kv(p.kv_t);
   if (kv < 0) return -1;
   using Kernel = void (*)(const AttnParams, const HopperPlanTables, const CUtensorMap, const CUtensorMap);
