@@ -10,10 +10,10 @@
 // kernel serves a call and why), or for fp8 pages on attn_kernel (the mma.sync kernel reads no fp8).
 //
 // CTA = 3 warpgroups.  Warpgroup 0, the producer: warp 0 brings K / V, warps 1-3 the queries
-// (16-bit pages) or widen fp8 K / V (below).  Per 128-key tile warp 0 reads the tile's page ids from the block table / kv_indices and issues one TMA box per page
-// and 64-column half into the stage's K and V buffers (128-byte swizzle, the wgmma operand
-// layout).  A page id out of range reads as -1: the box lies outside the tensor map and TMA
-// fills it with zeros.  Where the last page of a request holds slots past kv_len (their bytes
+// (16-bit pages) or widen fp8 K / V (below).  Per 128-key tile warp 0 reads the tile's page ids
+// from the block table / kv_indices and issues one TMA box per page and 64-column half into the
+// stage's K and V buffers (128-byte swizzle, the wgmma operand layout).  A page id out of
+// range reads as -1: the box lies outside the tensor map and TMA fills it with zeros.  Where the last page of a request holds slots past kv_len (their bytes
 // may be anything, NaN too), the producer waits for the V box itself, zeroes those rows and
 // then releases V (masked scores give P = 0, but 0 * NaN is NaN).
 // Warpgroups 1 and 2: 64 query rows each (rows = (token, head in the GQA group) pairs of one KV
@@ -26,8 +26,8 @@
 // shared memory; K(t) is released as soon as S(t) is done, V(t) once P(t) V(t) is (separate
 // empty barriers: under the overlapped schedules P V trails S by a tile, and one barrier per
 // stage held K back with V, so the producer refilled K just before S needed it); mask only on
-// diagonal / tail tiles; online softmax in base 2 (lazy rescale, as prefill_kernel.cu); P converted to bf16 A fragments in
-// registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  A warpgroup's
+// diagonal / tail tiles; online softmax in base 2 (lazy rescale, as prefill_kernel.cu); P
+// converted to bf16 A fragments in registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  A warpgroup's
 // visible tiles are one contiguous range: those above its causal diagonal and left of its window
 // are only waited for and released (a unit's key range already starts at its first row's window).
 // Soft cap: s -> cap * tanh(s * sm_scale / cap) before the mask, as prefill_kernel.cu.
@@ -42,7 +42,8 @@
 //            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
 //            under the other's GEMMs.
 //   turns    serial, with the pingpong turns around each tile's S (P V issued outside them).
-// Unset, every call takes pingpong (hopper_sched_for, routing.h, with the measurements behind it).
+// Unset, a call takes pingpong, or turns for fp8 pages (hopper_sched_for, routing.h, with the
+// measurements behind it).
 // Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
 // Registers: the producer warpgroup 56 per thread, the consumers 224: nothing spills (ptxas -v;
 // at 24 / 240 the fp8 widening spilled 48-60 bytes, at 40 / 232 the producer of 16-bit pages
@@ -912,9 +913,9 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
   CUtensorMap mk, mv;
   if (!encode_cache_map(&mk, p.k, p, p.k_sb, p.k_so, p.k_sh) || !encode_cache_map(&mv, p.v, p, p.v_sb, p.v_so, p.v_sh))
     return -1;
-  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched), 0, kNumSched - 1);
   const int kv = hp_kv(p.kv_t);
   if (kv < 0) return -1;
+  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched, kv >= kKvE4m3), 0, kNumSched - 1);
   using Kernel = void (*)(const AttnParams, const HopperPlanTables, const CUtensorMap, const CUtensorMap);
   struct Entry {
     Kernel kernel;

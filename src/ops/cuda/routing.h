@@ -34,7 +34,7 @@ struct KernelRouting {
   // ---- routing (environment knobs) ----
   Route prefill = Route::automatic;         // the dedicated prefill kernels (KVATTN_PREFILL)
   Route prefill_hopper = Route::automatic;  // its sm_90a TMA + wgmma form (KVATTN_PREFILL_HOPPER)
-  int hopper_sched = -1;  // -1 the default (pingpong, hopper_sched_for), 0 serial, 1 overlap, 2 pingpong, 3 turns (KVATTN_PREFILL_HOPPER_SCHED)
+  int hopper_sched = -1;  // -1 the default (hopper_sched_for), 0 serial, 1 overlap, 2 pingpong, 3 turns (KVATTN_PREFILL_HOPPER_SCHED)
   Route small_decode = Route::automatic;    // the one-launch small-call decode (KVATTN_SMALL_DECODE)
   Route page_decode = Route::automatic;     // the whole-page decode (KVATTN_PAGE_DECODE)
   int decode_options = kDefaultDecodeOpts;  // kOpt* bits (KVATTN_DECODE_STREAMK=1 adds kOptStreamK)
@@ -53,16 +53,20 @@ struct KernelRouting {
 };
 
 // The wgmma prefill's consumer schedule for a call: `setting` (KernelRouting::hopper_sched) when
-// it names one, else pingpong.  Measured in one run on an H100 (bf16, 32 / 8 heads, D 128, plans
-// kept; `kvattn bench-cuda --only prefill --diagnostics`), pingpong against the next best, TFLOP/s:
+// it names one, else pingpong for 16-bit pages and turns for fp8 pages.  Measured in one run on an
+// H100 (bf16, 32 / 8 heads, D 128, plans kept; `kvattn bench-cuda --only prefill --diagnostics`),
+// pingpong against the next best, TFLOP/s:
 // causal 8 x 2048 440 / 414 (overlap), 1 x 8192 534 / 530 (serial), 4 x 4096 494 / 482 (serial),
 // 16 x 1024 343 / 321 (overlap), 32 x 512 246 / 225 (overlap), 8 x (q 512, kv 4096) 504 / 500
 // (serial); non-causal 8 x 2048 532 / 539 (serial).  (Before K and V of a stage were released
 // apart, pingpong trailed turns by 7-19 % on long requests and a per-call rule by length chose.)
+// fp8 pages: 342 TFLOP/s at causal 8 x 2048 under turns, the one schedule timed for them with K
+// and V released apart; they keep it until pingpong is measured on them.
 constexpr int kHopperSchedPingpong = 2;
-inline int hopper_sched_for(int setting) {
+constexpr int kHopperSchedTurns = 3;
+inline int hopper_sched_for(int setting, bool fp8_pages) {
   if (setting >= 0 && setting < 4) return setting;
-  return kHopperSchedPingpong;
+  return fp8_pages ? kHopperSchedTurns : kHopperSchedPingpong;
 }
 
 // The library's settings: the defaults above with the environment's routing knobs (read once).
