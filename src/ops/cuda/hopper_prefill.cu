@@ -13,9 +13,10 @@
 // (16-bit pages) or widen fp8 K / V (below).  Per 128-key tile warp 0 reads the tile's page ids
 // from the block table / kv_indices and issues one TMA box per page and 64-column half into the
 // stage's K and V buffers (128-byte swizzle, the wgmma operand layout).  A page id out of
-// range reads as -1: the box lies outside the tensor map and TMA fills it with zeros.  Where the last page of a request holds slots past kv_len (their bytes
-// may be anything, NaN too), the producer waits for the V box itself, zeroes those rows and
-// then releases V (masked scores give P = 0, but 0 * NaN is NaN).
+// range reads as -1: the box lies outside the tensor map and TMA fills it with zeros.  Where the
+// last page of a request holds slots past kv_len (their bytes may be anything, NaN too), the
+// producer waits for the V box itself, zeroes those rows and then releases V (masked scores give
+// P = 0, but 0 * NaN is NaN).
 // Warpgroups 1 and 2: 64 query rows each (rows = (token, head in the GQA group) pairs of one KV
 // head, as prefill_kernel.cu).  16-bit pages: producer warps 1-3 gather each unit's Q rows with
 // cp.async into the swizzled layout of one of two Q tiles, with the unit's row tables, while the
@@ -27,14 +28,15 @@
 // empty barriers: under the overlapped schedules P V trails S by a tile, and one barrier per
 // stage held K back with V, so the producer refilled K just before S needed it); mask only on
 // diagonal / tail tiles; online softmax in base 2 (lazy rescale, as prefill_kernel.cu); P
-// converted to bf16 A fragments in registers; O += P V by wgmma m64n64k16 (V N-major, two 64-column halves).  A warpgroup's
-// visible tiles are one contiguous range: those above its causal diagonal and left of its window
-// are only waited for and released (a unit's key range already starts at its first row's window).
+// converted to bf16 A fragments in registers; O += P V by wgmma m64n64k16 (V N-major, two
+// 64-column halves).  A warpgroup's visible tiles are one contiguous range: those above its
+// causal diagonal and left of its window are only waited for and released (a unit's key range
+// already starts at its first row's window).
 // Soft cap: s -> cap * tanh(s * sm_scale / cap) before the mask, as prefill_kernel.cu.
 // Consumer schedule, a template parameter chosen per launch (KVATTN_PREFILL_HOPPER_SCHED):
 //   serial   per tile: S, wait, softmax, P V, wait.
 //   overlap  per tile t: S(t) and P(t-1) V(t-1) issued back to back, wait_group 1 (S(t) done),
-//            softmax of t while P V runs on the tensor cores, wait_group 0, stage of t-1
+//            softmax of t while P V runs on the tensor cores, wait_group 0, V(t-1)
 //            released, O rescaled, P(t) formed (FA3's intra-warpgroup pipelining; one more
 //            64-float accumulator live: no spills under setmaxnreg 224).
 //   pingpong overlap, and the two consumer warpgroups take turns at issuing each tile's GEMMs
@@ -44,7 +46,8 @@
 //   turns    serial, with the pingpong turns around each tile's S (P V issued outside them).
 // Unset, a call takes pingpong, or turns for fp8 pages (hopper_sched_for, routing.h, with the
 // measurements behind it).
-// Three K/V stages do not fit: Q 32 KB + 3 x 64 KB + the row tables exceed 227 KB.
+// Three K/V stages do not fit: two Q tiles (64 KB) + 3 x 64 KB exceed 227 KB, and so do one Q
+// tile + 3 x 64 KB with the row tables and the base's alignment.
 // Registers: the producer warpgroup 56 per thread, the consumers 224: nothing spills (ptxas -v;
 // at 24 / 240 the fp8 widening spilled 48-60 bytes, at 40 / 232 the producer of 16-bit pages
 // 12-36; the consumers fit 224).
@@ -98,8 +101,8 @@ constexpr int kNumKv = 4;
 // full, empty), so a unit starts without waiting for its query: 64 + 128 KB + 5 KB of tables.
 // fp8 pages: those warps widen K / V, so the consumers gather their own Q at each unit's start
 // into the one Q tile; two staging stages fit only with output offsets computed from token and
-// head: 32 + 128 + 64 KB + 112 bytes of barriers + 1.5 KB of tables + 1 KB of alignment =
-// 232,048 bytes of the 232,448 a CTA may have.
+// head: 32 + 128 + 64 KB + 128 bytes of barriers + 1.5 KB of tables + 1 KB of alignment =
+// 232,064 bytes of the 232,448 a CTA may have.
 template <int kKV>
 struct HpLayout {
   static constexpr bool kFp8 = kKV >= kKvE4m3;
