@@ -242,6 +242,194 @@ __device__ __forceinline__ void hp_widen_tile(uint32_t src, uint32_t dst, int va
   }
 }
 
+// The kernel's shared memory by role (addresses in the shared window; base aligned to 1024).
+template <int kKV>
+struct HpSmem {
+  using L = HpLayout<kKV>;
+  uint32_t base;
+  uint32_t bars;  // base + L::kOffBar
+  unsigned char* sbase;
+  __device__ __forceinline__ uint32_t q_tile(int b) const { return base + b * kTileBytes; }
+  __device__ __forceinline__ uint32_t k(int s) const { return base + L::kOffK + s * kStageBytes; }
+  __device__ __forceinline__ uint32_t v(int s) const { return base + L::kOffK + s * kStageBytes + kTileBytes; }
+  __device__ __forceinline__ uint32_t bar(int i) const { return bars + 8 * i; }
+  __device__ __forceinline__ uint32_t full_k(int s) const { return bar(s); }
+  __device__ __forceinline__ uint32_t full_v(int s) const { return bar(kStages + s); }
+  // K and V of a stage are released apart: K once S = Q K^T is done, V once O += P V is (under
+  // the overlapped schedules a tile's P V runs a tile later, so one barrier held K back with V)
+  __device__ __forceinline__ uint32_t empty_k(int s) const { return bar(2 * kStages + s); }
+  __device__ __forceinline__ uint32_t empty_v(int s) const { return bar(3 * kStages + s); }
+  __device__ __forceinline__ uint32_t aux(int s) const { return bar(4 * kStages + s); }
+  // fp8: the staging tiles and their barriers (filled by TMA, emptied by the widening)
+  __device__ __forceinline__ uint32_t k8(int s) const { return base + L::kOffStage8 + s * 2 * L::kStage8Tile; }
+  __device__ __forceinline__ uint32_t v8(int s) const {
+    return base + L::kOffStage8 + s * 2 * L::kStage8Tile + L::kStage8Tile;
+  }
+  __device__ __forceinline__ uint32_t st_full_k(int s) const { return bar(5 * kStages + s); }
+  __device__ __forceinline__ uint32_t st_full_v(int s) const { return bar(5 * kStages + L::kStages8 + s); }
+  __device__ __forceinline__ uint32_t st_empty(int s) const { return bar(5 * kStages + 2 * L::kStages8 + s); }
+  // two Q tiles: tile b filled (the 96 threads of producer warps 1-3 arrive) and free again (the
+  // 256 consumer threads)
+  __device__ __forceinline__ uint32_t q_full(int b) const { return bar(5 * kStages + 3 * L::kStages8 + b); }
+  __device__ __forceinline__ uint32_t q_empty(int b) const { return bar(5 * kStages + 3 * L::kStages8 + 2 + b); }
+  // Q tile b's row tables: output offsets (kRowOffsets), then positions, tokens, heads
+  __device__ __forceinline__ int64_t* tab_ooff(int b) const {
+    return reinterpret_cast<int64_t*>(sbase + L::kOffTab) + b * kRows;
+  }
+  __device__ __forceinline__ int* tab_pos(int b) const {
+    return reinterpret_cast<int*>(sbase + L::kOffTab + (L::kRowOffsets ? 8 * kRows * L::kQTiles : 0)) + b * 3 * kRows;
+  }
+  // where 16-byte chunk ch (of 16) of row lr of Q tile b lies (128-byte swizzle, two 64-column halves)
+  __device__ __forceinline__ uint32_t q_chunk(int b, int lr, int ch) const {
+    return q_tile(b) + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
+  }
+};
+// row lr of unit u into Q tile b's tables
+template <int kKV>
+__device__ __forceinline__ void hp_put_row(const AttnParams& p, const HpSmem<kKV>& sm, const HpUnit& u, int b, int lr) {
+  const HpRow r = hp_row(p, u, lr);
+  int* pos = sm.tab_pos(b);
+  pos[lr] = r.pos;
+  pos[kRows + lr] = r.tok;
+  pos[2 * kRows + lr] = r.head;
+  if constexpr (HpLayout<kKV>::kRowOffsets)
+    sm.tab_ooff(b)[lr] = r.tok < 0 ? int64_t(-1) : int64_t(r.tok) * p.o_st + int64_t(r.head) * p.o_sh;
+}
+// row lr's Q element offset in unit u (-1: no row)
+__device__ __forceinline__ int64_t hp_q_off(const AttnParams& p, const HpUnit& u, int lr) {
+  const HpRow r = hp_row(p, u, lr);
+  return r.tok < 0 ? int64_t(-1) : int64_t(r.tok) * p.q_st + int64_t(r.head) * p.q_sh;
+}
+// ---- the producer warpgroup's roles (each runs until the CTA's last unit) ----
+// fp8 pages: warp 0 brings each tile's pages into the staging tiles (TMA), warps 1-3 widen them
+// into the f16 operand tiles of stage it % kStages.
+template <int kKV>
+__device__ __forceinline__ void hp_fp8_producer(const AttnParams& p, const HopperPlanTables& plan, const HpSmem<kKV>& sm,
+                                                const CUtensorMap* tm_k, const CUtensorMap* tm_v, int total, int P, int ppt,
+                                                int warp, int lane) {
+  using L = HpLayout<kKV>;
+  int it = 0;
+  if (warp == 0) {  // TMA: each tile's pages into the staging tiles
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      const HpUnit u = hp_unit(p, plan, w);
+      for (int t = 0; t < u.n_tiles; ++t, ++it) {
+        const int kt0 = (u.t0 + t) * kKeys;
+        const int pg = hp_page(p, u, kt0, lane, ppt);
+        const int s8 = it % L::kStages8;
+        mbar_wait(sm.st_empty(s8), ((it / L::kStages8) & 1) ^ 1);
+        if (lane == 0) {
+          mbar_expect_tx(sm.st_full_k(s8), L::kStage8Tile);
+          mbar_expect_tx(sm.st_full_v(s8), L::kStage8Tile);
+        }
+        __syncwarp();
+        if (lane < ppt) {
+          tma_load_4d(sm.k8(s8) + lane * P * 128, tm_k, sm.st_full_k(s8), 0, 0, u.hk, pg);
+          tma_load_4d(sm.v8(s8) + lane * P * 128, tm_v, sm.st_full_v(s8), 0, 0, u.hk, pg);
+        }
+      }
+    }
+  } else {  // warps 1-3: staging tiles -> f16 operand tiles of stage it % kStages
+    const int cw = warp - 1;
+    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+      const HpUnit u = hp_unit(p, plan, w);
+      for (int t = 0; t < u.n_tiles; ++t, ++it) {
+        const int s = it % kStages;
+        const uint32_t ph = (it / kStages) & 1;
+        const int s8 = it % L::kStages8;
+        const uint32_t ph8 = (it / L::kStages8) & 1;
+        const int valid = u.kv_len - (u.t0 + t) * kKeys;
+        mbar_wait(sm.empty_k(s), ph ^ 1);
+        mbar_wait(sm.st_full_k(s8), ph8);
+        hp_widen_tile<kKV == kKvE4m3>(sm.k8(s8), sm.k(s), valid, cw, lane);
+        fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sm.full_k(s));
+        mbar_wait(sm.empty_v(s), ph ^ 1);
+        mbar_wait(sm.st_full_v(s8), ph8);
+        hp_widen_tile<kKV == kKvE4m3>(sm.v8(s8), sm.v(s), valid, cw, lane);
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) {
+          mbar_arrive(sm.full_v(s));
+          mbar_arrive(sm.st_empty(s8));
+        }
+      }
+    }
+  }
+}
+// 16-bit pages, warps 1-3: each unit's Q rows and row tables into Q tile n % 2.
+template <int kKV>
+__device__ __forceinline__ void hp_q_producer(const AttnParams& p, const HopperPlanTables& plan, const HpSmem<kKV>& sm,
+                                              int total, int tid) {
+  const int pt = tid - 32;  // 0..95: a fixed 16-byte chunk (96 = 6 rows x 16 chunks), rows pt / 16 + 6 k
+  const int ch = pt & 15;
+  const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
+  int n = 0;
+  for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
+    const int b = n & 1;
+    mbar_wait(sm.q_empty(b), ((n >> 1) & 1) ^ 1);
+    const HpUnit u = hp_unit(p, plan, w);
+#pragma unroll 1
+    for (int lr = pt; lr < kRows; lr += 96) hp_put_row(p, sm, u, b, lr);
+#pragma unroll 1
+    for (int lr = pt >> 4; lr < kRows; lr += 6) {
+      const int64_t off = hp_q_off(p, u, lr);
+      cpa16z(sm.q_chunk(b, lr, ch), qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    fence_proxy_async();  // the rows, before wgmma reads them
+    mbar_arrive(sm.q_full(b));
+  }
+}
+// 16-bit pages, warp 0: each tile's pages into the stage's K and V tiles (TMA).
+template <int kKV>
+__device__ __forceinline__ void hp_kv_producer(const AttnParams& p, const HopperPlanTables& plan, const HpSmem<kKV>& sm,
+                                               const CUtensorMap* tm_k, const CUtensorMap* tm_v, int total, int P, int ppt,
+                                               int lane) {
+  int it = 0;
+  uint32_t aux_par = 0;  // per stage: parity of aux's next phase
+  for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    const HpUnit u = hp_unit(p, plan, w);
+    for (int t = 0; t < u.n_tiles; ++t, ++it) {
+      const int s = it % kStages;
+      const uint32_t ph = (it / kStages) & 1;
+      const int kt0 = (u.t0 + t) * kKeys;
+      const int pg = hp_page(p, u, kt0, lane, ppt);
+      const bool partial = kt0 + kKeys > u.kv_len && (u.kv_len % P) != 0;
+      const uint32_t vb = partial ? sm.aux(s) : sm.full_v(s);
+      mbar_wait(sm.empty_k(s), ph ^ 1);
+      if (lane == 0) mbar_expect_tx(sm.full_k(s), kTileBytes);
+      __syncwarp();
+      if (lane < ppt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) tma_load_4d(sm.k(s) + h * kHalf + lane * P * 128, tm_k, sm.full_k(s), h * 64, 0, u.hk, pg);
+      }
+      mbar_wait(sm.empty_v(s), ph ^ 1);
+      if (lane == 0) mbar_expect_tx(vb, kTileBytes);
+      __syncwarp();
+      if (lane < ppt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) tma_load_4d(sm.v(s) + h * kHalf + lane * P * 128, tm_v, vb, h * 64, 0, u.hk, pg);
+      }
+      if (partial) {
+        // the V rows past kv_len: zeroed once the box has landed, then V is released
+        mbar_wait(sm.aux(s), (aux_par >> s) & 1);
+        aux_par ^= 1u << s;
+        const int r0 = u.kv_len - kt0;  // first row to zero (> 0)
+        const int n = (kKeys - r0) * 2 * 8;  // 16-byte chunks over both halves
+        for (int i = lane; i < n; i += 32) {
+          const int row = r0 + (i >> 4), h = (i >> 3) & 1, c = i & 7;
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sm.v(s) + h * kHalf + row * 128 + c * 16), "r"(0)
+                       : "memory");
+        }
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(sm.full_v(s));
+      }
+    }
+  }
+}
+
 template <int kSched, int kKV>
 __global__ void __launch_bounds__(kThreads, 1)
     hp_prefill_kernel(const AttnParams p, const HopperPlanTables plan, const __grid_constant__ CUtensorMap tm_k,
@@ -257,72 +445,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* sbase = smem_raw + (base - raw);
-  auto sQt = [&](int b) { return base + b * kTileBytes; };  // Q tile b
-  auto sK = [&](int s) { return base + L::kOffK + s * kStageBytes; };
-  auto sV = [&](int s) { return base + L::kOffK + s * kStageBytes + kTileBytes; };
-  const uint32_t bars = base + L::kOffBar;
-  auto full_k = [&](int s) { return bars + 8 * s; };
-  auto full_v = [&](int s) { return bars + 8 * (kStages + s); };
-  // K and V of a stage are released apart: K once S = Q K^T is done, V once O += P V is (under the
-  // overlapped schedules a tile's P V runs a tile later, so one barrier held K back with V)
-  auto empty_k = [&](int s) { return bars + 8 * (2 * kStages + s); };
-  auto empty_v = [&](int s) { return bars + 8 * (3 * kStages + s); };
-  auto aux = [&](int s) { return bars + 8 * (4 * kStages + s); };
-  // fp8: the staging tiles and their barriers (filled by TMA, emptied by the widening)
-  auto sK8 = [&](int s) { return base + L::kOffStage8 + s * 2 * L::kStage8Tile; };
-  auto sV8 = [&](int s) { return base + L::kOffStage8 + s * 2 * L::kStage8Tile + L::kStage8Tile; };
-  auto st_full_k = [&](int s) { return bars + 8 * (5 * kStages + s); };
-  auto st_full_v = [&](int s) { return bars + 8 * (5 * kStages + L::kStages8 + s); };
-  auto st_empty = [&](int s) { return bars + 8 * (5 * kStages + 2 * L::kStages8 + s); };
-  // two Q tiles: tile b filled (the 96 threads of producer warps 1-3 arrive) and free again (the
-  // 256 consumer threads)
-  auto q_full = [&](int b) { return bars + 8 * (5 * kStages + 3 * L::kStages8 + b); };
-  auto q_empty = [&](int b) { return bars + 8 * (5 * kStages + 3 * L::kStages8 + 2 + b); };
-  // Q tile b's row tables: output offsets (kRowOffsets), then positions, tokens, heads
-  auto tab_ooff = [&](int b) { return reinterpret_cast<int64_t*>(sbase + L::kOffTab) + b * kRows; };
-  auto tab_pos = [&](int b) {
-    return reinterpret_cast<int*>(sbase + L::kOffTab + (L::kRowOffsets ? 8 * kRows * L::kQTiles : 0)) + b * 3 * kRows;
-  };
-  // row lr of unit u into Q tile b's tables
-  auto put_row = [&](const HpUnit& u, int b, int lr) {
-    const HpRow r = hp_row(p, u, lr);
-    int* pos = tab_pos(b);
-    pos[lr] = r.pos;
-    pos[kRows + lr] = r.tok;
-    pos[2 * kRows + lr] = r.head;
-    if constexpr (L::kRowOffsets)
-      tab_ooff(b)[lr] = r.tok < 0 ? int64_t(-1) : int64_t(r.tok) * p.o_st + int64_t(r.head) * p.o_sh;
-  };
-  // row lr's Q element offset in unit u (-1: no row)
-  auto q_off = [&](const HpUnit& u, int lr) -> int64_t {
-    const HpRow r = hp_row(p, u, lr);
-    return r.tok < 0 ? int64_t(-1) : int64_t(r.tok) * p.q_st + int64_t(r.head) * p.q_sh;
-  };
-  // where 16-byte chunk ch (of 16) of row lr of Q tile b lies (128-byte swizzle, two 64-column halves)
-  auto q_chunk = [&](int b, int lr, int ch) {
-    return sQt(b) + (ch >> 3) * kHalf + lr * 128 + (((ch & 7) ^ (lr & 7)) << 4);
-  };
+  const HpSmem<kKV> sm{base, base + L::kOffBar, sbase};
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_k(s), kFp8 ? 3 : 1);  // fp8: the three widening warps arrive, else TMA
-      mbar_init(full_v(s), kFp8 ? 3 : 1);
-      mbar_init(empty_k(s), 2 * 128);
-      mbar_init(empty_v(s), 2 * 128);
-      mbar_init(aux(s), 1);
+      mbar_init(sm.full_k(s), kFp8 ? 3 : 1);  // fp8: the three widening warps arrive, else TMA
+      mbar_init(sm.full_v(s), kFp8 ? 3 : 1);
+      mbar_init(sm.empty_k(s), 2 * 128);
+      mbar_init(sm.empty_v(s), 2 * 128);
+      mbar_init(sm.aux(s), 1);
     }
     for (int s = 0; s < L::kStages8; ++s) {
-      mbar_init(st_full_k(s), 1);
-      mbar_init(st_full_v(s), 1);
-      mbar_init(st_empty(s), 3);
+      mbar_init(sm.st_full_k(s), 1);
+      mbar_init(sm.st_full_v(s), 1);
+      mbar_init(sm.st_empty(s), 3);
     }
     if constexpr (L::kQTiles == 2) {
       for (int b = 0; b < 2; ++b) {
         // every thread arrives after its own accesses (an arrival releases what its thread
         // wrote or read; compute-sanitizer's racecheck follows that, not a warp's __syncwarp)
-        mbar_init(q_full(b), 96);      // producer warps 1-3
-        mbar_init(q_empty(b), 2 * 128);  // the consumer threads
+        mbar_init(sm.q_full(b), 96);      // producer warps 1-3
+        mbar_init(sm.q_empty(b), 2 * 128);  // the consumer threads
       }
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -333,121 +477,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {  // ---- producer warpgroup ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    if constexpr (kFp8) {
-      int it = 0;
-      if (warp == 0) {  // TMA: each tile's pages into the staging tiles
-        for (int w = blockIdx.x; w < total; w += gridDim.x) {
-          const HpUnit u = hp_unit(p, plan, w);
-          for (int t = 0; t < u.n_tiles; ++t, ++it) {
-            const int kt0 = (u.t0 + t) * kKeys;
-            const int pg = hp_page(p, u, kt0, lane, ppt);
-            const int s8 = it % L::kStages8;
-            mbar_wait(st_empty(s8), ((it / L::kStages8) & 1) ^ 1);
-            if (lane == 0) {
-              mbar_expect_tx(st_full_k(s8), L::kStage8Tile);
-              mbar_expect_tx(st_full_v(s8), L::kStage8Tile);
-            }
-            __syncwarp();
-            if (lane < ppt) {
-              tma_load_4d(sK8(s8) + lane * P * 128, &tm_k, st_full_k(s8), 0, 0, u.hk, pg);
-              tma_load_4d(sV8(s8) + lane * P * 128, &tm_v, st_full_v(s8), 0, 0, u.hk, pg);
-            }
-          }
-        }
-      } else {  // warps 1-3: staging tiles -> f16 operand tiles of stage it % kStages
-        const int cw = warp - 1;
-        for (int w = blockIdx.x; w < total; w += gridDim.x) {
-          const HpUnit u = hp_unit(p, plan, w);
-          for (int t = 0; t < u.n_tiles; ++t, ++it) {
-            const int s = it % kStages;
-            const uint32_t ph = (it / kStages) & 1;
-            const int s8 = it % L::kStages8;
-            const uint32_t ph8 = (it / L::kStages8) & 1;
-            const int valid = u.kv_len - (u.t0 + t) * kKeys;
-            mbar_wait(empty_k(s), ph ^ 1);
-            mbar_wait(st_full_k(s8), ph8);
-            hp_widen_tile<kKV == kKvE4m3>(sK8(s8), sK(s), valid, cw, lane);
-            fence_proxy_async();  // the generic-proxy stores, before wgmma reads them
-            __syncwarp();
-            if (lane == 0) mbar_arrive(full_k(s));
-            mbar_wait(empty_v(s), ph ^ 1);
-            mbar_wait(st_full_v(s8), ph8);
-            hp_widen_tile<kKV == kKvE4m3>(sV8(s8), sV(s), valid, cw, lane);
-            fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) {
-              mbar_arrive(full_v(s));
-              mbar_arrive(st_empty(s8));
-            }
-          }
-        }
-      }
-      return;
-    }
-    if (warp != 0) {  // 16-bit pages: warps 1-3 gather each unit's Q rows and tables into Q tile n % 2
-      const int pt = tid - 32;  // 0..95: a fixed 16-byte chunk (96 = 6 rows x 16 chunks), rows pt / 16 + 6 k
-      const int ch = pt & 15;
-      const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
-      int n = 0;
-      for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
-        const int b = n & 1;
-        mbar_wait(q_empty(b), ((n >> 1) & 1) ^ 1);
-        const HpUnit u = hp_unit(p, plan, w);
-#pragma unroll 1
-        for (int lr = pt; lr < kRows; lr += 96) put_row(u, b, lr);
-#pragma unroll 1
-        for (int lr = pt >> 4; lr < kRows; lr += 6) {
-          const int64_t off = q_off(u, lr);
-          cpa16z(q_chunk(b, lr, ch), qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
-        }
-        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-        fence_proxy_async();  // the rows, before wgmma reads them
-        mbar_arrive(q_full(b));
-      }
-      return;
-    }
-    int it = 0;
-    uint32_t aux_par = 0;  // per stage: parity of aux's next phase
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
-      const HpUnit u = hp_unit(p, plan, w);
-      for (int t = 0; t < u.n_tiles; ++t, ++it) {
-        const int s = it % kStages;
-        const uint32_t ph = (it / kStages) & 1;
-        const int kt0 = (u.t0 + t) * kKeys;
-        const int pg = hp_page(p, u, kt0, lane, ppt);
-        const bool partial = kt0 + kKeys > u.kv_len && (u.kv_len % P) != 0;
-        const uint32_t vb = partial ? aux(s) : full_v(s);
-        mbar_wait(empty_k(s), ph ^ 1);
-        if (lane == 0) mbar_expect_tx(full_k(s), kTileBytes);
-        __syncwarp();
-        if (lane < ppt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) tma_load_4d(sK(s) + h * kHalf + lane * P * 128, &tm_k, full_k(s), h * 64, 0, u.hk, pg);
-        }
-        mbar_wait(empty_v(s), ph ^ 1);
-        if (lane == 0) mbar_expect_tx(vb, kTileBytes);
-        __syncwarp();
-        if (lane < ppt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) tma_load_4d(sV(s) + h * kHalf + lane * P * 128, &tm_v, vb, h * 64, 0, u.hk, pg);
-        }
-        if (partial) {
-          // the V rows past kv_len: zeroed once the box has landed, then V is released
-          mbar_wait(aux(s), (aux_par >> s) & 1);
-          aux_par ^= 1u << s;
-          const int r0 = u.kv_len - kt0;  // first row to zero (> 0)
-          const int n = (kKeys - r0) * 2 * 8;  // 16-byte chunks over both halves
-          for (int i = lane; i < n; i += 32) {
-            const int row = r0 + (i >> 4), h = (i >> 3) & 1, c = i & 7;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sV(s) + h * kHalf + row * 128 + c * 16), "r"(0)
-                         : "memory");
-          }
-          fence_proxy_async();
-          __syncwarp();
-          if (lane == 0) mbar_arrive(full_v(s));
-        }
-      }
-    }
+    if constexpr (kFp8)
+      hp_fp8_producer<kKV>(p, plan, sm, &tm_k, &tm_v, total, P, ppt, warp, lane);
+    else if (warp != 0)
+      hp_q_producer<kKV>(p, plan, sm, total, tid);
+    else
+      hp_kv_producer<kKV>(p, plan, sm, &tm_k, &tm_v, total, P, ppt, lane);
     return;
   }
 
@@ -475,36 +510,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     const HpUnit u = hp_unit(p, plan, w);
     const int qb = L::kQTiles == 2 ? (n & 1) : 0;
     if constexpr (L::kQTiles == 2) {
-      mbar_wait(q_full(qb), (n >> 1) & 1);  // gathered by producer warps 1-3
+      mbar_wait(sm.q_full(qb), (n >> 1) & 1);  // gathered by producer warps 1-3
     } else {  // this warpgroup's 64 rows: tables, then Q (thread = fixed 16-byte chunk, 8 rows)
       named_sync(bar_id, 128);  // the previous unit's Q and row-table reads are done
-      if (tw < 64) put_row(u, 0, c * 64 + tw);
+      if (tw < 64) hp_put_row(p, sm, u, 0, c * 64 + tw);
       const int ch = tw & 15;
       const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
       if (p.q_t == Elt::bf16) {  // fp8 pages run f16 wgmma: bf16 rows widened, rounded to f16
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int lr = c * 64 + (tw >> 4) + 8 * i;
-          const int64_t off = q_off(u, lr);
+          const int64_t off = hp_q_off(p, u, lr);
           uint4 x = make_uint4(0u, 0u, 0u, 0u);
           if (off >= 0) x = *reinterpret_cast<const uint4*>(qsrc + off);
           auto f16x2 = [](uint32_t v) { return pack2<false>(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)); };
-          st_shared_v4(q_chunk(0, lr, ch), f16x2(x.x), f16x2(x.y), f16x2(x.z), f16x2(x.w));
+          st_shared_v4(sm.q_chunk(0, lr, ch), f16x2(x.x), f16x2(x.y), f16x2(x.z), f16x2(x.w));
         }
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int lr = c * 64 + (tw >> 4) + 8 * i;
-          const int64_t off = q_off(u, lr);
-          cpa16z(q_chunk(0, lr, ch), qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
+          const int64_t off = hp_q_off(p, u, lr);
+          cpa16z(sm.q_chunk(0, lr, ch), qsrc + (off < 0 ? int64_t(0) : off), off < 0 ? 1u : 0u);
         }
         asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
       }
       fence_proxy_async();
       named_sync(bar_id, 128);
     }
-    const uint32_t sQ = sQt(qb);
-    const int* s_pos = tab_pos(qb);
+    const uint32_t sQ = sm.q_tile(qb);
+    const int* s_pos = sm.tab_pos(qb);
     const int* s_tok = s_pos + kRows;
     const int* s_head = s_tok + kRows;
     const int qp0 = s_pos[rl], qp1 = s_pos[rl + 8];
@@ -536,7 +571,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int ks = 0; ks < 8; ++ks) {
         const uint32_t off = (ks >> 2) * kHalf + (ks & 3) * 32;
         const uint64_t da = desc_sw128(sQ + c * 64 * 128 + off, 16, 1024);
-        const uint64_t db = desc_sw128(sK(s) + off, 16, 1024);
+        const uint64_t db = desc_sw128(sm.k(s) + off, 16, 1024);
         wgmma_ss_m64n128<kBf16>(sacc, da, db, ks > 0);
       }
       wg_commit();
@@ -546,7 +581,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint64_t dv = desc_sw128(sV(s) + h * kHalf + kk * 16 * 128, 16, 1024);
+          const uint64_t dv = desc_sw128(sm.v(s) + h * kHalf + kk * 16 * 128, 16, 1024);
           wgmma_rs_m64n64_tb<kBf16>(o[h], pa[kk], dv);
         }
       wg_commit();
@@ -626,10 +661,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_sync(3 + c, 256);
         named_arrive(3 + (1 - c), 256);
       }
-      mbar_wait(full_k(s), ph);
-      mbar_wait(full_v(s), ph);
-      mbar_arrive(empty_k(s));
-      mbar_arrive(empty_v(s));
+      mbar_wait(sm.full_k(s), ph);
+      mbar_wait(sm.full_v(s), ph);
+      mbar_arrive(sm.empty_k(s));
+      mbar_arrive(sm.empty_v(s));
     };
 
     int t = 0;
@@ -640,19 +675,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = it % kStages;
         const uint32_t ph = (it / kStages) & 1;
         if constexpr (kPing) named_sync(3 + c, 256);
-        mbar_wait(full_k(s), ph);
+        mbar_wait(sm.full_k(s), ph);
         wg_fence();
         issue_s(s);
         if constexpr (kPing) named_arrive(3 + (1 - c), 256);
         wg_wait0();
         reg_fence(sacc);
-        mbar_arrive(empty_k(s));
+        mbar_arrive(sm.empty_k(s));
         float alpha[2];
         const bool moved = softmax((u.t0 + t) * kKeys, alpha);
         if (!fresh && moved) rescale_o(alpha);
         fresh = false;
         convert_p();
-        mbar_wait(full_v(s), ph);
+        mbar_wait(sm.full_v(s), ph);
         reg_fence(o[0]);
         reg_fence(o[1]);
         wg_fence();
@@ -660,7 +695,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg_wait0();
         reg_fence(o[0]);
         reg_fence(o[1]);
-        mbar_arrive(empty_v(s));
+        mbar_arrive(sm.empty_v(s));
       }
     } else if (t < ve) {
       // Tile t's S = Q K^T is issued before the softmax of tile t - 1's... (FA3's intra-warpgroup
@@ -671,13 +706,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t pph = (it / kStages) & 1;
       {
         if constexpr (kPing) named_sync(3 + c, 256);
-        mbar_wait(full_k(ps), pph);
+        mbar_wait(sm.full_k(ps), pph);
         wg_fence();
         issue_s(ps);
         if constexpr (kPing) named_arrive(3 + (1 - c), 256);
         wg_wait0();
         reg_fence(sacc);
-        mbar_arrive(empty_k(ps));
+        mbar_arrive(sm.empty_k(ps));
         float alpha[2];
         softmax((u.t0 + t) * kKeys, alpha);  // O is zero: nothing to rescale
         convert_p();
@@ -688,8 +723,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int s = it % kStages;
         const uint32_t ph = (it / kStages) & 1;
         if constexpr (kPing) named_sync(3 + c, 256);
-        mbar_wait(full_k(s), ph);
-        mbar_wait(full_v(ps), pph);
+        mbar_wait(sm.full_k(s), ph);
+        mbar_wait(sm.full_v(ps), pph);
         reg_fence(o[0]);
         reg_fence(o[1]);
         wg_fence();
@@ -698,19 +733,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kPing) named_arrive(3 + (1 - c), 256);
         wg_wait1();
         reg_fence(sacc);
-        mbar_arrive(empty_k(s));
+        mbar_arrive(sm.empty_k(s));
         float alpha[2];
         const bool moved = softmax((u.t0 + t) * kKeys, alpha);
         wg_wait0();
         reg_fence(o[0]);
         reg_fence(o[1]);
-        mbar_arrive(empty_v(ps));
+        mbar_arrive(sm.empty_v(ps));
         if (moved) rescale_o(alpha);
         convert_p();
         ps = s;
         pph = ph;
       }
-      mbar_wait(full_v(ps), pph);
+      mbar_wait(sm.full_v(ps), pph);
       reg_fence(o[0]);
       reg_fence(o[1]);
       wg_fence();
@@ -718,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg_wait0();
       reg_fence(o[0]);
       reg_fence(o[1]);
-      mbar_arrive(empty_v(ps));
+      mbar_arrive(sm.empty_v(ps));
     }
     for (; t < u.n_tiles; ++t, ++it) skip_tile(it % kStages, (it / kStages) & 1);
 
@@ -751,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // a row's output element offset (-1: no row): from the table, or from its token and head
     auto o_off = [&](int lr) -> int64_t {
-      if constexpr (L::kRowOffsets) return tab_ooff(qb)[lr];
+      if constexpr (L::kRowOffsets) return sm.tab_ooff(qb)[lr];
       const int tok = s_tok[lr];
       return tok < 0 ? int64_t(-1) : int64_t(tok) * p.o_st + int64_t(s_head[lr]) * p.o_sh;
     };
@@ -770,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) = out_bf16 ? pack2<true>(a, b) : pack2<false>(a, b);
         }
     }
-    if constexpr (L::kQTiles == 2) mbar_arrive(q_empty(qb));  // done with the Q tile and its tables
+    if constexpr (L::kQTiles == 2) mbar_arrive(sm.q_empty(qb));  // done with the Q tile and its tables
   }
   // ping-pong: warpgroup 1 arrived once more on barrier 3 than warpgroup 0 synced (the opening
   // turn); this sync completes that last phase
