@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvattn/core/tensor.h"
@@ -20,17 +21,36 @@ namespace kvattn::ops::testing {
 inline double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Fill every element of a (possibly strided) CPU float tensor with U(lo, hi).
-// (Contiguous tensors, e.g. whole KV caches of hundreds of millions of elements, take a loop
-// without the index arithmetic; the values are the same either way.)
+// Contiguous tensors (whole KV caches of hundreds of millions of elements) take a counter-based
+// generator seeded once from `rng`: element k's value depends only on the seed and k, so the
+// tensor is filled by several threads with the same result as by one.
 inline void fill_uniform(const Tensor& t, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
-  std::uniform_real_distribution<double> u(lo, hi);
   if (t.is_contiguous()) {
-    char* p = static_cast<char*>(t.data());
+    const uint64_t seed = (static_cast<uint64_t>(rng()) << 32) | rng();
+    char* base = static_cast<char*>(t.data());
     const int64_t es = t.element_size(), total = t.numel();
     const DType dt = t.dtype();
-    for (int64_t k = 0; k < total; ++k, p += es) store_from_double(p, dt, u(rng));
+    const auto fill_range = [=](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        uint64_t z = seed + static_cast<uint64_t>(k) * 0x9e3779b97f4a7c15ull;  // splitmix64
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const double u = static_cast<double>(z >> 11) * 0x1p-53;  // [0, 1)
+        store_from_double(base + k * es, dt, lo + (hi - lo) * u);
+      }
+    };
+    const int64_t kPerThread = int64_t{1} << 22;
+    const int64_t threads = std::clamp<int64_t>(total / kPerThread, 1, std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> helpers;
+    const int64_t chunk = (total + threads - 1) / threads;
+    for (int64_t i = 1; i < threads; ++i)
+      helpers.emplace_back(fill_range, std::min(total, i * chunk), std::min(total, (i + 1) * chunk));
+    fill_range(0, std::min(total, chunk));
+    for (std::thread& th : helpers) th.join();
     return;
   }
+  std::uniform_real_distribution<double> u(lo, hi);
   const int n = t.dim();
   std::vector<int64_t> idx(static_cast<size_t>(n), 0);
   const int64_t total = t.numel();

@@ -22,6 +22,19 @@ void require_cpu(const Tensor& t, const char* op) {
     throw Unsupported(fmt::format("reference::{}: the reference runs on CPU tensors, got {}", op,
                                   t.device().str()));
 }
+
+// n elements of one dtype, `stride` bytes apart, widened to double.
+void load_row(const char* p, int64_t stride, DType t, int64_t n, double* dst) {
+  for (int64_t i = 0; i < n; ++i, p += stride) dst[i] = load_as_double(p, t);
+}
+
+// A worker's buffers for one query row and one KV head's group of query heads.
+struct RowScratch {
+  std::vector<double> q, kv, s, acc, mx, sink, denom;
+  RowScratch(int64_t group, int64_t dim)
+      : q(static_cast<size_t>(group * dim)), kv(static_cast<size_t>(dim)), acc(static_cast<size_t>(group * dim)),
+        mx(static_cast<size_t>(group)), sink(static_cast<size_t>(group)), denom(static_cast<size_t>(group)) {}
+};
 }  // namespace
 
 void reshape_and_cache_flash(const ReshapeAndCacheArgs& a) {
@@ -69,60 +82,75 @@ void paged_attention(const PagedAttentionArgs& a) {
       rows.emplace_back(r, t);
       work += b.kv_len[r];
     }
-  const auto one_row = [&](int64_t r, int64_t t, std::vector<double>& q, std::vector<double>& s,
-                           std::vector<double>& acc) {
+  // One query row: its heads are taken a KV head at a time, so each key and value row is read
+  // (and widened to double) once for the query heads that share it.
+  const auto one_row = [&](int64_t r, int64_t t, RowScratch& w) {
     const int64_t kv_len = b.kv_len[r];
-    const auto key_addr = [&](const Tensor& cache, int64_t j, int64_t kh, int64_t i) {
+    const int64_t D = d.head_dim;
+    const auto load_kv_row = [&](const Tensor& cache, int64_t j, int64_t kh, double* dst) {
       const int64_t page = b.pages[static_cast<size_t>(b.page_begin[r] + j / d.page_size)];
-      return elem_ptr(cache, {page, j % d.page_size, kh, i});
+      load_row(elem_ptr(cache, {page, j % d.page_size, kh, 0}), cache.stride(3) * cache.element_size(),
+               cache.dtype(), D, dst);
     };
     const detail::RowMask m = detail::make_row_mask(a, b, r, t);
-    for (int64_t h = 0; h < d.num_qo_heads; ++h) {
-      const int64_t kh = h / group;
-      for (int64_t i = 0; i < d.head_dim; ++i) q[i] = load_as_double(elem_ptr(a.query, {t, h, i}), a.query.dtype());
+    const int64_t q_stride = a.query.stride(2) * a.query.element_size();
+    for (int64_t kh = 0; kh < d.num_kv_heads; ++kh) {
+      const int64_t h0 = kh * group;  // query heads h0 .. h0 + group - 1 read KV head kh
+      for (int64_t g = 0; g < group; ++g)
+        load_row(elem_ptr(a.query, {t, h0 + g, 0}), q_stride, a.query.dtype(), D, &w.q[g * D]);
       // pass 1: scores and their maximum
-      s.assign(static_cast<size_t>(kv_len), detail::kNegInf);
-      double mx = detail::kNegInf;
+      w.s.assign(static_cast<size_t>(group * kv_len), detail::kNegInf);
+      std::fill(w.mx.begin(), w.mx.end(), detail::kNegInf);
       for (int64_t j = 0; j < kv_len; ++j) {
         if (!m.visible(j)) continue;
-        double dot = 0;
-        for (int64_t i = 0; i < d.head_dim; ++i)
-          dot += q[i] * load_as_double(key_addr(a.k_cache, j, kh, i), a.k_cache.dtype());
-        double x = dot * scale;
-        if (cap > 0) x = cap * std::tanh(x / cap);
-        s[j] = x;
-        mx = std::max(mx, x);
-      }
-      const double sink = a.sinks.defined() ? a.sinks.get({h}) : detail::kNegInf;
-      mx = std::max(mx, sink);
-      // pass 2: normalised weighted sum of V
-      std::fill(acc.begin(), acc.end(), 0.0);
-      double denom = 0;
-      if (mx != detail::kNegInf) {
-        for (int64_t j = 0; j < kv_len; ++j) {
-          if (s[j] == detail::kNegInf) continue;
-          const double p = std::exp(s[j] - mx);
-          denom += p;
-          for (int64_t i = 0; i < d.head_dim; ++i)
-            acc[i] += p * load_as_double(key_addr(a.v_cache, j, kh, i), a.v_cache.dtype());
+        load_kv_row(a.k_cache, j, kh, w.kv.data());
+        for (int64_t g = 0; g < group; ++g) {
+          double dot = 0;
+          for (int64_t i = 0; i < D; ++i) dot += w.q[g * D + i] * w.kv[i];
+          double x = dot * scale;
+          if (cap > 0) x = cap * std::tanh(x / cap);
+          w.s[g * kv_len + j] = x;
+          w.mx[g] = std::max(w.mx[g], x);
         }
-        if (sink != detail::kNegInf) denom += std::exp(sink - mx);
       }
-      for (int64_t i = 0; i < d.head_dim; ++i) {
-        const double o = denom > 0 ? acc[i] / denom * a.v_scale : 0.0;
-        store_from_double(elem_ptr(a.out, {t, h, i}), a.out.dtype(), o);
+      for (int64_t g = 0; g < group; ++g) {
+        w.sink[g] = a.sinks.defined() ? a.sinks.get({h0 + g}) : detail::kNegInf;
+        w.mx[g] = std::max(w.mx[g], w.sink[g]);
       }
-      if (a.lse.defined()) {
-        double lse = denom > 0 ? mx + std::log(denom) : detail::kNegInf;
-        if (a.lse_base == LseBase::Two) lse /= std::log(2.0);
-        store_from_double(elem_ptr(a.lse, {t, h}), DType::f32, lse);
+      // pass 2: normalised weighted sum of V
+      std::fill(w.acc.begin(), w.acc.end(), 0.0);
+      std::fill(w.denom.begin(), w.denom.end(), 0.0);
+      for (int64_t j = 0; j < kv_len; ++j) {
+        if (!m.visible(j)) continue;
+        load_kv_row(a.v_cache, j, kh, w.kv.data());
+        for (int64_t g = 0; g < group; ++g) {
+          const double sj = w.s[g * kv_len + j];
+          if (w.mx[g] == detail::kNegInf || sj == detail::kNegInf) continue;
+          const double p = std::exp(sj - w.mx[g]);
+          w.denom[g] += p;
+          for (int64_t i = 0; i < D; ++i) w.acc[g * D + i] += p * w.kv[i];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = h0 + g;
+        double denom = w.denom[g];
+        if (w.mx[g] != detail::kNegInf && w.sink[g] != detail::kNegInf) denom += std::exp(w.sink[g] - w.mx[g]);
+        for (int64_t i = 0; i < D; ++i) {
+          const double o = denom > 0 ? w.acc[g * D + i] / denom * a.v_scale : 0.0;
+          store_from_double(elem_ptr(a.out, {t, h, i}), a.out.dtype(), o);
+        }
+        if (a.lse.defined()) {
+          double lse = denom > 0 ? w.mx[g] + std::log(denom) : detail::kNegInf;
+          if (a.lse_base == LseBase::Two) lse /= std::log(2.0);
+          store_from_double(elem_ptr(a.lse, {t, h}), DType::f32, lse);
+        }
       }
     }
   };
   std::atomic<size_t> next{0};
   const auto worker = [&] {
-    std::vector<double> q(static_cast<size_t>(d.head_dim)), s, acc(static_cast<size_t>(d.head_dim));
-    for (size_t i = next++; i < rows.size(); i = next++) one_row(rows[i].first, rows[i].second, q, s, acc);
+    RowScratch w(group, d.head_dim);
+    for (size_t i = next++; i < rows.size(); i = next++) one_row(rows[i].first, rows[i].second, w);
   };
   const int64_t kPairsPerThread = int64_t{1} << 16;
   const auto threads = static_cast<size_t>(std::clamp<int64_t>(
