@@ -7,21 +7,18 @@
 namespace kvattn::ops::cuda_impl::k {
 namespace {
 
-TEST(HopperSchedule, AutomaticIsPingpongAndTurnsForFp8Pages) {
+TEST(HopperSchedule, AutomaticIsPingpong) {
   const int automatic = KernelRouting{}.hopper_sched;
   EXPECT_EQ(automatic, -1);  // the library's default: no schedule named
-  EXPECT_EQ(hopper_sched_for(automatic, false), kHopperSchedPingpong);
-  EXPECT_EQ(hopper_sched_for(automatic, true), kHopperSchedTurns);
+  EXPECT_EQ(hopper_sched_for(automatic), kHopperSchedPingpong);
+  EXPECT_EQ(kHopperSchedPingpong, 2);  // the index KVATTN_PREFILL_HOPPER_SCHED=pingpong sets
 }
 
 TEST(HopperSchedule, ASettingWins) {
-  for (int s = 0; s < 4; ++s) {
-    EXPECT_EQ(hopper_sched_for(s, false), s);
-    EXPECT_EQ(hopper_sched_for(s, true), s);
-  }
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(hopper_sched_for(s), s);
   // Anything outside 0..3 is the default.
-  EXPECT_EQ(hopper_sched_for(7, false), kHopperSchedPingpong);
-  EXPECT_EQ(hopper_sched_for(-2, true), kHopperSchedTurns);
+  EXPECT_EQ(hopper_sched_for(7), kHopperSchedPingpong);
+  EXPECT_EQ(hopper_sched_for(-2), kHopperSchedPingpong);
 }
 
 }  // namespace

@@ -44,7 +44,7 @@
 //            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
 //            under the other's GEMMs.
 //   turns    serial, with the pingpong turns around each tile's S (P V issued outside them).
-// Unset, a call takes pingpong, or turns for fp8 pages (hopper_sched_for, routing.h, with the
+// Unset, a call takes pingpong, whatever the page type (hopper_sched_for, routing.h, with the
 // measurements behind it).
 // Three K/V stages do not fit: two Q tiles (64 KB) + 3 x 64 KB exceed 227 KB, and so do one Q
 // tile + 3 x 64 KB with the row tables and the base's alignment.
@@ -953,7 +953,7 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
     return -1;
   const int kv = hp_kv(p.kv_t);
   if (kv < 0) return -1;
-  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched, kv >= kKvE4m3), 0, kNumSched - 1);
+  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched), 0, kNumSched - 1);
   using Kernel = void (*)(const AttnParams, const HopperPlanTables, const CUtensorMap, const CUtensorMap);
   struct Entry {
     Kernel kernel;

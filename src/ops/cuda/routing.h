@@ -53,20 +53,17 @@ struct KernelRouting {
 };
 
 // The wgmma prefill's consumer schedule for a call: `setting` (KernelRouting::hopper_sched) when
-// it names one, else pingpong for 16-bit pages and turns for fp8 pages.  Measured in one run on an
-// H100 (bf16, 32 / 8 heads, D 128, plans kept; `kvattn bench-cuda --only prefill --diagnostics`),
-// pingpong against the next best, TFLOP/s:
-// causal 8 x 2048 440 / 414 (overlap), 1 x 8192 534 / 530 (serial), 4 x 4096 494 / 482 (serial),
-// 16 x 1024 343 / 321 (overlap), 32 x 512 246 / 225 (overlap), 8 x (q 512, kv 4096) 504 / 500
-// (serial); non-causal 8 x 2048 532 / 539 (serial).  (Before K and V of a stage were released
-// apart, pingpong trailed turns by 7-19 % on long requests and a per-call rule by length chose.)
-// fp8 pages: 342 TFLOP/s at causal 8 x 2048 under turns, the one schedule timed for them with K
-// and V released apart; they keep it until pingpong is measured on them.
+// it names one, else pingpong.  Measured on an H100 (bf16, 32 / 8 heads, D 128, plans kept; mean
+// of two runs of `kvattn bench-cuda --only prefill --diagnostics`), pingpong against the next
+// best, TFLOP/s: causal 8 x 2048 434 / 408 (overlap), 1 x 8192 531 / 527 (serial), 4 x 4096
+// 501 / 479 (serial), 16 x 1024 340 / 318 (overlap), 32 x 512 245 / 224 (overlap),
+// 8 x (q 512, kv 4096) 504 / 500 (serial); non-causal 8 x 2048 526 / 529 (serial); fp8 e4m3
+// pages, causal 8 x 2048, 371 / 339 (turns: there the widening producer warps leave the
+// consumers 232 registers and serial / turns spill a few).
 constexpr int kHopperSchedPingpong = 2;
-constexpr int kHopperSchedTurns = 3;
-inline int hopper_sched_for(int setting, bool fp8_pages) {
+inline int hopper_sched_for(int setting) {
   if (setting >= 0 && setting < 4) return setting;
-  return fp8_pages ? kHopperSchedTurns : kHopperSchedPingpong;
+  return kHopperSchedPingpong;
 }
 
 // The library's settings: the defaults above with the environment's routing knobs (read once).
