@@ -260,4 +260,15 @@ inline Outcome run_prompts(ModelRunner& runner, const ReferenceModel& m, int chu
   return out;
 }
 
+// reference_forward.py on model m with `args` into `out`, unless `out` exists.  Test processes
+// (gtest shards) may compute the same file at once: each writes a name of its own and renames it
+// into place, which replaces an equal file another process put there.
+inline void reference_output(const ReferenceModel& m, const fs::path& out, const std::string& args) {
+  if (fs::exists(out)) return;
+  const fs::path tmp = out.parent_path() / (out.filename().string() + ".tmp" + std::to_string(::getpid()));
+  run(python() + (source_dir() / "tests" / "model" / "reference_forward.py").string() + " " + m.dir.string() + " " +
+      (m.dir / "prompts.json").string() + " " + tmp.string() + " " + args);
+  fs::rename(tmp, out);
+}
+
 }  // namespace kvattn::model::testing

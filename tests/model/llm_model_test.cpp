@@ -54,13 +54,7 @@ Greedy reference_greedy_fp8(const ReferenceModel& m) {
   char name[64];
   std::snprintf(name, sizeof name, "greedy-fp8-%016zx.json", std::hash<std::string>{}(key));
   const fs::path out = m.dir / name;
-  if (!fs::exists(out)) {
-    const fs::path tmp = m.dir / (std::string(name) + ".tmp" + std::to_string(::getpid()));
-    testing::run(testing::python() + (src / "reference_forward.py").string() + " " + m.dir.string() + " " +
-                 (m.dir / "prompts.json").string() + " " + tmp.string() + " --greedy " +
-                 std::to_string(testing::kGreedyTokens) + " --kv-fp8");
-    fs::rename(tmp, out);
-  }
+  testing::reference_output(m, out, "--greedy " + std::to_string(testing::kGreedyTokens) + " --kv-fp8");
   const auto j = nlohmann::json::parse(testing::read_file(out));
   Greedy g;
   g.tokens = j["tokens"].get<std::vector<std::vector<int32_t>>>();

@@ -69,15 +69,7 @@ double rounding_deviation(const ReferenceModel& m, const char* mode, bool kv_fp8
   namespace fs = std::filesystem;
   const std::string tag = std::string(mode) + (kv_fp8 ? "_fp8" : "");
   const fs::path out = m.dir / fmt_name("reference_logits_%s.bin", tag.c_str());
-  if (!fs::exists(out)) {
-    // Test processes (gtest shards) may compute the same file at once: each writes a name of its
-    // own and renames it into place, which replaces an equal file another process put there.
-    const fs::path tmp = m.dir / (out.filename().string() + ".tmp" + std::to_string(::getpid()));
-    const fs::path script = testing::source_dir() / "tests" / "model" / "reference_forward.py";
-    testing::run(testing::python() + script.string() + " " + m.dir.string() + " " + (m.dir / "prompts.json").string() +
-                 " " + tmp.string() + " --round " + mode + (kv_fp8 ? " --kv-fp8" : ""));
-    fs::rename(tmp, out);
-  }
+  testing::reference_output(m, out, std::string("--round ") + mode + (kv_fp8 ? " --kv-fp8" : ""));
   const std::string rounded = testing::read_file(out),
                     exact = testing::read_file(m.dir / (kv_fp8 ? "reference_logits_fp8.bin" : "reference_logits.bin"));
   EXPECT_EQ(rounded.size(), exact.size());
