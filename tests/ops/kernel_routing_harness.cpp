@@ -45,6 +45,7 @@ void set_prefill_hopper_sched(int sched) {
   routing().hopper_sched = sched >= 0 && sched < 4 ? sched : k::KernelRouting{}.hopper_sched;
 }
 void set_prefill_paired_rows(bool on) { routing().prefill_paired_rows = on; }
+void set_prefill_l2_budget(int64_t bytes) { routing().prefill_l2_budget = bytes > 0 ? bytes : 0; }
 bool prefill_paired_rows() noexcept { return routing().prefill_paired_rows; }
 int64_t prefill_kernel_launches() noexcept { return launches(KernelLaunch::prefill); }
 int64_t prefill_hopper_launches() noexcept { return launches(KernelLaunch::prefill_wgmma); }

@@ -579,7 +579,24 @@ void run_hopper_matrix(int sched, uint32_t seed) {
     c.window_left = 37;
     run_checked(c, seed++);
   }
-  {  // the kept plan is shared with the mma.sync kernel (same tiles): repeated calls on one plan
+  {
+    // the plan's L2 sections: one (request, KV head) group per section, a few groups per section
+    // (sections cut through a request's heads), mixed lengths; and the default (one section)
+    std::mt19937 rng(4949);
+    Case c;
+    c.hq = 8; c.hkv = 2;
+    for (int r = 0; r < 9; ++r) {
+      const int64_t ql = 1 + static_cast<int64_t>(rng() % 400);
+      c.q_lens.push_back(ql);
+      c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % 200));
+    }
+    for (int64_t budget : {int64_t(1), int64_t(300) * 512, int64_t(0)}) {
+      cuda_impl::set_prefill_l2_budget(budget);
+      c.name = tag + "9 mixed requests, L2 section budget " + std::to_string(budget) + " bytes";
+      run_checked(c, seed++);
+    }
+  }
+  {  // repeated calls on one kept plan
     Case c;
     c.name = tag + "kept plan, 3 repeats";
     c.q_lens = {300, 77};

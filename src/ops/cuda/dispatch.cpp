@@ -124,8 +124,13 @@ std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnP
                          p.paged_form ? 1 : 0, p.max_blocks});
   for (const k::Idx* x : {&p.qo_indptr, &p.kv_indptr, &p.kv_indices, &p.last_page_len, &p.block_table, &p.seq_lens})
     add_idx(key, *x);
-  // the prefill kernel's plan (shape == nullptr) depends on nothing more: its row tile is fixed
-  // per head_dim (prefill_kernel.cu PfCfgOf)
+  // the prefill kernels' plan (shape == nullptr): its row tile is fixed per head_dim
+  // (prefill_kernel.cu PfCfgOf); the wgmma kernel's plan lists its units in an order of its own,
+  // so the setting that may route a call to it is part of the key
+  if (shape == nullptr) {
+    key.push_back(static_cast<int64_t>(k::kernel_routing().prefill_hopper));
+    key.push_back(k::kernel_routing().prefill_l2_budget);
+  }
   if (shape != nullptr) {
     const k::KernelRouting& r = k::kernel_routing();
     key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,

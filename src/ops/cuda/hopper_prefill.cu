@@ -58,8 +58,10 @@
 // write zeros for keys past kv_len, and arrive on the stage's full barriers (3 arrivals); the
 // consumers then run f16 wgmma, a bf16 query rounded to f16 as it is staged (as attn_kernel's fp8
 // path computes in f16).
-// Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ...
-// (heaviest first, no counter: the producer and consumers walk the same list independently).
+// Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ... (no
+// counter: the producer and consumers walk the same list independently).  The plan
+// (prefill_kernel.cu pf_plan_l2_kernel) lists them by L2 section of (request, KV head) groups
+// and within a section costliest first, so the CTAs running at once share their K/V in L2.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -170,10 +172,10 @@ struct HpUnit {
 };
 __device__ __forceinline__ HpUnit hp_unit(const AttnParams& p, const HopperPlanTables& plan, int w) {
   HpUnit u;
-  const int2 it = static_cast<const int2*>(plan.items)[w / p.hkv];
-  u.hk = w % p.hkv;
+  const int2 it = static_cast<const int2*>(plan.units)[w];
   u.r = it.x;
-  u.tile = it.y;
+  u.tile = it.y / p.hkv;
+  u.hk = it.y - u.tile * p.hkv;
   const int4 rq = static_cast<const int4*>(plan.req)[it.x];
   u.q_start = rq.x;
   u.q_len = rq.y;

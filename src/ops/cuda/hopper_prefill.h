@@ -10,13 +10,14 @@
 
 namespace kvattn::ops::cuda_impl::k {
 
-// The prefill plan's device tables, as prefill_kernel.cu lays them out: req = [batch] of
-// {q_start, q_len, kv_len, tile_start} (int32 x 4), page_base = [batch] int64, items =
-// [num_items] of {request, row tile} (int32 x 2), heaviest first, num_items = [1].
+// The plan's device tables, as prefill_kernel.cu's pf_plan_l2_kernel lays them out: req =
+// [batch] of {q_start, q_len, kv_len, tile_start} (int32 x 4), page_base = [batch] int64, units =
+// [num_items * hkv] of {request, row tile * hkv + KV head} (int32 x 2) in the order the CTAs
+// take them (L2 sections), num_items = [1].
 struct HopperPlanTables {
   const void* req = nullptr;
   const int64_t* page_base = nullptr;
-  const void* items = nullptr;
+  const void* units = nullptr;
   const int32_t* num_items = nullptr;
 };
 

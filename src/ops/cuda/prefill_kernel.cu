@@ -88,6 +88,10 @@ struct PfPlan {
   int2* items;          // [max_items] (request, row tile), heaviest first
   int32_t* num_items;   // [1]
   int32_t* counter;     // [1] work counter: 0 at every launch (set by the plan kernel, put back by the last draw)
+  // the wgmma kernel's plan (pf_plan_l2_kernel) instead of items: its units and two scratch tables
+  int2* units;          // [num_items * hkv] (request, row tile * hkv + KV head), in L2 sections
+  int32_t* sections;    // [batch * hkv] scratch: per section, its first sort key
+  int32_t* keys;        // [num_items * hkv] scratch: per sort key, its first unit
 };
 
 // Block-wide exclusive scan of one int per thread (blockDim.x = kPlanThreads).
@@ -139,11 +143,10 @@ __device__ __forceinline__ int find_req(const PfPlan& plan, int batch, int i) {
   return lo;
 }
 
-__global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfPlan plan, int64_t max_items, int cta_rows) {
-  __shared__ int s_hist[kBuckets];
-  __shared__ int s_warp[33];
+// The request table (plan.req, plan.page_base): each request's rows, KV length and first item
+// (tiles of cta_rows rows, numbered across the batch).  Returns the number of items.
+__device__ __forceinline__ int plan_requests(const AttnParams& p, const PfPlan& plan, int cta_rows, int* s_warp) {
   const int tid = threadIdx.x;
-  for (int i = tid; i < kBuckets; i += blockDim.x) s_hist[i] = 0;
   int base = 0;
   for (int r0 = 0; r0 < p.batch; r0 += blockDim.x) {
     const int r = r0 + tid;
@@ -167,6 +170,15 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
     }
     base += tot;
   }
+  return base;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfPlan plan, int64_t max_items, int cta_rows) {
+  __shared__ int s_hist[kBuckets];
+  __shared__ int s_warp[33];
+  const int tid = threadIdx.x;
+  for (int i = tid; i < kBuckets; i += blockDim.x) s_hist[i] = 0;
+  const int base = plan_requests(p, plan, cta_rows, s_warp);
   const int T = static_cast<int>(min(int64_t(base), max_items));
   __syncthreads();  // plan.req visible to the block
   for (int i = tid; i < T; i += blockDim.x) {
@@ -193,6 +205,98 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_kernel(AttnParams p, PfP
     const int c = min(item_cost(p, ri, t, cta_rows), kBuckets - 1);
     const int pos = atomicAdd(&s_hist[c], 1);
     plan.items[pos] = make_int2(r, t);
+  }
+  if (tid == 0) {
+    plan.num_items[0] = T;
+    plan.counter[0] = 0;
+  }
+}
+
+// Exclusive scan of a[0, n) in place by the block; returns the sum.
+__device__ int block_scan_array(int32_t* a, int n, int* s_warp) {
+  int carry = 0;
+  for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+    const int i = i0 + threadIdx.x;
+    const int v = i < n ? a[i] : 0;
+    int tot = 0;
+    const int off = block_excl_scan(v, s_warp, &tot);
+    if (i < n) a[i] = carry + off;
+    carry += tot;
+  }
+  __syncthreads();
+  return carry;
+}
+
+// The wgmma kernel's plan: the request table, and its (item, KV head) units in an order that
+// keeps the K/V the running CTAs read in L2 (that kernel hands units to CTAs round-robin, unit w
+// to CTA w % grid).  The groups (request, KV head), request-major, are cut into sections of
+// consecutive groups whose K/V together fit `l2_budget` bytes (at the batch's mean KV length,
+// kv_token_bytes per token and head); sections follow one another, and within a section units
+// go by their tile's distance from the request's last row tile — the costliest first, as a
+// tile's key range never shrinks along a request — with all the section's groups at each
+// distance.  Heaviest-first over the whole batch (pf_plan_kernel's order) keeps every group's
+// K/V in use at once, more than L2 holds; here the grid reads about one section's K/V at a time
+// (FlashAttention-3's scheduler sections its heads the same way).  Sort key of a unit: its
+// section's first key + distance; keys are counted, scanned and the units placed by atomics (so
+// units of one key land in any order).
+__global__ void __launch_bounds__(kPlanThreads) pf_plan_l2_kernel(AttnParams p, PfPlan plan, int64_t max_items, int cta_rows,
+                                                                 int64_t l2_budget, int kv_token_bytes) {
+  __shared__ int s_warp[33];
+  __shared__ unsigned long long s_kv_sum;
+  __shared__ int s_per_sec, s_num_sec;
+  const int tid = threadIdx.x;
+  if (tid == 0) s_kv_sum = 0;
+  __syncthreads();
+  const int base = plan_requests(p, plan, cta_rows, s_warp);
+  const int T = static_cast<int>(min(int64_t(base), max_items));
+  __syncthreads();  // plan.req visible to the block
+  const int hkv = p.hkv;
+  const int groups = p.batch * hkv;
+  unsigned long long kv = 0;
+  for (int r = tid; r < p.batch; r += blockDim.x) kv += static_cast<unsigned long long>(plan.req[r].kv_len);
+  atomicAdd(&s_kv_sum, kv);
+  __syncthreads();
+  if (tid == 0) {
+    const int64_t group_bytes = max(int64_t(1), int64_t(s_kv_sum / p.batch) * kv_token_bytes);
+    const int64_t fit = max(int64_t(1), min(int64_t(groups), l2_budget / group_bytes));
+    const int num_sec = static_cast<int>((groups + fit - 1) / fit);
+    s_num_sec = num_sec;
+    s_per_sec = (groups + num_sec - 1) / num_sec;  // sections of equal size (the last may be smaller)
+  }
+  __syncthreads();
+  const int per_sec = s_per_sec, num_sec = s_num_sec;
+  auto tiles_of = [&](const PfReq& q) { return (q.q_len * p.group + cta_rows - 1) / cta_rows; };
+  // per section: its most tiles in one request, then (scanned) its first key
+  for (int s = tid; s < num_sec; s += blockDim.x) plan.sections[s] = 0;
+  __syncthreads();
+  for (int r = tid; r < p.batch; r += blockDim.x) {
+    const int n = tiles_of(plan.req[r]);
+    for (int s = r * hkv / per_sec; s <= (r * hkv + hkv - 1) / per_sec; ++s) atomicMax(&plan.sections[s], n);
+  }
+  __syncthreads();
+  const int num_keys = block_scan_array(plan.sections, num_sec, s_warp);
+  const int U = T * hkv;
+  auto key_of = [&](int u, int* r_out, int* t_out) {
+    const int i = u / hkv, hk = u - i * hkv;
+    const int r = find_req(plan, p.batch, i);
+    const PfReq q = plan.req[r];
+    const int t = i - q.tile_start;
+    *r_out = r;
+    *t_out = t;
+    return plan.sections[(r * hkv + hk) / per_sec] + (tiles_of(q) - 1 - t);
+  };
+  for (int k = tid; k < num_keys; k += blockDim.x) plan.keys[k] = 0;
+  __syncthreads();
+  for (int u = tid; u < U; u += blockDim.x) {
+    int r, t;
+    atomicAdd(&plan.keys[key_of(u, &r, &t)], 1);
+  }
+  __syncthreads();
+  block_scan_array(plan.keys, num_keys, s_warp);
+  for (int u = tid; u < U; u += blockDim.x) {
+    int r, t;
+    const int pos = atomicAdd(&plan.keys[key_of(u, &r, &t)], 1);
+    plan.units[pos] = make_int2(r, t * hkv + (u % hkv));
   }
   if (tid == 0) {
     plan.num_items[0] = T;
@@ -835,7 +939,7 @@ template <int D>
 using PfCfgOf = PfCfg<D, D == 128 ? 2 : 1, D == 128 ? 4 : 8>;
 
 struct PfWs {
-  int64_t req, page_base, items, num_items, counter, total;
+  int64_t req, page_base, items, num_items, counter, units, sections, keys, total;
 };
 PfWs pf_ws(const AttnParams& p) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
@@ -848,6 +952,9 @@ PfWs pf_ws(const AttnParams& p) {
   w.items = off; off += al(max_items * int64_t(sizeof(int2)) + 16);
   w.num_items = off; off += 256;
   w.counter = off; off += 256;
+  w.units = off; off += al(max_items * p.hkv * int64_t(sizeof(int2)) + 16);
+  w.sections = off; off += al(int64_t(p.batch) * p.hkv * 4 + 16);
+  w.keys = off; off += al(max_items * p.hkv * 4 + 16);
   w.total = off;
   return w;
 }
@@ -938,6 +1045,9 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
   plan.items = reinterpret_cast<int2*>(base + w.items);
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
+  plan.units = reinterpret_cast<int2*>(base + w.units);
+  plan.sections = reinterpret_cast<int32_t*>(base + w.sections);
+  plan.keys = reinterpret_cast<int32_t*>(base + w.keys);
   // head_dim 128 on sm_90a: the TMA + wgmma kernel (hopper_prefill.cu) for the calls it covers,
   // on this file's plan (its CTA tile is PfCfgOf<128>'s 128 rows, so a kept plan serves both)
   PrefillChoice choice = p.head_dim == 128 ? hopper_prefill_choice(p)
@@ -946,11 +1056,15 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
     static_assert(PfCfgOf<128>::kRows == 128 && sizeof(PfReq) == 16 && sizeof(int2) == 8, "plan tables");
     if (run_plan) {
       const int64_t max_items = (p.num_tokens * p.group + 127) / 128 + p.batch;
-      pf_plan_kernel<<<1, kPlanThreads>>>(p, plan, max_items, 128);
+      // L2 sections of 5/8 of the L2 (FlashAttention-3 sections 32 MB of its H100's 50 MB)
+      const int64_t l2_set = kernel_routing().prefill_l2_budget;
+      const int64_t l2_budget = l2_set > 0 ? l2_set : int64_t(device_attribute<cudaDevAttrL2CacheSize>()) * 5 / 8;
+      const int kv_token_bytes = 2 * p.head_dim * elt_size(p.kv_t);  // K and V of one head
+      pf_plan_l2_kernel<<<1, kPlanThreads>>>(p, plan, max_items, 128, std::max<int64_t>(l2_budget, 1), kv_token_bytes);
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return static_cast<int>(e);
     }
-    const int rc = launch_hopper_prefill(p, num_sms, HopperPlanTables{plan.req, plan.page_base, plan.items, plan.num_items});
+    const int rc = launch_hopper_prefill(p, num_sms, HopperPlanTables{plan.req, plan.page_base, plan.units, plan.num_items});
     if (rc != -1) {
       if (rc == 0) {
         note_launch(KernelLaunch::prefill, choice.reason);
@@ -962,7 +1076,7 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
     // prefill kernel)
     if (p.kv_t == Elt::e4m3 || p.kv_t == Elt::e5m2) return static_cast<int>(cudaErrorNotSupported);
     choice = PrefillChoice{PrefillPath::mma_sync, "the driver rejected the K/V tensor maps"};
-    run_plan = false;  // the plan above serves the mma.sync kernel too
+    run_plan = true;  // the mma.sync kernel's own plan (items)
   }
   const bool paired = kernel_routing().prefill_paired_rows && pf_rows_aligned(p);
   int rc = 0;
