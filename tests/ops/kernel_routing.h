@@ -28,9 +28,9 @@ void set_prefill_hopper_sched(int sched);
 // The prefill kernel's paired-row K/V loader (default on where rows are aligned; off: the
 // flag-bit loader for every call).
 void set_prefill_paired_rows(bool on);
+bool prefill_paired_rows() noexcept;
 // The wgmma kernel's plan: bytes of K/V per L2 section (0: the default, 5/8 of the device's L2).
 void set_prefill_l2_budget(int64_t bytes);
-bool prefill_paired_rows() noexcept;
 int64_t prefill_kernel_launches() noexcept;
 int64_t prefill_hopper_launches() noexcept;
 // The last prefill-routed call's kernel (1 wgmma, 0 mma.sync, -1 none yet) and why.

@@ -126,12 +126,11 @@ std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnP
     add_idx(key, *x);
   // the prefill kernels' plan (shape == nullptr): its row tile is fixed per head_dim
   // (prefill_kernel.cu PfCfgOf); the wgmma kernel's plan lists its units in an order of its own,
-  // so the setting that may route a call to it is part of the key
+  // so the setting that may route a call to it, and its L2 section budget, are part of the key
   if (shape == nullptr) {
     key.push_back(static_cast<int64_t>(k::kernel_routing().prefill_hopper));
     key.push_back(k::kernel_routing().prefill_l2_budget);
-  }
-  if (shape != nullptr) {
+  } else {
     const k::KernelRouting& r = k::kernel_routing();
     key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,
                            shape->small, shape->mixed_kv_lens ? 1 : 0, r.decode_options, r.decode_splits, r.decode_chunk});

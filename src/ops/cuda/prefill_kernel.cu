@@ -1049,7 +1049,8 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
   plan.sections = reinterpret_cast<int32_t*>(base + w.sections);
   plan.keys = reinterpret_cast<int32_t*>(base + w.keys);
   // head_dim 128 on sm_90a: the TMA + wgmma kernel (hopper_prefill.cu) for the calls it covers,
-  // on this file's plan (its CTA tile is PfCfgOf<128>'s 128 rows, so a kept plan serves both)
+  // on a plan of its own (pf_plan_l2_kernel: PfCfgOf<128>'s 128-row tiles, its units in L2
+  // sections); the plan key holds the routing setting, so a kept plan is of the kernel it serves
   PrefillChoice choice = p.head_dim == 128 ? hopper_prefill_choice(p)
                                            : PrefillChoice{PrefillPath::mma_sync, "head_dim is not 128"};
   if (choice.path == PrefillPath::wgmma) {
