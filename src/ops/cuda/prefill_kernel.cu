@@ -143,6 +143,10 @@ __device__ __forceinline__ int find_req(const PfPlan& plan, int batch, int i) {
   return lo;
 }
 
+// Row tiles (items) of a request of q_len query tokens: its q_len * group rows in tiles of cta_rows.
+__device__ __forceinline__ int request_tiles(const AttnParams& p, int q_len, int cta_rows) {
+  return (q_len * p.group + cta_rows - 1) / cta_rows;
+}
 // The request table (plan.req, plan.page_base): each request's rows, KV length and first item
 // (tiles of cta_rows rows, numbered across the batch).  Returns the number of items.
 __device__ __forceinline__ int plan_requests(const AttnParams& p, const PfPlan& plan, int cta_rows, int* s_warp) {
@@ -159,7 +163,7 @@ __device__ __forceinline__ int plan_requests(const AttnParams& p, const PfPlan& 
       ri.q_start = static_cast<int32_t>(rb.q_begin);
       ri.q_len = static_cast<int32_t>(rb.q_end - rb.q_begin);
       ri.kv_len = static_cast<int32_t>(rb.kv_len);
-      nt = (ri.q_len * p.group + cta_rows - 1) / cta_rows;
+      nt = request_tiles(p, ri.q_len, cta_rows);
     }
     int tot = 0;
     const int off = block_excl_scan(nt, s_warp, &tot);
@@ -265,12 +269,11 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_l2_kernel(AttnParams p, 
   }
   __syncthreads();
   const int per_sec = s_per_sec, num_sec = s_num_sec;
-  auto tiles_of = [&](const PfReq& q) { return (q.q_len * p.group + cta_rows - 1) / cta_rows; };
   // per section: its most tiles in one request, then (scanned) its first key
   for (int s = tid; s < num_sec; s += blockDim.x) plan.sections[s] = 0;
   __syncthreads();
   for (int r = tid; r < p.batch; r += blockDim.x) {
-    const int n = tiles_of(plan.req[r]);
+    const int n = request_tiles(p, plan.req[r].q_len, cta_rows);
     for (int s = r * hkv / per_sec; s <= (r * hkv + hkv - 1) / per_sec; ++s) atomicMax(&plan.sections[s], n);
   }
   __syncthreads();
@@ -283,7 +286,7 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_l2_kernel(AttnParams p, 
     const int t = i - q.tile_start;
     *r_out = r;
     *t_out = t;
-    return plan.sections[(r * hkv + hk) / per_sec] + (tiles_of(q) - 1 - t);
+    return plan.sections[(r * hkv + hk) / per_sec] + (request_tiles(p, q.q_len, cta_rows) - 1 - t);
   };
   for (int k = tid; k < num_keys; k += blockDim.x) plan.keys[k] = 0;
   __syncthreads();
