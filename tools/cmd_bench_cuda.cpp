@@ -252,25 +252,32 @@ Row bench_decode(const std::string& name, const Pool& pool, const std::vector<in
 }
 
 // kept_plan: as bench_decode's (planned once before the timing, the timed calls reuse it).
-// Lq > 0: each request's query is its last Lq tokens (chunked prefill after L - Lq cached keys).
-Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t L, bool causal,
-                  const std::string& target, bool quick, bool kept_plan = false, int64_t Lq = -1) {
-  if (Lq <= 0) Lq = L;
+// Request r: kv_lens[r] keys, its query the last q_lens[r] tokens (chunked prefill after the
+// others are cached); pages a random permutation of the pool's.
+Row bench_prefill_lens(const std::string& name, const Pool& pool, const std::vector<int64_t>& kv_lens,
+                       const std::vector<int64_t>& q_lens, bool causal, const std::string& target, bool quick,
+                       bool kept_plan) {
+  const int64_t B = static_cast<int64_t>(kv_lens.size());
   std::mt19937 rng(11);
-  const int64_t n = (L + kPage - 1) / kPage;
   std::vector<int32_t> perm(static_cast<size_t>(pool.pages - 1));
   std::iota(perm.begin(), perm.end(), 1);
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> qo(static_cast<size_t>(B + 1)), ip(static_cast<size_t>(B + 1)), last(static_cast<size_t>(B)), ind;
+  double pairs = 0;
   for (int64_t r = 0; r < B; ++r) {
-    qo[r + 1] = static_cast<int32_t>((r + 1) * Lq);
-    ip[r + 1] = static_cast<int32_t>((r + 1) * n);
+    const int64_t L = kv_lens[static_cast<size_t>(r)], Lq = q_lens[static_cast<size_t>(r)];
+    const int64_t n = (L + kPage - 1) / kPage;
+    qo[r + 1] = static_cast<int32_t>(qo[r] + Lq);
+    ip[r + 1] = static_cast<int32_t>(ip[r] + n);
     last[r] = static_cast<int32_t>(L - (n - 1) * kPage);
-    for (int64_t i = 0; i < n; ++i) ind.push_back(perm[static_cast<size_t>(r * n + i)]);
+    for (int64_t i = 0; i < n; ++i) ind.push_back(perm[ind.size()]);
+    const double ctx = double(L - Lq);
+    pairs += causal ? double(Lq) * ctx + double(Lq) * (Lq + 1) / 2 : double(Lq) * L;
   }
-  Tensor q = Tensor::empty({B * Lq, kHq, kD}, DType::bf16, Device::cuda(0));
+  const int64_t T = qo[B];
+  Tensor q = Tensor::empty({T, kHq, kD}, DType::bf16, Device::cuda(0));
   fill_device_random(q, 5);
-  Tensor out = Tensor::empty({B * Lq, kHq, kD}, DType::bf16, Device::cuda(0));
+  Tensor out = Tensor::empty({T, kHq, kD}, DType::bf16, Device::cuda(0));
   ops::PagedAttentionArgs a;
   a.query = q;
   a.k_cache = pool.k;
@@ -288,17 +295,21 @@ Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t 
   }
   const double us = cb::time_median_us([](void* c, int) { ops::paged_attention(*static_cast<ops::PagedAttentionArgs*>(c)); },
                                       &a, 3, quick ? 5 : 20);
-  const double ctx = double(L - Lq);
-  const double pairs = causal ? double(Lq) * ctx + double(Lq) * (Lq + 1) / 2 : double(Lq) * L;
   Row r;
   r.name = name;
   r.us = us;
-  r.value = 4.0 * kD * kHq * pairs * B / (us * 1e-6) / 1e12;
+  r.value = 4.0 * kD * kHq * pairs / (us * 1e-6) / 1e12;
   r.unit = "TFLOP/s";
   r.target = target;
   if (kept_plan && plan.plans() > 1)  // a plan was not reusable: say so, do not hide it
     r.target += fmt::format(" [{} plans: not all calls reused one]", plan.plans());
   return r;
+}
+// B requests of L keys, each query its last Lq tokens (Lq <= 0: all L).
+Row bench_prefill(const std::string& name, const Pool& pool, int64_t B, int64_t L, bool causal,
+                  const std::string& target, bool quick, bool kept_plan = false, int64_t Lq = -1) {
+  return bench_prefill_lens(name, pool, std::vector<int64_t>(static_cast<size_t>(B), L),
+                            std::vector<int64_t>(static_cast<size_t>(B), Lq > 0 ? Lq : L), causal, target, quick, kept_plan);
 }
 
 Row bench_write(const Pool& pool, int64_t T, const std::string& target, bool quick) {
@@ -720,6 +731,19 @@ int run(const Opts& o) {
               },
               [&] { return timed(fmt::format(" [wgmma {}]", k::hopper_prefill_sched_name(sched))); }));
         print_row(with_routing([](k::KernelRouting& r) { r.prefill_hopper = k::Route::off; }, [&] { return timed(""); }));
+      }
+      {
+        // a batch of mixed lengths (no FlashInfer figure of it): 16 requests of U[256, 4096]
+        // tokens (seeded), where the units' costs differ most
+        std::mt19937 rng(23);
+        std::vector<int64_t> lens;
+        for (int i = 0; i < 16; ++i) lens.push_back(256 + static_cast<int64_t>(rng() % 3841));
+        cb::reset_last_prefill();
+        Row r = bench_prefill_lens("prefill causal bf16 mixed 16x U[256, 4096] [plan kept]", pool, lens, lens, true, "",
+                                   o.quick, true);
+        const cb::PrefillServed served = cb::last_prefill();
+        r.name += served.wgmma ? " [wgmma]" : " [mma.sync]";
+        print_row(product(r, served.wgmma ? wg_ceiling : mma_ceiling, "", ""));
       }
       {
         // fp8 e4m3 pages (plan kept): the wgmma kernel widens them to f16 on sm_90a; FlashInfer's
