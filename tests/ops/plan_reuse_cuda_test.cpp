@@ -12,7 +12,8 @@
 //     counters reset themselves: a counter left at its end value would hand out no work and leave
 //     the poisoned output in place.
 // Paths: the decode config's work-counter path (bf16, f16), stream-K (fp8 caches, a (request, KV
-// head) pair per CTA), the prefill kernel, attn_kernel's prefill config; both page forms.
+// head) pair per CTA), the prefill kernel (the wgmma kernel on sm_90), attn_kernel's prefill
+// config; both page forms.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -99,6 +100,7 @@ class CudaPlanReuse : public CudaGeneralDecodeTest {
     PagedAttentionPlan plan;
     const int64_t streamk0 = cuda_impl::streamk_launches();
     const int64_t prefill0 = cuda_impl::prefill_kernel_launches();
+    const int64_t hopper0 = cuda_impl::prefill_hopper_launches();
     for (size_t si = 0; si < c.steps.size(); ++si) {
       SCOPED_TRACE(::testing::Message() << "step " << si);
       const Batch& b = batches[si];
@@ -161,8 +163,9 @@ class CudaPlanReuse : public CudaGeneralDecodeTest {
     }
     streamk_calls_ = cuda_impl::streamk_launches() - streamk0;
     prefill_calls_ = cuda_impl::prefill_kernel_launches() - prefill0;
+    hopper_calls_ = cuda_impl::prefill_hopper_launches() - hopper0;
   }
-  int64_t streamk_calls_ = 0, prefill_calls_ = 0;
+  int64_t streamk_calls_ = 0, prefill_calls_ = 0, hopper_calls_ = 0;  // hopper: of prefill_calls_, the wgmma kernel's
 };
 
 std::vector<int64_t> lens(size_t n, std::mt19937& rng, int64_t lo, int64_t hi) {
@@ -240,6 +243,8 @@ TEST_F(CudaPlanReuse, PrefillKernel) {
     c.steps.push_back({{77, 129, 3}, {300, 129, 50}});
     run(c, 15);
     EXPECT_EQ(prefill_calls_, 6) << "every call reached the prefill kernel";
+    // on sm_90 the wgmma kernel serves them, on its own plan (pf_plan_l2_kernel)
+    EXPECT_EQ(hopper_calls_, kvattn::cuda::compute_capability(0) == 90 ? 6 : 0);
   }
 }
 

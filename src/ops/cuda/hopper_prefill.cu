@@ -58,10 +58,15 @@
 // write zeros for keys past kv_len, and arrive on the stage's full barriers (3 arrivals); the
 // consumers then run f16 wgmma, a bf16 query rounded to f16 as it is staged (as attn_kernel's fp8
 // path computes in f16).
-// Units (item, KV head) are taken in the plan's order, CTA b the units b, b + grid, ... (no
-// counter: the producer and consumers walk the same list independently).  The plan
-// (prefill_kernel.cu pf_plan_l2_kernel) lists them by L2 section of (request, KV head) groups
-// and within a section costliest first, so the CTAs running at once share their K/V in L2.
+// Units (item, KV head) are taken in the plan's order.  16-bit pages: round-robin, CTA b the
+// units b, b + grid, ... (no counter: the producer and consumers walk the same list
+// independently).  fp8 pages: each CTA draws its next unit from the plan's counter (a ring of
+// unit slots hands the index from producer warp 0 to the other warps), so CTAs that drew short
+// units draw more.  In the 16-bit kernels the same ring cost 4-5 % on the shapes of long units
+// (non-causal, 4 x 4096, chunked) even when it handed on the round-robin sequence, more than
+// drawing gained elsewhere (src/ops/DESIGN.md), so they keep round-robin.  The plan
+// (prefill_kernel.cu pf_plan_l2_kernel) lists the units by L2 section of (request, KV head)
+// groups and within a section costliest first, so the CTAs running at once share their K/V in L2.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -97,31 +102,39 @@ enum HpKv : int { kKvBf16 = 0, kKvF16 = 1, kKvE4m3 = 2, kKvE5m2 = 3 };
 constexpr int kNumKv = 4;
 // Shared memory: the Q tile(s), kStages K/V stages, (fp8) kStages8 stages of K and V staging
 // tiles, the mbarriers, the row tables (position, token, head; 16-bit pages also each row's
-// output offset) of each Q tile.
+// output offset) of each Q tile, the unit slots' indices.
 // 16-bit pages: two Q tiles, each with its row tables.  The producer warpgroup's warps 1-3 gather
 // unit n's Q rows into tile n % 2 while the consumers work on unit n - 1 (barriers per Q tile:
 // full, empty), so a unit starts without waiting for its query: 64 + 128 KB + 5 KB of tables.
 // fp8 pages: those warps widen K / V, so the consumers gather their own Q at each unit's start
 // into the one Q tile; two staging stages fit only with output offsets computed from token and
-// head: 32 + 128 + 64 KB + 128 bytes of barriers + 1.5 KB of tables + 1 KB of alignment =
-// 232,064 bytes of the 232,448 a CTA may have.
+// head: 32 + 128 + 64 KB + 192 bytes of barriers + 1.5 KB of tables + 16 bytes of unit slots +
+// 1 KB of alignment = 232,144 bytes of the 232,448 a CTA may have.
+// fp8 pages: the units a CTA takes are drawn from the plan's counter by producer warp 0 and
+// passed to the others through a ring of this many slots (a slot per unit: its index, a full and
+// an empty barrier).
+constexpr int kUnitSlots = 4;
 template <int kKV>
 struct HpLayout {
   static constexpr bool kFp8 = kKV >= kKvE4m3;
   static constexpr int kQTiles = kFp8 ? 1 : 2;     // 2: Q gathered ahead by the producer warpgroup
   static constexpr int kStages8 = kFp8 ? 2 : 0;
   static constexpr bool kRowOffsets = !kFp8;  // output offset per row in the table, else computed
+  // units drawn from the plan's counter (fp8 pages), else taken round-robin: see hp_draw_issue
+  static constexpr bool kDrawn = kFp8;
+  static constexpr int kSlots = kDrawn ? kUnitSlots : 0;  // the unit ring's slots
   static constexpr int kOffK = kQTiles * kTileBytes;
   static constexpr int kOffStage8 = kOffK + kStages * kStageBytes;
   static constexpr int kStage8Tile = kKeys * kD;  // 128 keys x 128 one-byte dims
   static constexpr int kOffBar = kOffStage8 + kStages8 * 2 * kStage8Tile;
   // full K, full V, empty K, empty V, aux per stage; fp8: staging full K, full V, empty per staging stage;
-  // two Q tiles: full, empty per tile
-  static constexpr int kBars = 5 * kStages + 3 * kStages8 + (kQTiles == 2 ? 4 : 0);
+  // two Q tiles: full, empty per tile; unit slots: full, empty per slot
+  static constexpr int kBars = 5 * kStages + 3 * kStages8 + (kQTiles == 2 ? 4 : 0) + 2 * kSlots;
   static constexpr int kOffTab = kOffBar + 8 * kBars;
   static constexpr int kTabRow = (kRowOffsets ? 8 : 0) + 4 + 4 + 4;  // bytes per row of one Q tile
   static constexpr int kTabBytes = kQTiles * kRows * kTabRow;
-  static constexpr int kSmem = kOffTab + kTabBytes + 1024;  // + alignment of the base to 1024
+  static constexpr int kOffUnits = kOffTab + kTabBytes;  // the unit slots' unit indices (int32)
+  static constexpr int kSmem = kOffUnits + 4 * kSlots + 1024;  // + alignment of the base to 1024
   static_assert(kSmem <= 232448, "shared memory per CTA (227 KB)");
 };
 
@@ -274,6 +287,12 @@ struct HpSmem {
   // 256 consumer threads)
   __device__ __forceinline__ uint32_t q_full(int b) const { return bar(5 * kStages + 3 * L::kStages8 + b); }
   __device__ __forceinline__ uint32_t q_empty(int b) const { return bar(5 * kStages + 3 * L::kStages8 + 2 + b); }
+  // unit slot i: drawn (producer warp 0 arrives) and read by all (the 96 threads of producer
+  // warps 1-3 and the 256 consumer threads arrive)
+  static constexpr int kUnitBar0 = 5 * kStages + 3 * L::kStages8 + (L::kQTiles == 2 ? 4 : 0);
+  __device__ __forceinline__ uint32_t unit_full(int i) const { return bar(kUnitBar0 + i); }
+  __device__ __forceinline__ uint32_t unit_empty(int i) const { return bar(kUnitBar0 + kUnitSlots + i); }
+  __device__ __forceinline__ int* unit_slot(int i) const { return reinterpret_cast<int*>(sbase + L::kOffUnits) + i; }
   // Q tile b's row tables: output offsets (kRowOffsets), then positions, tokens, heads
   __device__ __forceinline__ int64_t* tab_ooff(int b) const {
     return reinterpret_cast<int64_t*>(sbase + L::kOffTab) + b * kRows;
@@ -302,6 +321,42 @@ __device__ __forceinline__ int64_t hp_q_off(const AttnParams& p, const HpUnit& u
   const HpRow r = hp_row(p, u, lr);
   return r.tok < 0 ? int64_t(-1) : int64_t(r.tok) * p.q_st + int64_t(r.head) * p.q_sh;
 }
+// ---- fp8 pages: the CTA's units drawn from the plan's counter in list order ----
+// Producer warp 0 draws the CTA's units and hands each on through slot n % kUnitSlots (all its
+// lanes get the index; >= total: none left).  It draws unit n + 1 as it starts unit n: one unit
+// in hand, so a warp that gathers ahead of the consumers knows the next unit a unit early (with
+// the Q-gathering warps of the 16-bit layout, drawing only once unit n's tiles were all issued
+// left the Q gather exposed at every unit start); the balance lost is at most one unit per CTA,
+// of the tens each takes.  The draw is split in two so the atomic's round trip stays off the
+// path of the TMA issue: hp_draw_issue sends it, hp_hand_on (after the unit's first tile is on
+// its way) waits for its answer and fills the slot.
+// Every CTA draws until it gets an index >= total, so a launch makes total + grid draws; the
+// one that returns the last of them puts the counter back to 0 for the next launch on the plan.
+__device__ __forceinline__ int hp_draw_issue(int* counter, int lane) { return lane == 0 ? atomicAdd(counter, 1) : 0; }
+template <int kKV>
+__device__ __forceinline__ int hp_hand_on(const HpSmem<kKV>& sm, int* counter, int drawn, int total, int n, int lane) {
+  if (lane == 0) {
+    if (drawn == total + static_cast<int>(gridDim.x) - 1) atomicExch(counter, 0);
+    const int slot = n % kUnitSlots;
+    mbar_wait(sm.unit_empty(slot), ((n / kUnitSlots) & 1) ^ 1);
+    *sm.unit_slot(slot) = drawn;
+    mbar_arrive(sm.unit_full(slot));
+  }
+  return __shfl_sync(0xffffffffu, drawn, 0);
+}
+// The other threads: the CTA's n-th unit, once drawn (each thread reads, then arrives).  The
+// index is shuffled from lane 0 so the compiler sees it warp-uniform, as the unit loop's index
+// was when it counted from blockIdx.x: the unit's fields and the loop's exit then stay uniform
+// (a wgmma on a path the compiler cannot prove uniform is serialised).
+template <int kKV>
+__device__ __forceinline__ int hp_take_unit(const HpSmem<kKV>& sm, int n) {
+  const int slot = n % kUnitSlots;
+  mbar_wait(sm.unit_full(slot), (n / kUnitSlots) & 1);
+  const int w = *sm.unit_slot(slot);
+  mbar_arrive(sm.unit_empty(slot));
+  return __shfl_sync(0xffffffffu, w, 0);
+}
+
 // ---- the producer warpgroup's roles (each runs until the CTA's last unit) ----
 // fp8 pages: warp 0 brings each tile's pages into the staging tiles (TMA), warps 1-3 widen them
 // into the f16 operand tiles of stage it % kStages.
@@ -312,8 +367,12 @@ __device__ __forceinline__ void hp_fp8_producer(const AttnParams& p, const Hoppe
   using L = HpLayout<kKV>;
   int it = 0;
   if (warp == 0) {  // TMA: each tile's pages into the staging tiles
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    int w = hp_hand_on(sm, plan.counter, hp_draw_issue(plan.counter, lane), total, 0, lane);
+    for (int n = 0; w < total; ++n) {
+      const int drawn = hp_draw_issue(plan.counter, lane);  // unit n + 1 (one in hand: see hp_draw_issue)
+      int w_next = total;
       const HpUnit u = hp_unit(p, plan, w);
+      if (u.n_tiles == 0) w_next = hp_hand_on(sm, plan.counter, drawn, total, n + 1, lane);
       for (int t = 0; t < u.n_tiles; ++t, ++it) {
         const int kt0 = (u.t0 + t) * kKeys;
         const int pg = hp_page(p, u, kt0, lane, ppt);
@@ -328,12 +387,27 @@ __device__ __forceinline__ void hp_fp8_producer(const AttnParams& p, const Hoppe
           tma_load_4d(sm.k8(s8) + lane * P * 128, tm_k, sm.st_full_k(s8), 0, 0, u.hk, pg);
           tma_load_4d(sm.v8(s8) + lane * P * 128, tm_v, sm.st_full_v(s8), 0, 0, u.hk, pg);
         }
+        if (t == 0) w_next = hp_hand_on(sm, plan.counter, drawn, total, n + 1, lane);
       }
+      w = w_next;
     }
   } else {  // warps 1-3: staging tiles -> f16 operand tiles of stage it % kStages
     const int cw = warp - 1;
-    for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    for (int n = 0;; ++n) {
+      const int w = hp_take_unit(sm, n);
+      if (w >= total) break;
       const HpUnit u = hp_unit(p, plan, w);
+      // the unit's query rows into L2 before the consumers gather them at its start (these warps
+      // take a unit a tile or two ahead of the consumers; a row's 256 bytes span up to 3 lines)
+#pragma unroll 1
+      for (int lr = cw * 32 + lane; lr < kRows; lr += 96) {
+        const int64_t off = hp_q_off(p, u, lr);
+        if (off >= 0) {
+          const char* a = reinterpret_cast<const char*>(static_cast<const uint16_t*>(p.q) + off);
+          asm volatile("prefetch.global.L2 [%0];\nprefetch.global.L2 [%1];\nprefetch.global.L2 [%2];\n" ::"l"(a),
+                       "l"(a + 128), "l"(a + 255));
+        }
+      }
       for (int t = 0; t < u.n_tiles; ++t, ++it) {
         const int s = it % kStages;
         const uint32_t ph = (it / kStages) & 1;
@@ -471,6 +545,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_init(sm.q_empty(b), 2 * 128);  // the consumer threads
       }
     }
+    for (int i = 0; i < L::kSlots; ++i) {
+      mbar_init(sm.unit_full(i), 1);               // producer warp 0's lane 0
+      mbar_init(sm.unit_empty(i), 96 + 2 * 128);  // producer warps 1-3 and the consumers, per thread
+    }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -507,8 +585,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPing) {
     if (c == 1) named_arrive(3, 256);
   }
-  int n = 0;  // units done: this unit's Q tile is n % kQTiles
-  for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
+  for (int n = 0, w_rr = blockIdx.x;; ++n, w_rr += gridDim.x) {  // n: units done; this unit's Q tile is n % kQTiles
+    const int w = L::kDrawn ? hp_take_unit(sm, n) : w_rr;
+    if (w >= total) break;
     const HpUnit u = hp_unit(p, plan, w);
     const int qb = L::kQTiles == 2 ? (n & 1) : 0;
     if constexpr (L::kQTiles == 2) {

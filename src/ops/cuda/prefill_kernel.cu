@@ -232,8 +232,8 @@ __device__ int block_scan_array(int32_t* a, int n, int* s_warp) {
 }
 
 // The wgmma kernel's plan: the request table, and its (item, KV head) units in an order that
-// keeps the K/V the running CTAs read in L2 (that kernel hands units to CTAs round-robin, unit w
-// to CTA w % grid).  The groups (request, KV head), request-major, are cut into sections of
+// keeps the K/V the running CTAs read in L2 (that kernel's CTAs draw the units in list order
+// from plan.counter, so the CTAs running at once hold a window of the list).  The groups (request, KV head), request-major, are cut into sections of
 // consecutive groups whose K/V together fit `l2_budget` bytes (at the batch's mean KV length,
 // kv_token_bytes per token and head); sections follow one another, and within a section units
 // go by their tile's distance from the request's last row tile — the costliest first, as a
@@ -1068,7 +1068,7 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return static_cast<int>(e);
     }
-    const int rc = launch_hopper_prefill(p, num_sms, HopperPlanTables{plan.req, plan.page_base, plan.units, plan.num_items});
+    const int rc = launch_hopper_prefill(p, num_sms, HopperPlanTables{plan.req, plan.page_base, plan.units, plan.num_items, plan.counter});
     if (rc != -1) {
       if (rc == 0) {
         note_launch(KernelLaunch::prefill, choice.reason);
