@@ -13,8 +13,9 @@ namespace kvattn::ops::cuda_impl::k {
 // The plan's device tables, as prefill_kernel.cu's pf_plan_l2_kernel lays them out: req =
 // [batch] of {q_start, q_len, kv_len, tile_start} (int32 x 4), page_base = [batch] int64, units =
 // [num_items * hkv] of {request, row tile * hkv + KV head} (int32 x 2) in the order the CTAs
-// take them (L2 sections), num_items = [1], counter = [1] the units drawn so far (0 between
-// launches: set by the plan kernel, put back by each launch's last draw).
+// take them (L2 sections), num_items = [1], counter = [1] the units drawn so far by the fp8
+// pages' kernels (0 between launches: set by the plan kernel, put back by each launch's last
+// draw).
 struct HopperPlanTables {
   const void* req = nullptr;
   const int64_t* page_base = nullptr;

@@ -232,9 +232,10 @@ __device__ int block_scan_array(int32_t* a, int n, int* s_warp) {
 }
 
 // The wgmma kernel's plan: the request table, and its (item, KV head) units in an order that
-// keeps the K/V the running CTAs read in L2 (that kernel's CTAs draw the units in list order
-// from plan.counter, so the CTAs running at once hold a window of the list).  The groups (request, KV head), request-major, are cut into sections of
-// consecutive groups whose K/V together fit `l2_budget` bytes (at the batch's mean KV length,
+// keeps the K/V the running CTAs read in L2 (that kernel's CTAs move down the list together:
+// round-robin, unit w to CTA w % grid, with 16-bit pages; drawn from plan.counter with fp8
+// pages).  The groups (request, KV head), request-major, are cut into sections of consecutive
+// groups whose K/V together fit `l2_budget` bytes (at the batch's mean KV length,
 // kv_token_bytes per token and head); sections follow one another, and within a section units
 // go by their tile's distance from the request's last row tile — the costliest first, as a
 // tile's key range never shrinks along a request — with all the section's groups at each
