@@ -62,7 +62,7 @@
 // units b, b + grid, ... (no counter: the producer and consumers walk the same list
 // independently).  fp8 pages: each CTA draws its next unit from the plan's counter (a ring of
 // unit slots hands the index from producer warp 0 to the other warps), so CTAs that drew short
-// units draw more.  In the 16-bit kernels the same ring cost 4-5 % on the shapes of long units
+// units draw more.  In the 16-bit kernels the same ring cost 3.5-5.6 % on the shapes of long units
 // (non-causal, 4 x 4096, chunked) even when it handed on the round-robin sequence, more than
 // drawing gained elsewhere (src/ops/DESIGN.md), so they keep round-robin.  The plan
 // (prefill_kernel.cu pf_plan_l2_kernel) lists the units by L2 section of (request, KV head)
