@@ -564,16 +564,21 @@ void run_hopper_matrix(int sched, uint32_t seed) {
     c.kv_lens = {1025, 303, 1500};
     run_checked(c, seed++);
   }
-  {
-    std::mt19937 rng(4848);
-    Case c;  // many short units per CTA (taken round-robin: the producer and consumers walk the same list)
-    c.name = tag + "group 8, 300 short requests with context";
-    c.hq = 8; c.hkv = 1;
+  // 300 short requests (queries of 1-40 tokens after up to 299 cached ones), seeded: many
+  // short units per CTA
+  auto short_requests = [](Case& c, uint32_t rng_seed) {
+    std::mt19937 rng(rng_seed);
     for (int r = 0; r < 300; ++r) {
       const int64_t ql = 1 + static_cast<int64_t>(rng() % 40);
       c.q_lens.push_back(ql);
       c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % 300));
     }
+  };
+  {
+    Case c;  // many short units per CTA (taken round-robin: the producer and consumers walk the same list)
+    c.name = tag + "group 8, 300 short requests with context";
+    c.hq = 8; c.hkv = 1;
+    short_requests(c, 4848);
     run_checked(c, seed++);
     c.name = tag + "group 8, 300 short requests with context, window 37";
     c.window_left = 37;
@@ -582,18 +587,13 @@ void run_hopper_matrix(int sched, uint32_t seed) {
   {
     // fp8 pages, many short units per CTA: the CTAs draw their units from the plan's counter;
     // on a kept plan each launch's last draw puts the counter back for the next (back to back)
-    std::mt19937 rng(5050);
     Case c;
     c.name = tag + "fp8 e4m3, group 8, 300 short requests with context, kept plan, 3 repeats";
     c.kv_dt = DType::fp8_e4m3;
     c.k_scale = 0.8;
     c.v_scale = 1.1;
     c.hq = 8; c.hkv = 1;
-    for (int r = 0; r < 300; ++r) {
-      const int64_t ql = 1 + static_cast<int64_t>(rng() % 40);
-      c.q_lens.push_back(ql);
-      c.kv_lens.push_back(ql + static_cast<int64_t>(rng() % 300));
-    }
+    short_requests(c, 5050);
     c.keep_plan = true;
     c.repeats = 3;
     run_checked(c, seed++);
