@@ -31,6 +31,8 @@ void set_prefill_paired_rows(bool on);
 bool prefill_paired_rows() noexcept;
 // The wgmma kernel's plan: bytes of K/V per L2 section (0: the default, 5/8 of the device's L2).
 void set_prefill_l2_budget(int64_t bytes);
+// The wgmma kernel's grid capped at this many CTAs (0: no cap), so each CTA takes many units.
+void set_prefill_hopper_ctas(int ctas);
 int64_t prefill_kernel_launches() noexcept;
 int64_t prefill_hopper_launches() noexcept;
 // The last prefill-routed call's kernel (1 wgmma, 0 mma.sync, -1 none yet) and why.

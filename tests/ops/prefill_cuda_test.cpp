@@ -428,6 +428,15 @@ class HopperSched {
   HopperSched& operator=(const HopperSched&) = delete;
 };
 
+// Caps the wgmma kernel's grid for one test, so each CTA takes many units (0 afterwards: no cap).
+class HopperCtas {
+ public:
+  explicit HopperCtas(int ctas) { cuda_impl::set_prefill_hopper_ctas(ctas); }
+  ~HopperCtas() { cuda_impl::set_prefill_hopper_ctas(0); }
+  HopperCtas(const HopperCtas&) = delete;
+  HopperCtas& operator=(const HopperCtas&) = delete;
+};
+
 const char* sched_label(int sched) {
   return sched == 0 ? "serial" : sched == 1 ? "overlap" : sched == 2 ? "pingpong" : "turns";
 }
@@ -674,7 +683,9 @@ TEST_F(CudaPrefill, HopperWgmma) {
 // A small subset of the wgmma matrix for the sanitizers (memcheck, racecheck: every launch is
 // slow under them), under each consumer schedule: tile and page edges (V rows past the end
 // zeroed, out-of-range boxes), pages of 8 and 64, GQA 1 / 8, causal and not, sinks with LSE base
-// e, soft cap, a window skipping tiles, several units per CTA, a kept plan.
+// e, soft cap, a window skipping tiles, several units per CTA, a kept plan, and two CTAs taking
+// 9 units each (16-bit pages: each Q tile refilled 3-4 times; fp8 pages: the ring of unit slots
+// wraps around twice).
 TEST_F(CudaPrefill, HopperWgmmaSmall) {
   const HopperMode forced(2);
   for (int sched = 0; sched < 4; ++sched) {
@@ -717,6 +728,16 @@ TEST_F(CudaPrefill, HopperWgmmaSmall) {
     c.keep_plan = true;
     c.repeats = 2;
     run_checked(c, seed++);
+    // 18 units (128 rows each at group 4) on a grid of 2 CTAs, the plan kept for a second launch
+    const HopperCtas two(2);
+    c.q_lens = {130, 40, 17, 1, 60, 200};
+    c.kv_lens = {130, 90, 17, 33, 60, 260};
+    for (DType kv : {DType::bf16, DType::fp8_e4m3}) {
+      c.kv_dt = kv;
+      c.k_scale = kv == DType::bf16 ? 1.0 : 0.5;
+      c.name = tag + "2 CTAs, 9 units each, " + (kv == DType::bf16 ? "bf16" : "fp8 e4m3") + ", kept plan, 2 repeats";
+      run_checked(c, seed++);
+    }
   }
 }
 

@@ -1059,7 +1059,8 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
   // units bound: every item is at most one 128-row tile (the plan's max_items for head_dim 128)
   const int64_t max_items = (p.num_tokens * p.group + kRows - 1) / kRows + p.batch;
   const int64_t units = max_items * p.hkv;
-  const int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
+  int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
+  if (const int cap = kernel_routing().prefill_hopper_ctas; cap > 0) grid = std::min(grid, cap);  // tests only
   e.kernel<<<grid, kThreads, e.smem>>>(p, plan, mk, mv);
   return static_cast<int>(cudaGetLastError());
 }
