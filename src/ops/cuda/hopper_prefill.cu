@@ -874,17 +874,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint16_t* ob = static_cast<uint16_t*>(p.out);
     // the output's type is the query's: bf16 for bf16 pages, f16 for f16 pages, either for fp8
     const bool out_bf16 = kKV == kKvBf16 || (kKV != kKvF16 && p.out_t == Elt::bf16);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t off = o_off(rl + 8 * h);
-      if (off < 0) continue;
+    auto pk = [&](float a, float b) { return out_bf16 ? pack2<true>(a, b) : pack2<false>(a, b); };
+    // O goes out through this warp's own 16 rows of the Q tile (their last Q K^T is done): stmatrix
+    // puts the accumulator fragments there as rows of 16-byte chunks (the tile's swizzle, so the 8
+    // rows of a matrix hit distinct banks), then each lane copies 16-byte chunks, a row's 256 bytes
+    // by 16 lanes: 8 full-line stores per thread instead of 32 scattered 4-byte ones, which backed
+    // up the store queue at each unit's end (ncu: the next address register waited on them)
+    const int wr0 = c * 64 + wq * 16;  // this warp's first row
+    {
+      const int m = lane >> 3;  // stmatrix: lanes 8m..8m+7 give the rows of matrix m
+      const int srow = wr0 + (m & 1) * 8 + (lane & 7);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float a = o[hh][4 * j + 2 * h] * sc[h], b = o[hh][4 * j + 2 * h + 1] * sc[h];
-          *reinterpret_cast<uint32_t*>(ob + off + 64 * hh + 8 * j + 2 * t4) = out_bf16 ? pack2<true>(a, b) : pack2<false>(a, b);
+        for (int jp = 0; jp < 4; ++jp) {
+          const int j = 2 * jp;  // matrices: (j, rows 0-7), (j, rows 8-15), (j + 1, rows 0-7), (j + 1, rows 8-15)
+          const uint32_t a = sm.q_chunk(qb, srow, hh * 8 + j + (m >> 1));
+          asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a),
+                       "r"(pk(o[hh][4 * j + 0] * sc[0], o[hh][4 * j + 1] * sc[0])),
+                       "r"(pk(o[hh][4 * j + 2] * sc[1], o[hh][4 * j + 3] * sc[1])),
+                       "r"(pk(o[hh][4 * j + 4] * sc[0], o[hh][4 * j + 5] * sc[0])),
+                       "r"(pk(o[hh][4 * j + 6] * sc[1], o[hh][4 * j + 7] * sc[1]))
+                       : "memory");
         }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = wr0 + 2 * i + (lane >> 4), ch = lane & 15;
+      const int64_t off = o_off(row);
+      if (off < 0) continue;
+      uint32_t x0, x1, x2, x3;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
+                   : "r"(sm.q_chunk(qb, row, ch))
+                   : "memory");
+      *reinterpret_cast<uint4*>(ob + off + ch * 8) = make_uint4(x0, x1, x2, x3);
     }
     if constexpr (L::kQTiles == 2) mbar_arrive(sm.q_empty(qb));  // done with the Q tile and its tables
   }
