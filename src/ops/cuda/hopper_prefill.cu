@@ -878,8 +878,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // O goes out through this warp's own 16 rows of the Q tile (their last Q K^T is done): stmatrix
     // puts the accumulator fragments there as rows of 16-byte chunks (the tile's swizzle, so the 8
     // rows of a matrix hit distinct banks), then each lane copies 16-byte chunks, a row's 256 bytes
-    // by 16 lanes: 8 full-line stores per thread instead of 32 scattered 4-byte ones, which backed
-    // up the store queue at each unit's end (ncu: the next address register waited on them)
+    // by 16 lanes: 8 16-byte stores per thread filling whole sectors, instead of 32 scattered
+    // 4-byte ones, which backed up the store queue at each unit's end (ncu: the next unit's first
+    // address register waited on them)
     const int wr0 = c * 64 + wq * 16;  // this warp's first row
     {
       const int m = lane >> 3;  // stmatrix: lanes 8m..8m+7 give the rows of matrix m
