@@ -55,12 +55,13 @@ struct KernelRouting {
 };
 
 // The wgmma prefill's consumer schedule for a call: `setting` (KernelRouting::hopper_sched) when
-// it names one, else pingpong.  Measured on an H100 (bf16, 32 / 8 heads, D 128, plans kept; mean
-// of two runs of `kvattn bench-cuda --only prefill --diagnostics`), pingpong against the next
-// best, TFLOP/s: causal 8 x 2048 434 / 408 (overlap), 1 x 8192 531 / 527 (serial), 4 x 4096
-// 501 / 479 (serial), 16 x 1024 340 / 318 (overlap), 32 x 512 245 / 224 (overlap),
-// 8 x (q 512, kv 4096) 504 / 500 (serial); non-causal 8 x 2048 526 / 529 (serial); fp8 e4m3
-// pages, causal 8 x 2048, 371 / 339 (turns: there the widening producer warps leave the
+// it names one, else pingpong.  Measured on an H100 (bf16, 32 / 8 heads, D 128, plans kept; one
+// run of `kvattn bench-cuda --only prefill --diagnostics`), pingpong against the best other
+// schedule, TFLOP/s: causal 8 x 2048 469 / 442 (serial), 1 x 8192 523 / 525 (serial), 4 x 4096
+// 537 / 520 (serial), 16 x 1024 375 / 342 (overlap), 32 x 512 270 / 249 (overlap),
+// 8 x (q 512, kv 4096) 536 / 535 (serial); non-causal 8 x 2048 554 / 563 (turns): 6-10 % ahead
+// on short units, at most 2 % behind on long ones.  fp8 e4m3 pages, causal 8 x 2048 (an earlier
+// build, mean of two runs): 371 / 339 (turns: there the widening producer warps leave the
 // consumers 232 registers and serial / turns spill a few).
 constexpr int kHopperSchedPingpong = 2;
 inline int hopper_sched_for(int setting) {
