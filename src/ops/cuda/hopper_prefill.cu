@@ -177,6 +177,11 @@ __device__ __forceinline__ void named_arrive(int id, int n) {
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 }
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 x;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(addr) : "memory");
+  return x;
+}
 // The unit's key range: [lo, hi) (causal: up to the last row's position; sliding window: from
 // the first row's window start), in n_tiles tiles from tile t0 (keys t0 * 128 ...).
 struct HpUnit {
@@ -240,12 +245,8 @@ __device__ __forceinline__ void hp_widen_tile(uint32_t src, uint32_t dst, int va
   const uint32_t c_lo = uint32_t((2 * q) ^ sw) << 4, c_hi = uint32_t((2 * q + 1) ^ sw) << 4;
   for (int i = cw; i < 32; i += 3) {
     const int h = i & 1, r = (i >> 1) * 8 + sw;
-    uint32_t x0 = 0, x1 = 0, x2 = 0, x3 = 0;
-    if (r < valid)
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
-                   : "r"(src + r * 128 + (uint32_t((4 * h + q) ^ sw) << 4))
-                   : "memory");
+    const uint4 x = r < valid ? ld_shared_v4(src + r * 128 + (uint32_t((4 * h + q) ^ sw) << 4)) : make_uint4(0u, 0u, 0u, 0u);
+    const uint32_t x0 = x.x, x1 = x.y, x2 = x.z, x3 = x.w;
     const uint32_t row = dst + h * kHalf + r * 128;
     uint32_t y0, y1, y2, y3;  // one 16-byte chunk at a time (the widening warps have 32 registers)
     fp8x4_to_f16x2x2<kE4m3>(x0, y0, y1);
@@ -905,12 +906,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int row = wr0 + 2 * i + (lane >> 4), ch = lane & 15;
       const int64_t off = o_off(row);
       if (off < 0) continue;
-      uint32_t x0, x1, x2, x3;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(x0), "=r"(x1), "=r"(x2), "=r"(x3)
-                   : "r"(sm.q_chunk(qb, row, ch))
-                   : "memory");
-      *reinterpret_cast<uint4*>(ob + off + ch * 8) = make_uint4(x0, x1, x2, x3);
+      *reinterpret_cast<uint4*>(ob + off + ch * 8) = ld_shared_v4(sm.q_chunk(qb, row, ch));
     }
     if constexpr (L::kQTiles == 2) mbar_arrive(sm.q_empty(qb));  // done with the Q tile and its tables
   }
