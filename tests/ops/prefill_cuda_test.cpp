@@ -8,15 +8,22 @@
 // stay on attn_kernel, as do decode-like calls in automatic mode.  HopperWgmma* force the sm_90a
 // wgmma kernel (src/ops/cuda/hopper_prefill.cu), under each of its consumer schedules (serial,
 // overlap, pingpong), and check which kernel served each call (the wgmma kernel exactly where it
-// covers the case on an sm_90 device).  Skips when no GPU is present.
+// covers the case on an sm_90 device).  Skips when no GPU is present, except
+// HopperPlanOrder, which checks the wgmma plan's unit order on the CPU with the plan kernel's
+// own arithmetic (ops/cuda/prefill_plan_order.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <initializer_list>
+#include <numeric>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kvattn/core/cuda_runtime_api.h"
 #include "cuda_attn_case.h"
+#include "ops/cuda/prefill_plan_order.h"
 
 namespace kvattn::ops {
 namespace {
@@ -52,6 +59,145 @@ int64_t run_case(const Case& c, uint32_t seed) {
   AttnCase a = c;
   a.out_tol = c.kv_dt == DType::f16 ? 1.5e-2 : 3e-2;  // bf16 P and V: ~1e-2
   return run_attn_case(a, seed);
+}
+
+// ---- the wgmma plan's unit order on the CPU (no GPU needed) ------------------------------------
+// Orders the units of a batch as pf_plan_l2_kernel does (sections of groups within the L2
+// budget, sort keys by po::section_key, counting sort, po::dealt_position for G round-robin
+// CTAs as po::deal_ctas says; units of one key in unit order, where the kernel's atomics place them in any order) and
+// returns the dealt list as (section, cost) per position.
+struct PlanShape {
+  std::vector<std::pair<int, int>> reqs;  // (q_len, kv_len)
+  int hkv = 8, group = 4;
+  bool causal = true;
+  int64_t window_left = -1;
+};
+std::vector<std::pair<int, int>> plan_order(const PlanShape& sh, int64_t l2_budget, int G) {
+  constexpr int kRowsPerUnit = 128, kCostTile = 64, kTokenBytes = 2 * 128 * 2;
+  const int batch = static_cast<int>(sh.reqs.size()), hkv = sh.hkv, groups = batch * hkv;
+  int64_t kv_sum = 0;
+  for (const auto& r : sh.reqs) kv_sum += r.second;
+  const int64_t group_bytes = std::max<int64_t>(1, kv_sum / batch * kTokenBytes);
+  const int64_t fit = std::max<int64_t>(1, std::min<int64_t>(groups, l2_budget / group_bytes));
+  const int num_sec = static_cast<int>((groups + fit - 1) / fit);
+  const int per_sec = (groups + num_sec - 1) / num_sec;
+  struct Unit {
+    int sec, cost;
+  };
+  std::vector<Unit> units;  // unit order: (row tile across the batch, KV head)
+  std::vector<int> max_cost(num_sec, 0), count(num_sec, 0);
+  for (int r = 0; r < batch; ++r) {
+    const int n = (sh.reqs[r].first * sh.group + kRowsPerUnit - 1) / kRowsPerUnit;
+    for (int t = 0; t < n; ++t) {
+      for (int hk = 0; hk < hkv; ++hk) {
+        const int c = cuda_impl::po::row_tile_cost(sh.reqs[r].first, sh.reqs[r].second, t, kRowsPerUnit, sh.group,
+                                                   sh.causal, sh.window_left, kCostTile);
+        const int s = (r * hkv + hk) / per_sec;
+        units.push_back({s, c});
+        max_cost[s] = std::max(max_cost[s], c);
+        ++count[s];
+      }
+    }
+  }
+  std::vector<int> first(num_sec + 1, 0);
+  for (int s = 0; s < num_sec; ++s) first[s + 1] = first[s] + std::max(1, std::min(max_cost[s], count[s]));
+  const int U = static_cast<int>(units.size());
+  std::vector<int> key(U);
+  for (int u = 0; u < U; ++u) {
+    const Unit& x = units[u];
+    key[u] = cuda_impl::po::section_key(first[x.sec], first[x.sec + 1] - first[x.sec], x.cost, x.sec, num_sec);
+    EXPECT_GE(key[u], first[x.sec]);
+    EXPECT_LT(key[u], first[x.sec + 1]);
+  }
+  std::vector<int> sorted(U);
+  std::iota(sorted.begin(), sorted.end(), 0);
+  std::stable_sort(sorted.begin(), sorted.end(), [&](int a, int b) { return key[a] < key[b]; });
+  std::vector<std::pair<int, int>> dealt(U, {-1, -1});
+  const int deal = cuda_impl::po::deal_ctas(G, U, num_sec);
+  for (int pos = 0; pos < U; ++pos) {
+    const int d = cuda_impl::po::dealt_position(pos, deal, U);
+    EXPECT_TRUE(d >= 0 && d < U && dealt[d].first < 0) << "position " << pos << " dealt to " << d;
+    if (d >= 0 && d < U) dealt[d] = {units[sorted[pos]].sec, units[sorted[pos]].cost};
+  }
+  return dealt;
+}
+// Busiest round-robin CTA's sum of unit costs over the mean (CTA c takes positions c, c + G, ...).
+double busiest_over_mean(const std::vector<std::pair<int, int>>& dealt, int G) {
+  std::vector<double> load(G, 0.0);
+  double total = 0;
+  for (size_t w = 0; w < dealt.size(); ++w) {
+    load[w % G] += dealt[w].second;
+    total += dealt[w].second;
+  }
+  return *std::max_element(load.begin(), load.end()) / (total / G);
+}
+
+TEST(HopperPlanOrder, PermutationSectionsInOrderAndCtasEvenlyLoaded) {
+  // dealt_position is a permutation of [0, U) for every grid, the short last wave included
+  for (int G : {1, 2, 3, 7, 132}) {
+    for (int U : {1, 2, 5, 131, 132, 133, 264, 265, 1000}) {
+      std::vector<int> seen(U, 0);
+      for (int pos = 0; pos < U; ++pos) {
+        const int d = cuda_impl::po::dealt_position(pos, G, U);
+        ASSERT_TRUE(d >= 0 && d < U) << "G " << G << " U " << U << " pos " << pos;
+        ++seen[d];
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), U) << "G " << G << " U " << U;
+    }
+  }
+  EXPECT_EQ(cuda_impl::po::dealt_position(7, 0, 10), 7);  // drawn in list order
+  // the benchmark's shapes (32 query / 8 KV heads, 132 CTAs, the L2 budget of a 50 MB L2): the
+  // busiest CTA's sum of unit costs over the mean (the previous order, costliest first by row
+  // tile and every wave dealt forwards: 1 x 8192 1.09, mixed lengths 1.09).  The bound is what
+  // the shape allows: the chunked step's 1,024 units of nearly equal cost make 7.76 per CTA, so
+  // some CTAs take 8; non-causal 8 x 2048's 4,096 equal units make 31.03.  Sections of 1 MB (a
+  // group or two each, shorter than a wave: dealt as sorted) stay within 1.045.
+  const int G = 132;
+  const int64_t budget = int64_t(50) << 20;
+  std::mt19937 rng(23);
+  std::vector<std::pair<int, int>> mixed;
+  for (int i = 0; i < 16; ++i) {
+    const int l = 256 + static_cast<int>(rng() % 3841);
+    mixed.push_back({l, l});
+  }
+  struct Named {
+    const char* name;
+    PlanShape shape;
+    double bound;
+  };
+  auto uniform = [](int batch, int q, int kv, bool causal = true) {
+    PlanShape sh;
+    sh.reqs.assign(batch, {q, kv});
+    sh.causal = causal;
+    return sh;
+  };
+  PlanShape window = uniform(4, 4096, 4096);
+  window.window_left = 1000;
+  PlanShape mixed_shape;
+  mixed_shape.reqs = mixed;
+  const Named shapes[] = {
+      {"causal 8 x 2048", uniform(8, 2048, 2048), 1.02},       {"causal 1 x 8192", uniform(1, 8192, 8192), 1.02},
+      {"causal 4 x 4096", uniform(4, 4096, 4096), 1.02},       {"causal 16 x 1024", uniform(16, 1024, 1024), 1.02},
+      {"causal 32 x 512", uniform(32, 512, 512), 1.02},        {"chunked 8 x (q 512, kv 4096)", uniform(8, 512, 4096), 1.04},
+      {"non-causal 8 x 2048", uniform(8, 2048, 2048, false), 1.035}, {"mixed 16 x U[256, 4096]", mixed_shape, 1.02},
+      {"causal 4 x 4096, window 1000", window, 1.02},
+  };
+  for (const Named& n : shapes) {
+    for (int64_t l2 : {budget * 5 / 8, int64_t(1) << 20}) {  // the default sections; many small ones
+      const auto dealt = plan_order(n.shape, l2, G);
+      const double r = busiest_over_mean(dealt, G);
+      EXPECT_LE(r, l2 == budget * 5 / 8 ? n.bound : 1.045) << n.name << ", L2 budget " << l2;
+      // sections follow one another: a wave of G units holds no unit of a section before the
+      // previous wave's last (dealing permutes only within a wave)
+      for (size_t w = G; w < dealt.size(); w += G) {
+        int prev_max = 0;
+        for (size_t j = w - G; j < w; ++j) prev_max = std::max(prev_max, dealt[j].first);
+        for (size_t j = w; j < std::min(dealt.size(), w + G); ++j)
+          EXPECT_GE(dealt[j].first, prev_max) << n.name << " position " << j;
+      }
+      ::testing::Test::RecordProperty(std::string(n.name) + (l2 == budget * 5 / 8 ? "" : ", 1 MB sections"), std::to_string(r));
+    }
+  }
 }
 
 TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {

@@ -66,7 +66,9 @@
 // (non-causal, 4 x 4096, chunked) even when it handed on the round-robin sequence, more than
 // drawing gained elsewhere (src/ops/DESIGN.md), so they keep round-robin.  The plan
 // (prefill_kernel.cu pf_plan_l2_kernel) lists the units by L2 section of (request, KV head)
-// groups and within a section costliest first, so the CTAs running at once share their K/V in L2.
+// groups, so the CTAs running at once share their K/V in L2, and within a section by cost, in
+// waves of one unit per CTA dealt alternately forwards and backwards for round-robin, so the
+// CTAs' sums of unit costs come out even (hopper_prefill_round_robin_ctas).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -1050,6 +1052,21 @@ PrefillChoice hopper_prefill_choice(const AttnParams& p) {
   }
 }
 
+int hopper_prefill_grid(const AttnParams& p, int num_sms) {
+  // units bound: every item is at most one 128-row tile (the plan's max_items for head_dim 128)
+  const int64_t max_items = (p.num_tokens * p.group + kRows - 1) / kRows + p.batch;
+  const int64_t units = max_items * p.hkv;
+  int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
+  if (const int cap = kernel_routing().prefill_hopper_ctas; cap > 0) grid = std::min(grid, cap);  // tests only
+  return grid;
+}
+
+int hopper_prefill_round_robin_ctas(const AttnParams& p, int num_sms) {
+  const int kv = hp_kv(p.kv_t);
+  if (kv < 0 || kv >= kKvE4m3) return 0;  // fp8 pages: units drawn from the plan's counter
+  return hopper_prefill_grid(p, num_sms);
+}
+
 int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTables& plan) {
   CUtensorMap mk, mv;
   if (!encode_cache_map(&mk, p.k, p, p.k_sb, p.k_so, p.k_sh) || !encode_cache_map(&mv, p.v, p, p.v_sb, p.v_so, p.v_sh))
@@ -1078,12 +1095,7 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
     if (err != cudaSuccess) return static_cast<int>(err);
     attr_set[dev & 63].fetch_or(bit);
   }
-  // units bound: every item is at most one 128-row tile (the plan's max_items for head_dim 128)
-  const int64_t max_items = (p.num_tokens * p.group + kRows - 1) / kRows + p.batch;
-  const int64_t units = max_items * p.hkv;
-  int grid = static_cast<int>(std::min<int64_t>(num_sms, std::max<int64_t>(units, 1)));
-  if (const int cap = kernel_routing().prefill_hopper_ctas; cap > 0) grid = std::min(grid, cap);  // tests only
-  e.kernel<<<grid, kThreads, e.smem>>>(p, plan, mk, mv);
+  e.kernel<<<hopper_prefill_grid(p, num_sms), kThreads, e.smem>>>(p, plan, mk, mv);
   return static_cast<int>(cudaGetLastError());
 }
 

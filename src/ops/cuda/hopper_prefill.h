@@ -13,9 +13,9 @@ namespace kvattn::ops::cuda_impl::k {
 // The plan's device tables, as prefill_kernel.cu's pf_plan_l2_kernel lays them out: req =
 // [batch] of {q_start, q_len, kv_len, tile_start} (int32 x 4), page_base = [batch] int64, units =
 // [num_items * hkv] of {request, row tile * hkv + KV head} (int32 x 2) in the order the CTAs
-// take them (L2 sections), num_items = [1], counter = [1] the units drawn so far by the fp8
-// pages' kernels (0 between launches: set by the plan kernel, put back by each launch's last
-// draw).
+// take them (L2 sections, costs balanced over the CTAs: prefill_plan_order.h), num_items = [1],
+// counter = [1] the units drawn so far by the fp8 pages' kernels (0 between launches: set by the
+// plan kernel, put back by each launch's last draw).
 struct HopperPlanTables {
   const void* req = nullptr;
   const int64_t* page_base = nullptr;
@@ -42,6 +42,14 @@ const char* hopper_prefill_sched_name(int sched);
 // The choice for a call the prefill kernel serves (host only, no device sync).  Rows per CTA
 // tile: 128, as prefill_kernel.cu's plan for head_dim 128.
 PrefillChoice hopper_prefill_choice(const AttnParams& p);
+
+// The wgmma kernel's grid for a call: one CTA per SM, never more CTAs than the call's bound on
+// units (KernelRouting::prefill_hopper_ctas caps it in tests).
+int hopper_prefill_grid(const AttnParams& p, int num_sms);
+// The CTAs that take the plan's units round-robin (unit w to CTA w % grid: 16-bit pages), so the
+// plan deals its waves to balance them; 0 where the CTAs draw their units from the plan's
+// counter in list order (fp8 pages).
+int hopper_prefill_round_robin_ctas(const AttnParams& p, int num_sms);
 
 // Launches the wgmma kernel on a plan built by prefill_kernel.cu (0 = success, else a
 // cudaError_t; a tensor map the driver rejects returns -1 and launches nothing).

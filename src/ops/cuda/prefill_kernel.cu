@@ -24,6 +24,7 @@
 // Q tile for 16-byte row stores.
 #include "ops/cuda/cuda_common.cuh"
 #include "ops/cuda/hopper_prefill.h"
+#include "ops/cuda/prefill_plan_order.h"
 #include "ops/cuda/routing.h"
 #include "ops/cuda/softmax.cuh"
 #include "ops/cuda/swizzle.cuh"
@@ -91,7 +92,7 @@ struct PfPlan {
   // the wgmma kernel's plan (pf_plan_l2_kernel) instead of items: its units and two scratch tables
   int2* units;          // [num_items * hkv] (request, row tile * hkv + KV head), in L2 sections
   int32_t* sections;    // [batch * hkv] scratch: per section, its first sort key
-  int32_t* keys;        // [num_items * hkv] scratch: per sort key, its first unit
+  int32_t* keys;        // [num_items * hkv] scratch: per sort key, its first unit (first per section, its units)
 };
 
 // Block-wide exclusive scan of one int per thread (blockDim.x = kPlanThreads).
@@ -119,18 +120,7 @@ __device__ __forceinline__ int block_excl_scan(int v, int* s_warp, int* total) {
 
 // Cost (KV tiles to visit, + 1 for the unit's fixed work) of row tile t of a request.
 __device__ __forceinline__ int item_cost(const AttnParams& p, const PfReq& r, int t, int cta_rows) {
-  const int rows = r.q_len * p.group;
-  const int row0 = t * cta_rows;
-  const int last = min(rows, row0 + cta_rows) - 1;
-  const int ctx = r.kv_len - r.q_len;
-  const int qf = ctx + row0 / p.group, ql = ctx + last / p.group;
-  int hi = r.kv_len;
-  if (p.causal) hi = min(hi, ql + 1);
-  int lo = 0;
-  if (p.window_left >= 0) lo = static_cast<int>(max(int64_t(0), int64_t(qf) - p.window_left));
-  const int t0 = (lo / kKeyTile) * kKeyTile;
-  const int n = hi > lo ? (hi - t0 + kKeyTile - 1) / kKeyTile : 0;
-  return n + 1;
+  return po::row_tile_cost(r.q_len, r.kv_len, t, cta_rows, p.group, p.causal, p.window_left, kKeyTile);
 }
 
 __device__ __forceinline__ int find_req(const PfPlan& plan, int batch, int i) {
@@ -231,21 +221,28 @@ __device__ int block_scan_array(int32_t* a, int n, int* s_warp) {
   return carry;
 }
 
-// The wgmma kernel's plan: the request table, and its (item, KV head) units in an order that
-// keeps the K/V the running CTAs read in L2 (that kernel's CTAs move down the list together:
-// round-robin, unit w to CTA w % grid, with 16-bit pages; drawn from plan.counter with fp8
-// pages).  The groups (request, KV head), request-major, are cut into sections of consecutive
-// groups whose K/V together fit `l2_budget` bytes (at the batch's mean KV length,
-// kv_token_bytes per token and head); sections follow one another, and within a section units
-// go by their tile's distance from the request's last row tile — the costliest first, as a
-// tile's key range never shrinks along a request — with all the section's groups at each
-// distance.  Heaviest-first over the whole batch (pf_plan_kernel's order) keeps every group's
-// K/V in use at once, more than L2 holds; here the grid reads about one section's K/V at a time
-// (FlashAttention-3's scheduler sections its heads the same way).  Sort key of a unit: its
-// section's first key + distance; keys are counted, scanned and the units placed by atomics (so
-// units of one key land in any order).
+// The wgmma kernel's plan: the request table, and its (item, KV head) units in the order its
+// CTAs take them (with 16-bit pages round-robin, unit w to CTA w % rr_ctas; with fp8 pages drawn
+// from plan.counter in list order: rr_ctas = 0).  Two aims: the CTAs running at once read K/V
+// that L2 holds, and every CTA finishes at about the same time.
+//  * L2 sections: the groups (request, KV head), request-major, are cut into sections of
+//    consecutive groups whose K/V together fit `l2_budget` bytes (at the batch's mean KV length,
+//    kv_token_bytes per token and head), and the sections follow one another, so the grid reads
+//    about one section's K/V at a time.  Heaviest-first over the whole batch keeps every group's
+//    K/V in use at once, more than L2 holds (FlashAttention-3's scheduler sections its heads the
+//    same way).
+//  * Within a section, units go by cost (item_cost: key tiles + 1), the last section costliest
+//    first and the sections before it alternately cheapest and costliest first, so the list's
+//    costs run without a jump from one section into the next (a section ending in 1-tile units
+//    followed by one starting with 64-tile units left whole waves unbalanced).
+//  * Round-robin: where sections average a wave of rr_ctas units or more, the list is dealt
+//    in waves, every other wave in reverse, so a CTA that took a wave's costliest unit takes the
+//    next wave's cheapest (po::deal_ctas).
+// Sort key of a unit: its section's first key + its cost's place in the section (the section's
+// key range is its largest cost, at most its number of units: costs past it share the end key);
+// keys are counted, scanned and the units placed by atomics (units of one key land in any order).
 __global__ void __launch_bounds__(kPlanThreads) pf_plan_l2_kernel(AttnParams p, PfPlan plan, int64_t max_items, int cta_rows,
-                                                                 int64_t l2_budget, int kv_token_bytes) {
+                                                                 int64_t l2_budget, int kv_token_bytes, int rr_ctas) {
   __shared__ int s_warp[33];
   __shared__ unsigned long long s_kv_sum;
   __shared__ int s_per_sec, s_num_sec;
@@ -270,37 +267,48 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_l2_kernel(AttnParams p, 
   }
   __syncthreads();
   const int per_sec = s_per_sec, num_sec = s_num_sec;
-  // per section: its most tiles in one request, then (scanned) its first key
-  for (int s = tid; s < num_sec; s += blockDim.x) plan.sections[s] = 0;
+  // per section: its largest unit cost (plan.sections) and its number of units (plan.keys, as
+  // scratch: num_sec <= groups <= max_items * hkv), then its key range (the smaller, at least 1),
+  // scanned into its first key
+  for (int s = tid; s < num_sec; s += blockDim.x) plan.sections[s] = plan.keys[s] = 0;
   __syncthreads();
   for (int r = tid; r < p.batch; r += blockDim.x) {
-    const int n = request_tiles(p, plan.req[r].q_len, cta_rows);
-    for (int s = r * hkv / per_sec; s <= (r * hkv + hkv - 1) / per_sec; ++s) atomicMax(&plan.sections[s], n);
+    const PfReq q = plan.req[r];
+    const int n = request_tiles(p, q.q_len, cta_rows);
+    if (n == 0) continue;
+    // a row tile's key range moves with the tile (causal, window): the first or the last is the costliest
+    const int c = max(item_cost(p, q, 0, cta_rows), item_cost(p, q, n - 1, cta_rows));
+    for (int s = r * hkv / per_sec; s <= (r * hkv + hkv - 1) / per_sec; ++s) {
+      const int in_s = min(r * hkv + hkv, (s + 1) * per_sec) - max(r * hkv, s * per_sec);
+      atomicMax(&plan.sections[s], c);
+      atomicAdd(&plan.keys[s], in_s * n);
+    }
   }
+  __syncthreads();
+  for (int s = tid; s < num_sec; s += blockDim.x) plan.sections[s] = max(1, min(plan.sections[s], plan.keys[s]));
   __syncthreads();
   const int num_keys = block_scan_array(plan.sections, num_sec, s_warp);
   const int U = T * hkv;
-  auto key_of = [&](int u, int* r_out, int* t_out) {
+  auto key_of = [&](int u) {
     const int i = u / hkv, hk = u - i * hkv;
     const int r = find_req(plan, p.batch, i);
     const PfReq q = plan.req[r];
-    const int t = i - q.tile_start;
-    *r_out = r;
-    *t_out = t;
-    return plan.sections[(r * hkv + hk) / per_sec] + (request_tiles(p, q.q_len, cta_rows) - 1 - t);
+    const int s = (r * hkv + hk) / per_sec;
+    const int first = plan.sections[s];
+    const int range = (s + 1 < num_sec ? plan.sections[s + 1] : num_keys) - first;
+    return po::section_key(first, range, item_cost(p, q, i - q.tile_start, cta_rows), s, num_sec);
   };
   for (int k = tid; k < num_keys; k += blockDim.x) plan.keys[k] = 0;
   __syncthreads();
-  for (int u = tid; u < U; u += blockDim.x) {
-    int r, t;
-    atomicAdd(&plan.keys[key_of(u, &r, &t)], 1);
-  }
+  for (int u = tid; u < U; u += blockDim.x) atomicAdd(&plan.keys[key_of(u)], 1);
   __syncthreads();
   block_scan_array(plan.keys, num_keys, s_warp);
+  const int deal = po::deal_ctas(rr_ctas, U, num_sec);
   for (int u = tid; u < U; u += blockDim.x) {
-    int r, t;
-    const int pos = atomicAdd(&plan.keys[key_of(u, &r, &t)], 1);
-    plan.units[pos] = make_int2(r, t * hkv + (u % hkv));
+    const int pos = po::dealt_position(atomicAdd(&plan.keys[key_of(u)], 1), deal, U);
+    const int i = u / hkv;
+    const int r = find_req(plan, p.batch, i);
+    plan.units[pos] = make_int2(r, (i - plan.req[r].tile_start) * hkv + (u % hkv));
   }
   if (tid == 0) {
     plan.num_items[0] = T;
@@ -1065,7 +1073,8 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
       const int64_t l2_set = kernel_routing().prefill_l2_budget;
       const int64_t l2_budget = l2_set > 0 ? l2_set : int64_t(device_attribute<cudaDevAttrL2CacheSize>()) * 5 / 8;
       const int kv_token_bytes = 2 * p.head_dim * elt_size(p.kv_t);  // K and V of one head
-      pf_plan_l2_kernel<<<1, kPlanThreads>>>(p, plan, max_items, 128, std::max<int64_t>(l2_budget, 1), kv_token_bytes);
+      pf_plan_l2_kernel<<<1, kPlanThreads>>>(p, plan, max_items, 128, std::max<int64_t>(l2_budget, 1), kv_token_bytes,
+                                             hopper_prefill_round_robin_ctas(p, num_sms));
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return static_cast<int>(e);
     }
