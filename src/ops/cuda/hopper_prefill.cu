@@ -241,22 +241,47 @@ __device__ __forceinline__ HpRow hp_row(const AttnParams& p, const HpUnit& u, in
 // `valid` on are written as zeros (bytes past kv_len may be anything, NaN too).  Warp cw of 3
 // takes the (8-key block, 64-dim half) items cw, cw + 3, ...; lane = (key in the block, 16-dim
 // group): 8 lanes of one 16-byte access phase hit 8 different bank groups on both sides.
+// A whole tile (valid >= 128 keys, all but a request's last) takes the unrolled form: items k
+// and k + 2 of a warp are 24 keys apart in the same half, so two base addresses (k even, k odd)
+// and constant offsets address them all, and no row is checked (these warps share their SM
+// sub-partitions' issue slots with the consumers: the general loop spent about 36 instructions
+// per item where the load, 8 conversions and 2 stores are 11).
+template <bool kE4m3>
+__device__ __forceinline__ void hp_widen_item(uint4 x, uint32_t row, uint32_t c_lo, uint32_t c_hi) {
+  uint32_t y0, y1, y2, y3;  // one 16-byte chunk of output at a time
+  fp8x4_to_f16x2x2<kE4m3>(x.x, y0, y1);
+  fp8x4_to_f16x2x2<kE4m3>(x.y, y2, y3);
+  st_shared_v4(row + c_lo, y0, y1, y2, y3);
+  fp8x4_to_f16x2x2<kE4m3>(x.z, y0, y1);
+  fp8x4_to_f16x2x2<kE4m3>(x.w, y2, y3);
+  st_shared_v4(row + c_hi, y0, y1, y2, y3);
+}
 template <bool kE4m3>
 __device__ __forceinline__ void hp_widen_tile(uint32_t src, uint32_t dst, int valid, int cw, int lane) {
   const int sw = lane & 7, q = lane >> 3;
   const uint32_t c_lo = uint32_t((2 * q) ^ sw) << 4, c_hi = uint32_t((2 * q + 1) ^ sw) << 4;
+  if (valid >= kKeys) {
+    uint32_t s_base[2], d_base[2];
+#pragma unroll
+    for (int par = 0; par < 2; ++par) {
+      const int i = cw + 3 * par;
+      const int h = i & 1, r = (i >> 1) * 8 + sw;
+      s_base[par] = src + r * 128 + (uint32_t((4 * h + q) ^ sw) << 4);
+      d_base[par] = dst + h * kHalf + r * 128;
+    }
+#pragma unroll
+    for (int k = 0; k < 11; ++k) {
+      if (k < 10 || cw < 2) {  // item cw + 3k < 32
+        const uint32_t off = uint32_t(k >> 1) * (24 * 128);
+        hp_widen_item<kE4m3>(ld_shared_v4(s_base[k & 1] + off), d_base[k & 1] + off, c_lo, c_hi);
+      }
+    }
+    return;
+  }
   for (int i = cw; i < 32; i += 3) {
     const int h = i & 1, r = (i >> 1) * 8 + sw;
     const uint4 x = r < valid ? ld_shared_v4(src + r * 128 + (uint32_t((4 * h + q) ^ sw) << 4)) : make_uint4(0u, 0u, 0u, 0u);
-    const uint32_t x0 = x.x, x1 = x.y, x2 = x.z, x3 = x.w;
-    const uint32_t row = dst + h * kHalf + r * 128;
-    uint32_t y0, y1, y2, y3;  // one 16-byte chunk at a time (the widening warps have 32 registers)
-    fp8x4_to_f16x2x2<kE4m3>(x0, y0, y1);
-    fp8x4_to_f16x2x2<kE4m3>(x1, y2, y3);
-    st_shared_v4(row + c_lo, y0, y1, y2, y3);
-    fp8x4_to_f16x2x2<kE4m3>(x2, y0, y1);
-    fp8x4_to_f16x2x2<kE4m3>(x3, y2, y3);
-    st_shared_v4(row + c_hi, y0, y1, y2, y3);
+    hp_widen_item<kE4m3>(x, dst + h * kHalf + r * 128, c_lo, c_hi);
   }
 }
 
