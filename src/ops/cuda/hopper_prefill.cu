@@ -68,7 +68,7 @@
 // (prefill_kernel.cu pf_plan_l2_kernel) lists the units by L2 section of (request, KV head)
 // groups, so the CTAs running at once share their K/V in L2, and within a section by cost, in
 // waves of one unit per CTA dealt alternately forwards and backwards for round-robin, so the
-// CTAs' sums of unit costs come out even (hopper_prefill_round_robin_ctas).
+// CTAs' sums of unit costs come out even (prefill_plan_order.h, hopper_prefill_round_robin_ctas).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 

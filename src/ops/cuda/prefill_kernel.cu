@@ -92,7 +92,7 @@ struct PfPlan {
   // the wgmma kernel's plan (pf_plan_l2_kernel) instead of items: its units and two scratch tables
   int2* units;          // [num_items * hkv] (request, row tile * hkv + KV head), in L2 sections
   int32_t* sections;    // [batch * hkv] scratch: per section, its first sort key
-  int32_t* keys;        // [num_items * hkv] scratch: per sort key, its first unit (first per section, its units)
+  int32_t* keys;        // [num_items * hkv] scratch: per sort key, its first unit (before that: per section, its units)
 };
 
 // Block-wide exclusive scan of one int per thread (blockDim.x = kPlanThreads).
