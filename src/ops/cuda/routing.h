@@ -57,12 +57,11 @@ struct KernelRouting {
 // The wgmma prefill's consumer schedule for a call: `setting` (KernelRouting::hopper_sched) when
 // it names one, else pingpong.  Measured on an H100 (bf16, 32 / 8 heads, D 128, plans kept; one
 // run of `kvattn bench-cuda --only prefill --diagnostics`), pingpong against the best other
-// schedule, TFLOP/s: causal 8 x 2048 469 / 442 (serial), 1 x 8192 523 / 525 (serial), 4 x 4096
-// 537 / 520 (serial), 16 x 1024 375 / 342 (overlap), 32 x 512 270 / 249 (overlap),
-// 8 x (q 512, kv 4096) 536 / 535 (serial); non-causal 8 x 2048 554 / 563 (turns): 6-10 % ahead
-// on short units, at most 2 % behind on long ones.  fp8 e4m3 pages, causal 8 x 2048 (an earlier
-// build, mean of two runs): 371 / 339 (turns: there the widening producer warps leave the
-// consumers 232 registers and serial / turns spill a few).
+// schedule, TFLOP/s: causal 8 x 2048 476 / 441 (turns), 1 x 8192 565 / 563 (serial), 4 x 4096
+// 535 / 515 (turns), 16 x 1024 385 / 353 (overlap), 32 x 512 280 / 256 (overlap),
+// 8 x (q 512, kv 4096) 534 / 533 (serial); non-causal 8 x 2048 558 / 567 (turns): 4-9 % ahead
+// on causal 8 x 2048, 4 x 4096 and the short units, at most 2 % behind elsewhere.  fp8 e4m3
+// pages, causal 8 x 2048 (an earlier build, mean of two runs): 371 / 339 (turns).
 constexpr int kHopperSchedPingpong = 2;
 inline int hopper_sched_for(int setting) {
   if (setting >= 0 && setting < 4) return setting;
