@@ -200,6 +200,43 @@ TEST(HopperPlanOrder, PermutationSectionsInOrderAndCtasEvenlyLoaded) {
   }
 }
 
+TEST(HopperPlanOrder, RandomBatchesArePermutationsInSectionOrder) {
+  // random batches: empty requests, context lengths, GQA groups, KV heads, windows, grids and
+  // L2 budgets from one group per section to one section; plan_order checks every key against
+  // its section's range and that no position is dealt twice
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 300; ++trial) {
+    PlanShape sh;
+    sh.hkv = 1 + static_cast<int>(rng() % 8);
+    sh.group = 1 + static_cast<int>(rng() % 8);
+    const int batch = 1 + static_cast<int>(rng() % 40);
+    for (int r = 0; r < batch; ++r) {
+      const int q = rng() % 5 == 0 ? 0 : 1 + static_cast<int>(rng() % 3000);
+      sh.reqs.push_back({q, q + (rng() % 2 ? 0 : static_cast<int>(rng() % 5000))});
+    }
+    sh.causal = rng() % 4 != 0;
+    sh.window_left = rng() % 3 == 0 ? static_cast<int64_t>(rng() % 2000) : -1;
+    const int G = 1 + static_cast<int>(rng() % 140);
+    const int64_t l2 = int64_t(1) << (16 + rng() % 12);
+    const auto dealt = plan_order(sh, l2, G);
+    int64_t units = 0;
+    for (const auto& r : sh.reqs) units += int64_t(r.first * sh.group + 127) / 128 * sh.hkv;
+    ASSERT_EQ(static_cast<int64_t>(dealt.size()), units) << "trial " << trial;
+    for (size_t w = 0; w < dealt.size(); w += G) {
+      int hi = 0;  // the wave's last section
+      for (size_t j = w; j < std::min(dealt.size(), w + G); ++j) {
+        ASSERT_GE(dealt[j].first, 0) << "trial " << trial << " position " << j << " not dealt";
+        ASSERT_GE(dealt[j].second, 1) << "trial " << trial;
+        hi = std::max(hi, dealt[j].first);
+      }
+      if (w + G < dealt.size()) {
+        for (size_t j = w + G; j < std::min(dealt.size(), w + 2 * G); ++j)
+          ASSERT_GE(dealt[j].first, hi) << "trial " << trial << ": a section before the previous wave's at " << j;
+      }
+    }
+  }
+}
+
 TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {
   uint32_t seed = 7000;
   for (int64_t group : {1, 4, 8}) {
