@@ -64,8 +64,8 @@ int64_t run_case(const Case& c, uint32_t seed) {
 // ---- the wgmma plan's unit order on the CPU (no GPU needed) ------------------------------------
 // Orders the units of a batch as pf_plan_l2_kernel does (sections of groups within the L2
 // budget, sort keys by po::section_key, counting sort, po::dealt_position for G round-robin
-// CTAs as po::deal_ctas says; units of one key in unit order, where the kernel's atomics place them in any order) and
-// returns the dealt list as (section, cost) per position.
+// CTAs as po::deal_ctas says; units of one key in unit order, where the kernel's atomics place
+// them in any order) and returns the dealt list as (section, cost) per position.
 struct PlanShape {
   std::vector<std::pair<int, int>> reqs;  // (q_len, kv_len)
   int hkv = 8, group = 4;
