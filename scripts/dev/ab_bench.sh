@@ -21,6 +21,6 @@ for ((i = 1; i <= rounds; ++i)); do
       case "$w" in BIN=*) bin=${w#BIN=} ;; *) vars="$vars $w" ;; esac
     done
     # shellcheck disable=SC2086
-    env $vars timeout 120 "$bin" bench-cuda "$@" 2>&1 | grep -E "$pattern" | sed "s/^/[$label ${e:-default} r$i] /"
+    env $vars timeout 120 "$bin" bench-cuda "$@" 2>&1 | grep -E "$pattern" | sed "s|^|[$label ${e:-default} r$i] |"
   done
 done
