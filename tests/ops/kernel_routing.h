@@ -33,6 +33,8 @@ bool prefill_paired_rows() noexcept;
 void set_prefill_l2_budget(int64_t bytes);
 // The wgmma kernel's grid capped at this many CTAs (0: no cap), so each CTA takes many units.
 void set_prefill_hopper_ctas(int ctas);
+// The wgmma plan's tail cut into pieces on several CTAs: 0 where it pays (default), 1 never, 2 always.
+void set_prefill_tail_split(int mode);
 int64_t prefill_kernel_launches() noexcept;
 int64_t prefill_hopper_launches() noexcept;
 // The last prefill-routed call's kernel (1 wgmma, 0 mma.sync, -1 none yet) and why.

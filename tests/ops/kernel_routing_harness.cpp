@@ -47,6 +47,7 @@ void set_prefill_hopper_sched(int sched) {
 void set_prefill_paired_rows(bool on) { routing().prefill_paired_rows = on; }
 void set_prefill_l2_budget(int64_t bytes) { routing().prefill_l2_budget = bytes > 0 ? bytes : 0; }
 void set_prefill_hopper_ctas(int ctas) { routing().prefill_hopper_ctas = ctas > 0 ? ctas : 0; }
+void set_prefill_tail_split(int mode) { routing().prefill_tail_split = mode >= 0 && mode <= 2 ? mode : 0; }
 bool prefill_paired_rows() noexcept { return routing().prefill_paired_rows; }
 int64_t prefill_kernel_launches() noexcept { return launches(KernelLaunch::prefill); }
 int64_t prefill_hopper_launches() noexcept { return launches(KernelLaunch::prefill_wgmma); }

@@ -8,9 +8,10 @@
 // stay on attn_kernel, as do decode-like calls in automatic mode.  HopperWgmma* force the sm_90a
 // wgmma kernel (src/ops/cuda/hopper_prefill.cu), under each of its consumer schedules (serial,
 // overlap, pingpong), and check which kernel served each call (the wgmma kernel exactly where it
-// covers the case on an sm_90 device).  Skips when no GPU is present, except
-// HopperPlanOrder, which checks the wgmma plan's unit order on the CPU with the plan kernel's
-// own arithmetic (ops/cuda/prefill_plan_order.h).
+// covers the case on an sm_90 device); HopperWgmmaTailSplit* run the matrix with the plan's
+// tail always cut into pieces (partial results merged by the last piece).  Skips when no GPU is
+// present, except HopperPlanOrder, which checks the wgmma plan's unit order and tail split on
+// the CPU with the plan kernel's own arithmetic (ops/cuda/prefill_plan_order.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -72,7 +73,10 @@ struct PlanShape {
   bool causal = true;
   int64_t window_left = -1;
 };
-std::vector<std::pair<int, int>> plan_order(const PlanShape& sh, int64_t l2_budget, int G) {
+// tiles128 (optional): per position, the unit's 128-key tiles (the wgmma kernel's; the plan's
+// costs count 64-key tiles).
+std::vector<std::pair<int, int>> plan_order(const PlanShape& sh, int64_t l2_budget, int G,
+                                            std::vector<int>* tiles128 = nullptr) {
   constexpr int kRowsPerUnit = 128, kCostTile = 64, kTokenBytes = 2 * 128 * 2;
   const int batch = static_cast<int>(sh.reqs.size()), hkv = sh.hkv, groups = batch * hkv;
   int64_t kv_sum = 0;
@@ -82,7 +86,7 @@ std::vector<std::pair<int, int>> plan_order(const PlanShape& sh, int64_t l2_budg
   const int num_sec = static_cast<int>((groups + fit - 1) / fit);
   const int per_sec = (groups + num_sec - 1) / num_sec;
   struct Unit {
-    int sec, cost;
+    int sec, cost, tiles;
   };
   std::vector<Unit> units;  // unit order: (row tile across the batch, KV head)
   std::vector<int> max_cost(num_sec, 0), count(num_sec, 0);
@@ -93,7 +97,9 @@ std::vector<std::pair<int, int>> plan_order(const PlanShape& sh, int64_t l2_budg
         const int c = cuda_impl::po::row_tile_cost(sh.reqs[r].first, sh.reqs[r].second, t, kRowsPerUnit, sh.group,
                                                    sh.causal, sh.window_left, kCostTile);
         const int s = (r * hkv + hk) / per_sec;
-        units.push_back({s, c});
+        const int n = cuda_impl::po::row_tile_cost(sh.reqs[r].first, sh.reqs[r].second, t, kRowsPerUnit, sh.group,
+                                                   sh.causal, sh.window_left, 128) - 1;
+        units.push_back({s, c, n});
         max_cost[s] = std::max(max_cost[s], c);
         ++count[s];
       }
@@ -113,13 +119,113 @@ std::vector<std::pair<int, int>> plan_order(const PlanShape& sh, int64_t l2_budg
   std::iota(sorted.begin(), sorted.end(), 0);
   std::stable_sort(sorted.begin(), sorted.end(), [&](int a, int b) { return key[a] < key[b]; });
   std::vector<std::pair<int, int>> dealt(U, {-1, -1});
+  if (tiles128 != nullptr) tiles128->assign(U, 0);
   const int deal = cuda_impl::po::deal_ctas(G, U, num_sec);
   for (int pos = 0; pos < U; ++pos) {
     const int d = cuda_impl::po::dealt_position(pos, deal, U);
     EXPECT_TRUE(d >= 0 && d < U && dealt[d].first < 0) << "position " << pos << " dealt to " << d;
-    if (d >= 0 && d < U) dealt[d] = {units[sorted[pos]].sec, units[sorted[pos]].cost};
+    if (d >= 0 && d < U) {
+      dealt[d] = {units[sorted[pos]].sec, units[sorted[pos]].cost};
+      if (tiles128 != nullptr) (*tiles128)[d] = units[sorted[pos]].tiles;
+    }
   }
   return dealt;
+}
+
+// The tail split as pf_plan_l2_kernel's plan_tail makes it, from the tail units' 128-key tiles
+// (list order), on G round-robin CTAs after W full waves: per tail CTA its pieces (tail unit,
+// first tile, tiles, piece index, split id or -1), and per split id its first slot and pieces.
+// gt = 0: the tail stays whole units.
+struct TailPiece {
+  int unit, lo, n, j, sid;
+};
+struct TailPlan {
+  int gt = 0;
+  std::vector<std::vector<TailPiece>> cta;
+  std::vector<std::pair<int, int>> splits;
+};
+TailPlan tail_plan(const std::vector<int>& tiles, int G, int W, bool forced) {
+  namespace po = cuda_impl::po;
+  TailPlan t;
+  const int m = static_cast<int>(tiles.size());
+  if (G < 2 || m == 0) return t;
+  std::vector<int64_t> first(m + 1, 0);
+  int max_tiles = 0;
+  bool bad = false;
+  for (int i = 0; i < m; ++i) {
+    first[i + 1] = first[i] + tiles[i];
+    max_tiles = std::max(max_tiles, tiles[i]);
+    bad |= tiles[i] <= 0 || tiles[i] >= (1 << 16);
+  }
+  const int64_t S = first[m];
+  const int gt = po::tail_ctas(G, W, m, S, max_tiles, forced);
+  if (gt == 0 || bad) return t;
+  auto unit_of = [&](int64_t x) { return static_cast<int>(std::upper_bound(first.begin(), first.end() - 1, x) - first.begin()) - 1; };
+  std::vector<int> sid(m, -1);
+  int slots = 0;
+  for (int i = 0; i < m; ++i) {
+    const int np = po::tail_owner(first[i] + tiles[i] - 1, gt, S) - po::tail_owner(first[i], gt, S) + 1;
+    if (np > 1) {
+      sid[i] = static_cast<int>(t.splits.size());
+      t.splits.push_back({slots, np});
+      slots += np;
+    }
+  }
+  t.cta.assign(gt, {});
+  size_t kmax = 0;
+  for (int g = 0; g < gt; ++g) {
+    const int64_t a = po::tail_start(g, gt, S), b = po::tail_start(g + 1, gt, S);
+    for (int i = unit_of(a); i <= unit_of(b - 1); ++i) {
+      const int lo = static_cast<int>(std::max(a, first[i]) - first[i]);
+      const int hi = static_cast<int>(std::min(b, first[i + 1]) - first[i]);
+      t.cta[g].push_back({i, lo, hi - lo, g - po::tail_owner(first[i], gt, S), sid[i]});
+    }
+    kmax = std::max(kmax, t.cta[g].size());
+  }
+  if (kmax > static_cast<size_t>(po::kTailMaxPieces) || slots > po::tail_slots(G)) return TailPlan{};
+  t.gt = gt;
+  return t;
+}
+// Checks a tail plan: every unit's tiles covered once, in its pieces' order, a cut unit's pieces
+// indexed 0..np-1 on consecutive CTAs, slots within tail_slots(G), ranges within one tile of
+// each other.
+void check_tail_plan(const TailPlan& t, const std::vector<int>& tiles, int G, const std::string& what) {
+  if (t.gt == 0) return;
+  ASSERT_LE(t.gt, G) << what;
+  const int m = static_cast<int>(tiles.size());
+  std::vector<int> next(m, 0), pieces(m, 0), last_cta(m, -1);
+  int64_t lo_sum = INT64_MAX, hi_sum = 0;
+  for (int g = 0; g < t.gt; ++g) {
+    int64_t sum = 0;
+    ASSERT_LE(t.cta[g].size(), static_cast<size_t>(cuda_impl::po::kTailMaxPieces)) << what;
+    for (const TailPiece& pc : t.cta[g]) {
+      ASSERT_TRUE(pc.unit >= 0 && pc.unit < m) << what;
+      EXPECT_EQ(pc.lo, next[pc.unit]) << what << ": unit " << pc.unit << " piece on CTA " << g;
+      EXPECT_GE(pc.n, 1) << what;
+      next[pc.unit] = pc.lo + pc.n;
+      EXPECT_EQ(pc.j, pieces[pc.unit]) << what;
+      if (last_cta[pc.unit] >= 0) {
+        EXPECT_EQ(last_cta[pc.unit], g - 1) << what;
+      }
+      last_cta[pc.unit] = g;
+      ++pieces[pc.unit];
+      sum += pc.n;
+      if (pc.sid < 0) {
+        EXPECT_EQ(pc.lo, 0) << what;
+        EXPECT_EQ(pc.n, tiles[pc.unit]) << what;
+      } else {
+        ASSERT_LT(pc.sid, static_cast<int>(t.splits.size())) << what;
+        EXPECT_LT(pc.j, t.splits[pc.sid].second) << what;
+        EXPECT_LT(t.splits[pc.sid].first + pc.j, cuda_impl::po::tail_slots(G)) << what;
+      }
+    }
+    lo_sum = std::min(lo_sum, sum);
+    hi_sum = std::max(hi_sum, sum);
+  }
+  EXPECT_LE(hi_sum - lo_sum, 1) << what << ": tail ranges of unequal size";
+  for (int i = 0; i < m; ++i) EXPECT_EQ(next[i], tiles[i]) << what << ": unit " << i << " not covered";
+  for (size_t s = 1; s < t.splits.size(); ++s)
+    EXPECT_EQ(t.splits[s].first, t.splits[s - 1].first + t.splits[s - 1].second) << what;
 }
 // Busiest round-robin CTA's sum of unit costs over the mean (CTA c takes positions c, c + G, ...).
 double busiest_over_mean(const std::vector<std::pair<int, int>>& dealt, int G) {
@@ -235,6 +341,86 @@ TEST(HopperPlanOrder, RandomBatchesArePermutationsInSectionOrder) {
       }
     }
   }
+}
+
+TEST(HopperPlanOrder, TailSplitCoversEveryTileOnceAndEvensTheLastWave) {
+  namespace po = cuda_impl::po;
+  // owner and start agree: tile x lies in its owner's range, for uneven S / Gt too
+  for (int gt : {1, 2, 3, 7, 132}) {
+    for (int64_t S : {int64_t(gt), int64_t(gt) + 1, int64_t(100), int64_t(3050), int64_t(99991)}) {
+      if (S < gt) continue;
+      for (int64_t x = 0; x < S; x += std::max<int64_t>(1, S / 500)) {
+        const int g = po::tail_owner(x, gt, S);
+        ASSERT_TRUE(g >= 0 && g < gt && po::tail_start(g, gt, S) <= x && x < po::tail_start(g + 1, gt, S))
+            << "gt " << gt << " S " << S << " x " << x;
+      }
+    }
+  }
+  // the benchmark's shapes on 132 CTAs (L2 sections of 5/8 of a 50 MB L2): non-causal
+  // 8 x 2048's tail (4 units of 16 tiles) and a long context's chunk (116 units of about 243)
+  // are cut; the chunked step's (100 units of 29-32 tiles, 8 to gain) and the causal shapes'
+  // (their cheapest units) stay whole.  Busiest CTA's work over the mean (key tiles + 1 per
+  // unit or piece, the full waves' units included): non-causal 1.008 (1.031 uncut).
+  const int G = 132;
+  const int64_t budget = (int64_t(50) << 20) * 5 / 8;
+  struct Shape {
+    const char* name;
+    int batch, q, kv;
+    bool causal, cut;
+    double bound;
+  };
+  for (const Shape& sh : {Shape{"chunked 8 x (q 512, kv 4096)", 8, 512, 4096, true, false, 1.04},
+                          Shape{"long context 1 x (q 2048, kv 32768)", 1, 2048, 32768, true, true, 1.025},
+                          Shape{"non-causal 8 x 2048", 8, 2048, 2048, false, true, 1.012},
+                          Shape{"causal 8 x 2048", 8, 2048, 2048, true, false, 1.02},
+                          Shape{"causal 1 x 8192", 1, 8192, 8192, true, false, 1.02}}) {
+    PlanShape ps;
+    ps.reqs.assign(sh.batch, {sh.q, sh.kv});
+    ps.causal = sh.causal;
+    std::vector<int> tiles;
+    plan_order(ps, budget, G, &tiles);
+    const int U = static_cast<int>(tiles.size()), W = U / G;
+    const std::vector<int> tail(tiles.begin() + int64_t(W) * G, tiles.end());
+    const TailPlan t = tail_plan(tail, G, W, false);
+    EXPECT_EQ(t.gt > 0, sh.cut) << sh.name;
+    check_tail_plan(t, tail, G, sh.name);
+    std::vector<double> load(G, 0.0);
+    double total = 0;
+    for (int w = 0; w < W * G; ++w) load[w % G] += tiles[w] + 1;
+    if (t.gt > 0) {
+      for (int g = 0; g < t.gt; ++g)
+        for (const TailPiece& pc : t.cta[g]) load[g] += pc.n + 1;
+    } else {
+      for (int w = W * G; w < U; ++w) load[w % G] += tiles[w] + 1;
+    }
+    for (double x : load) total += x;
+    const double r = *std::max_element(load.begin(), load.end()) / (total / G);
+    EXPECT_LE(r, sh.bound) << sh.name;
+    ::testing::Test::RecordProperty(std::string("tail ") + sh.name, std::to_string(r));
+    std::vector<std::pair<int, int>> whole;  // the same list uncut, costs in 128-key tiles
+    for (int x : tiles) whole.push_back({0, x + 1});
+    ::testing::Test::RecordProperty(std::string("tail whole ") + sh.name, std::to_string(busiest_over_mean(whole, G)));
+  }
+  // random tails (fewer units than CTAs), forced and automatic, on grids of 2-140 CTAs; forced,
+  // nearly all are cut (not where a range would hold more than kTailMaxPieces pieces)
+  std::mt19937 rng(41);
+  int forced_trials = 0, forced_cut = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int G = 2 + static_cast<int>(rng() % 139);
+    const int spread = rng() % 3 == 0 ? 3 : (rng() % 2 ? 40 : 300);
+    std::vector<int> tail(1 + rng() % (G - 1));
+    for (int& x : tail) x = 1 + static_cast<int>(rng() % spread);
+    const bool forced = rng() % 2 == 0;
+    const int W = static_cast<int>(rng() % 20);
+    const TailPlan t = tail_plan(tail, G, W, forced);
+    check_tail_plan(t, tail, G, "trial " + std::to_string(trial) + (forced ? " forced" : ""));
+    const bool two_tiles = tail.size() > 1 || tail[0] > 1;
+    if (forced && two_tiles) {
+      ++forced_trials;
+      forced_cut += t.gt > 0;
+    }
+  }
+  EXPECT_GE(forced_cut, forced_trials * 9 / 10) << forced_cut << " of " << forced_trials;
 }
 
 TEST_F(CudaPrefill, CausalAndNonCausalGqaChunked) {
@@ -620,6 +806,16 @@ class HopperCtas {
   HopperCtas& operator=(const HopperCtas&) = delete;
 };
 
+// Sets how the wgmma plan cuts its list's tail for one test (0 where it pays, 1 never, 2 always;
+// afterwards 0).
+class TailSplit {
+ public:
+  explicit TailSplit(int mode) { cuda_impl::set_prefill_tail_split(mode); }
+  ~TailSplit() { cuda_impl::set_prefill_tail_split(0); }
+  TailSplit(const TailSplit&) = delete;
+  TailSplit& operator=(const TailSplit&) = delete;
+};
+
 const char* sched_label(int sched) {
   return sched == 0 ? "serial" : sched == 1 ? "overlap" : sched == 2 ? "pingpong" : "turns";
 }
@@ -822,6 +1018,23 @@ TEST_F(CudaPrefill, HopperWgmmaSerial) { run_hopper_matrix(0, 11000); }
 TEST_F(CudaPrefill, HopperWgmmaOverlap) { run_hopper_matrix(1, 11000); }
 TEST_F(CudaPrefill, HopperWgmmaPingpong) { run_hopper_matrix(2, 11000); }
 TEST_F(CudaPrefill, HopperWgmmaTurns) { run_hopper_matrix(3, 11000); }
+// The whole matrix with the plan's tail always cut (16-bit pages): the calls are short, so every
+// unit lies in the tail and is cut into pieces of one or a few key tiles over the grid's CTAs,
+// whose partial results the last piece merges (sinks, LSE, windows, soft cap, kept plans: each
+// launch puts the counters back); then with 3 CTAs, so full waves come before the tail.
+TEST_F(CudaPrefill, HopperWgmmaTailSplitPingpong) {
+  const TailSplit forced(2);
+  run_hopper_matrix(2, 11300);
+}
+TEST_F(CudaPrefill, HopperWgmmaTailSplitSerial) {
+  const TailSplit forced(2);
+  run_hopper_matrix(0, 11400);
+}
+TEST_F(CudaPrefill, HopperWgmmaTailSplitThreeCtas) {
+  const TailSplit forced(2);
+  const HopperCtas three(3);
+  run_hopper_matrix(2, 11600);
+}
 
 // The calls the wgmma kernel leaves to the mma.sync kernel, with the reason (head_dim 64, f32
 // output), an f16 call it takes, and the kernel turned off.
@@ -921,6 +1134,20 @@ TEST_F(CudaPrefill, HopperWgmmaSmall) {
       c.name = tag + "2 CTAs, 9 units each, " + (kv == DType::bf16 ? "bf16" : "fp8 e4m3") + ", kept plan, 2 repeats";
       run_checked(c, seed++);
     }
+    // the tail always cut: 21 units on 2 CTAs (10 full waves, the last unit's 3 tiles shared),
+    // and on the whole grid (every unit in pieces), sinks and LSE base e, a kept plan
+    const TailSplit cut(2);
+    c.kv_dt = DType::bf16;
+    c.k_scale = 1.0;
+    c.q_lens = {130, 40, 17, 1, 60, 200, 96};
+    c.kv_lens = {400, 300, 290, 333, 560, 700, 900};
+    c.sinks = true;
+    c.base = LseBase::E;
+    c.name = tag + "tail cut, 2 CTAs, kept plan, 2 repeats";
+    run_checked(c, seed++);
+    const HopperCtas all(0);
+    c.name = tag + "tail cut, every unit in pieces, kept plan, 2 repeats";
+    run_checked(c, seed++);
   }
 }
 

@@ -126,10 +126,13 @@ std::vector<int64_t> plan_key(const k::AttnParams& p, int device, const k::AttnP
     add_idx(key, *x);
   // the prefill kernels' plan (shape == nullptr): its row tile is fixed per head_dim
   // (prefill_kernel.cu PfCfgOf); the wgmma kernel's plan lists its units in an order of its own,
-  // so the setting that may route a call to it, and its L2 section budget, are part of the key
+  // so the setting that may route a call to it, its L2 section budget, grid cap and tail split
+  // are part of the key
   if (shape == nullptr) {
     key.push_back(static_cast<int64_t>(k::kernel_routing().prefill_hopper));
     key.push_back(k::kernel_routing().prefill_l2_budget);
+    key.push_back(k::kernel_routing().prefill_hopper_ctas);  // the grid its list is dealt to
+    key.push_back(k::kernel_routing().prefill_tail_split);
   } else {
     const k::KernelRouting& r = k::kernel_routing();
     key.insert(key.end(), {shape->config, shape->max_splits, shape->max_items, shape->grid, shape->target_ctas,
@@ -341,15 +344,18 @@ void paged_attention(const PagedAttentionArgs& a) {
     case AttentionPath::prefill_wgmma:
     case AttentionPath::prefill_mma: {  // one plan for both kernels (prefill_kernel.cu)
       std::lock_guard<std::mutex> launch_lock(launch_mutex(dev));
-      const int64_t bytes = k::prefill_workspace_bytes(p);
+      const int64_t bytes = k::prefill_workspace_bytes(p, q.num_sms);
+      const int64_t scratch = k::prefill_scratch_bytes(p, q.num_sms);
       if (a.plan == nullptr) {
-        check_launch(k::launch_prefill_attention(p, q.num_sms, workspace_for(dev, bytes), true), op);
+        char* ws = static_cast<char*>(workspace_for(dev, bytes + scratch));
+        check_launch(k::launch_prefill_attention(p, q.num_sms, ws, scratch > 0 ? ws + bytes : nullptr, true), op);
         return;
       }
       PagedAttentionPlan::State& st = a.plan->state();
       bool run_plan = true;
       void* ws = plan_region(st, plan_key(p, dev, nullptr), bytes, dev, &run_plan);
-      check_launch(k::launch_prefill_attention(p, q.num_sms, ws, run_plan), op);
+      void* scratch_ws = scratch > 0 ? workspace_for(dev, scratch) : nullptr;
+      check_launch(k::launch_prefill_attention(p, q.num_sms, ws, scratch_ws, run_plan), op);
       plan_done(st, run_plan);
       return;
     }

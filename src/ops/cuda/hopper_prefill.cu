@@ -69,6 +69,12 @@
 // groups, so the CTAs running at once share their K/V in L2, and within a section by cost, in
 // waves of one unit per CTA dealt alternately forwards and backwards for round-robin, so the
 // CTAs' sums of unit costs come out even (prefill_plan_order.h, hopper_prefill_round_robin_ctas).
+// Round-robin, the list's tail (the units past its last full wave) may be cut stream-K style
+// (prefill_plan_order.h tail_ctas): each CTA's list ends with pieces (a key-tile range of a unit)
+// and holes (request -1: the producer and consumers stop there alike); a piece's consumers
+// write its partial result to the plan's scratch and the piece that finishes last merges them
+// (hp_piece_done), so a few long units no longer leave most CTAs idle while the rest finish
+// (a long context's chunk, 1 x (q 2048, kv 32768): 3 % on an H200).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -136,7 +142,10 @@ struct HpLayout {
   static constexpr int kTabRow = (kRowOffsets ? 8 : 0) + 4 + 4 + 4;  // bytes per row of one Q tile
   static constexpr int kTabBytes = kQTiles * kRows * kTabRow;
   static constexpr int kOffUnits = kOffTab + kTabBytes;  // the unit slots' unit indices (int32)
-  static constexpr int kSmem = kOffUnits + 4 * kSlots + 1024;  // + alignment of the base to 1024
+  // round-robin: per consumer warpgroup, the count a piece of a cut unit read at its end
+  // (hp_piece_done); per Q tile, its entry's split (-1: a whole unit), written with the tile's rows
+  static constexpr int kFlags = kDrawn ? 0 : 4;
+  static constexpr int kSmem = kOffUnits + 4 * (kSlots + kFlags) + 1024;  // + alignment of the base to 1024
   static_assert(kSmem <= 232448, "shared memory per CTA (227 KB)");
 };
 
@@ -186,17 +195,22 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 }
 // The unit's key range: [lo, hi) (causal: up to the last row's position; sliding window: from
 // the first row's window start), in n_tiles tiles from tile t0 (keys t0 * 128 ...).
+// A piece of a unit cut in the plan's tail (entry .w >= 0: piece index << 16 | split id) covers
+// n_tiles tiles of the unit's range from t0.  r = -1: a hole, the CTA's list ends.
 struct HpUnit {
   int r, tile, hk, q_start, q_len, kv_len, rows, row0, ctx, hi, t0, n_tiles;
   int64_t pbase;
 };
 __device__ __forceinline__ HpUnit hp_unit(const AttnParams& p, const HopperPlanTables& plan, int w) {
   HpUnit u;
-  const int2 it = static_cast<const int2*>(plan.units)[w];
+  const int4 it = static_cast<const int4*>(plan.units)[w];
   u.r = it.x;
+  // a hole reads request 0's row (its fields go unused): with an early return instead, the
+  // consumers' registers spilled (ptxas -v)
+  const int rq_i = max(it.x, 0);
   u.tile = it.y / p.hkv;
   u.hk = it.y - u.tile * p.hkv;
-  const int4 rq = static_cast<const int4*>(plan.req)[it.x];
+  const int4 rq = static_cast<const int4*>(plan.req)[rq_i];
   u.q_start = rq.x;
   u.q_len = rq.y;
   u.kv_len = rq.z;
@@ -210,7 +224,11 @@ __device__ __forceinline__ HpUnit hp_unit(const AttnParams& p, const HopperPlanT
   if (p.window_left >= 0) lo = static_cast<int>(max(int64_t(0), int64_t(u.ctx + u.row0 / p.group) - p.window_left));
   u.t0 = lo / kKeys;
   u.n_tiles = u.hi > lo ? (u.hi - u.t0 * kKeys + kKeys - 1) / kKeys : 0;
-  u.pbase = plan.page_base[it.x];
+  if (it.w >= 0) {
+    u.t0 += it.z >> 16;
+    u.n_tiles = it.z & 0xffff;
+  }
+  u.pbase = plan.page_base[rq_i];
   return u;
 }
 // The page id of this lane's page of the key tile at kt0 (lanes < pages per tile; -1 past the
@@ -321,6 +339,12 @@ struct HpSmem {
   __device__ __forceinline__ uint32_t unit_full(int i) const { return bar(kUnitBar0 + i); }
   __device__ __forceinline__ uint32_t unit_empty(int i) const { return bar(kUnitBar0 + kUnitSlots + i); }
   __device__ __forceinline__ int* unit_slot(int i) const { return reinterpret_cast<int*>(sbase + L::kOffUnits) + i; }
+  __device__ __forceinline__ int* piece_count(int c) const {
+    return reinterpret_cast<int*>(sbase + L::kOffUnits) + L::kSlots + c;
+  }
+  __device__ __forceinline__ int* q_split(int b) const {
+    return reinterpret_cast<int*>(sbase + L::kOffUnits) + L::kSlots + 2 + b;
+  }
   // Q tile b's row tables: output offsets (kRowOffsets), then positions, tokens, heads
   __device__ __forceinline__ int64_t* tab_ooff(int b) const {
     return reinterpret_cast<int64_t*>(sbase + L::kOffTab) + b * kRows;
@@ -383,6 +407,107 @@ __device__ __forceinline__ int hp_take_unit(const HpSmem<kKV>& sm, int n) {
   const int w = *sm.unit_slot(slot);
   mbar_arrive(sm.unit_empty(slot));
   return __shfl_sync(0xffffffffu, w, 0);
+}
+
+// ---- pieces of units cut in the plan's tail (16-bit pages) ----
+// Consumer warpgroup c's end of a piece (split = piece index << 16 | split id): its 64 rows'
+// partial result go to the piece's slot (O / l in f32, log2 LSE m + log2 l per row), then the
+// warpgroup counts the piece done on the unit's counter.  The piece that counts last merges:
+// every piece's result, its own too, read back in piece order (so the sum does not depend on
+// which finished last), becomes o, m, l as one whole range would have left them (up to
+// rounding), and it returns true (the unit's epilogue then writes O and the LSE, sinks
+// included, as for a whole unit); the others return false.  It puts the counter back to 0 for
+// the next launch on the plan.  l: the rows' sums over the quad, in every lane of it.
+template <int kKV>
+__device__ __forceinline__ bool hp_piece_done(const HopperPlanTables& plan, const HpSmem<kKV>& sm, int split, int c,
+                                              int tw, int rl, int t4, float (&o)[2][32], float (&m)[2], float (&l)[2]) {
+  const int sid = split & 0xffff, j = split >> 16;
+  const int2 sp = static_cast<const int2*>(plan.splits)[sid];  // first slot, pieces
+  constexpr int kLse = kRows * kD;                             // a slot's LSE column after its O
+  float* slot = plan.partial + int64_t(sp.x + j) * kHopperPartialFloats;
+  float inv[2], lse[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    lse[h] = (l[h] > 0.f && m[h] != -INFINITY) ? m[h] + log2f(l[h]) : -INFINITY;
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+      const int col = hh * 64 + 8 * jj + 2 * t4;
+      __stcg(reinterpret_cast<float2*>(slot + rl * kD + col), make_float2(o[hh][4 * jj] * inv[0], o[hh][4 * jj + 1] * inv[0]));
+      __stcg(reinterpret_cast<float2*>(slot + (rl + 8) * kD + col),
+             make_float2(o[hh][4 * jj + 2] * inv[1], o[hh][4 * jj + 3] * inv[1]));
+    }
+  if (t4 == 0) {
+    __stcg(slot + kLse + rl, lse[0]);
+    __stcg(slot + kLse + rl + 8, lse[1]);
+  }
+  // thread 0 publishes the warpgroup's stores (ordered before its release by the barrier) with
+  // its count, and the last piece's thread 0 acquires the others' before the barrier releases
+  // the warpgroup to read them (one fence per warpgroup, not per thread)
+  named_sync(1 + c, 128);
+  int* count = sm.piece_count(c);
+  if (tw == 0) {
+    __threadfence();
+    const int done = atomicAdd(&plan.split_count[2 * sid + c], 1);
+    if (done == sp.y - 1) {
+      plan.split_count[2 * sid + c] = 0;  // for the next launch on the plan
+      __threadfence();
+    }
+    *count = done;
+  }
+  named_sync(1 + c, 128);
+  // shuffled from lane 0, so the compiler sees the branch warp-uniform: with the shared value
+  // read per thread, the unit loop's stage and phase arithmetic left the uniform datapath (5 %
+  // more instructions issued on every call, cut units or not)
+  if (__shfl_sync(0xffffffffu, *count, 0) != sp.y - 1) return false;
+  // the merge, in piece order with a running maximum: each piece's LSE and O loads go out
+  // together, one round trip per piece
+  const float* first = plan.partial + int64_t(sp.x) * kHopperPartialFloats;
+  float mx[2] = {-INFINITY, -INFINITY};
+  l[0] = l[1] = 0.f;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[hh][i] = 0.f;
+  for (int k = 0; k < sp.y; ++k) {
+    const float* sk = first + k * kHopperPartialFloats;
+    float lk[2];
+    float2 a[2][8], b[2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) lk[h] = __ldcg(sk + kLse + rl + 8 * h);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int col = hh * 64 + 8 * jj + 2 * t4;
+        a[hh][jj] = __ldcg(reinterpret_cast<const float2*>(sk + rl * kD + col));
+        b[hh][jj] = __ldcg(reinterpret_cast<const float2*>(sk + (rl + 8) * kD + col));
+      }
+    float keep[2], wt[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mn = fmaxf(mx[h], lk[h]);
+      keep[h] = mx[h] == -INFINITY ? 0.f : exp2f(mx[h] - mn);
+      wt[h] = lk[h] == -INFINITY ? 0.f : exp2f(lk[h] - mn);
+      l[h] = fmaf(l[h], keep[h], wt[h]);
+      mx[h] = mn;
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        o[hh][4 * jj] = fmaf(o[hh][4 * jj], keep[0], wt[0] * a[hh][jj].x);
+        o[hh][4 * jj + 1] = fmaf(o[hh][4 * jj + 1], keep[0], wt[0] * a[hh][jj].y);
+        o[hh][4 * jj + 2] = fmaf(o[hh][4 * jj + 2], keep[1], wt[1] * b[hh][jj].x);
+        o[hh][4 * jj + 3] = fmaf(o[hh][4 * jj + 3], keep[1], wt[1] * b[hh][jj].y);
+      }
+  }
+  m[0] = mx[0];
+  m[1] = mx[1];
+  return true;
 }
 
 // ---- the producer warpgroup's roles (each runs until the CTA's last unit) ----
@@ -461,7 +586,7 @@ __device__ __forceinline__ void hp_fp8_producer(const AttnParams& p, const Hoppe
     }
   }
 }
-// 16-bit pages, warps 1-3: each unit's Q rows and row tables into Q tile n % 2.
+// 16-bit pages, warps 1-3: each unit's Q rows, row tables and entry split into Q tile n % 2.
 template <int kKV>
 __device__ __forceinline__ void hp_q_producer(const AttnParams& p, const HopperPlanTables& plan, const HpSmem<kKV>& sm,
                                               int total, int tid) {
@@ -470,11 +595,13 @@ __device__ __forceinline__ void hp_q_producer(const AttnParams& p, const HopperP
   const uint16_t* qsrc = static_cast<const uint16_t*>(p.q) + ch * 8;
   int n = 0;
   for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
+    const HpUnit u = hp_unit(p, plan, w);
+    if (u.r < 0) break;  // a hole: the CTA's list ends
     const int b = n & 1;
     mbar_wait(sm.q_empty(b), ((n >> 1) & 1) ^ 1);
-    const HpUnit u = hp_unit(p, plan, w);
 #pragma unroll 1
     for (int lr = pt; lr < kRows; lr += 96) hp_put_row(p, sm, u, b, lr);
+    if (pt == 0) *sm.q_split(b) = static_cast<const int4*>(plan.units)[w].w;
 #pragma unroll 1
     for (int lr = pt >> 4; lr < kRows; lr += 6) {
       const int64_t off = hp_q_off(p, u, lr);
@@ -494,6 +621,7 @@ __device__ __forceinline__ void hp_kv_producer(const AttnParams& p, const Hopper
   uint32_t aux_par = 0;  // per stage: parity of aux's next phase
   for (int w = blockIdx.x; w < total; w += gridDim.x) {
     const HpUnit u = hp_unit(p, plan, w);
+    if (u.r < 0) break;  // a hole: the CTA's list ends
     for (int t = 0; t < u.n_tiles; ++t, ++it) {
       const int s = it % kStages;
       const uint32_t ph = (it / kStages) & 1;
@@ -580,7 +708,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  const int total = plan.num_items[0] * p.hkv;
+  const int total = plan.num_items[1];  // the list's entries
   const int P = p.page_size, ppt = kKeys / P;
 
   if (warp < 4) {  // ---- producer warpgroup ----
@@ -617,6 +745,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int w = L::kDrawn ? hp_take_unit(sm, n) : w_rr;
     if (w >= total) break;
     const HpUnit u = hp_unit(p, plan, w);
+    if (u.r < 0) break;  // a hole: the CTA's list ends
     const int qb = L::kQTiles == 2 ? (n & 1) : 0;
     if constexpr (L::kQTiles == 2) {
       mbar_wait(sm.q_full(qb), (n >> 1) & 1);  // gathered by producer warps 1-3
@@ -866,13 +995,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (; t < u.n_tiles; ++t, ++it) skip_tile(it % kStages, (it / kStages) & 1);
 
-    // ---- epilogue: sinks, LSE, O ----
+    // ---- epilogue: (a piece of a cut unit: its partial result; the last to finish merges) sinks, LSE, O ----
+    float l_sum[2];  // the rows' sums, over the quad's columns
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float x = l_r[h];
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      l_sum[h] = x;
+    }
+    if constexpr (!L::kDrawn) {
+      // the entry's split, from the Q tile's tables (a register kept through the unit cost about
+      // 1 %, and a global load here its latency at every unit's end)
+      const int split = __shfl_sync(0xffffffffu, *sm.q_split(qb), 0);
+      if (split >= 0 && !hp_piece_done(plan, sm, split, c, tw, rl, t4, o, m_r, l_sum)) {
+        if constexpr (L::kQTiles == 2) mbar_arrive(sm.q_empty(qb));  // done with the Q tile and its tables
+        continue;  // another piece of the unit finishes it
+      }
+    }
     float sc[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float L = l_r[h];
-      L += __shfl_xor_sync(0xffffffffu, L, 1);
-      L += __shfl_xor_sync(0xffffffffu, L, 2);
+      const float L = l_sum[h];
       const int lr = rl + 8 * h;
       const int tok = s_tok[lr], head = s_head[lr];
       const float M = m_r[h];

@@ -12,17 +12,28 @@ namespace kvattn::ops::cuda_impl::k {
 
 // The plan's device tables, as prefill_kernel.cu's pf_plan_l2_kernel lays them out: req =
 // [batch] of {q_start, q_len, kv_len, tile_start} (int32 x 4), page_base = [batch] int64, units =
-// [num_items * hkv] of {request, row tile * hkv + KV head} (int32 x 2) in the order the CTAs
-// take them (L2 sections, costs balanced over the CTAs: prefill_plan_order.h), num_items = [1],
-// counter = [1] the units drawn so far by the fp8 pages' kernels (0 between launches: set by the
-// plan kernel, put back by each launch's last draw).
+// the list of entries the CTAs take (L2 sections, costs balanced over the CTAs:
+// prefill_plan_order.h), each {request, row tile * hkv + KV head, piece, split} (int32 x 4):
+// split -1 for a whole unit, else piece index << 16 | split id, for a piece of a unit cut in the
+// list's tail (piece = first key tile in the unit << 16 | key tiles); request -1 is a hole (the
+// CTA's list ends there).  num_items = [2]: the items (row tiles), the entries; counter = [1]
+// the units drawn so far by the fp8 pages' kernels (0 between launches: set by the plan kernel,
+// put back by each launch's last draw).  splits = per split id {first partial slot, pieces};
+// split_count = per split id and consumer warpgroup, the pieces finished (0 between launches:
+// put back by the piece that merges); partial = the pieces' results, kHopperPartialFloats per
+// slot (f32 O normalised, 128 rows x 128 dims, then each row's log2 LSE), written and read within
+// a launch.  splits and partial are null where the plan cuts no unit.
 struct HopperPlanTables {
   const void* req = nullptr;
   const int64_t* page_base = nullptr;
   const void* units = nullptr;
   const int32_t* num_items = nullptr;
   int32_t* counter = nullptr;
+  const void* splits = nullptr;
+  int32_t* split_count = nullptr;
+  float* partial = nullptr;
 };
+constexpr int64_t kHopperPartialFloats = 128 * 128 + 128;
 
 // Which kernel serves a prefill call, and why (a static string).
 enum class PrefillPath : int { mma_sync = 0, wgmma = 1 };

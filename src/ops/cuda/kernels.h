@@ -181,9 +181,13 @@ int64_t rem_split_plans();
 // force: every supported call).
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements
 bool prefill_eligible(const AttnParams& p, int num_sms);  // supported and chosen (mode, size)
-int64_t prefill_workspace_bytes(const AttnParams& p);  // all of it plan tables (no split partials)
+// The plan tables (kept with a plan) and the scratch a launch writes and reads (the wgmma
+// kernel's partial results of units cut in its list's tail; 0 bytes where it cuts none).
+int64_t prefill_workspace_bytes(const AttnParams& p, int num_sms);
+int64_t prefill_scratch_bytes(const AttnParams& p, int num_sms);
 // run_plan false: `workspace` already holds the plan of a call with the same plan inputs (see
-// launch_paged_attention); the plan kernel is skipped.
-int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, bool run_plan);
+// launch_paged_attention); the plan kernel is skipped.  scratch: prefill_scratch_bytes() of
+// device memory, or null (the plan then cuts no unit).
+int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, void* scratch, bool run_plan);
 
 }  // namespace kvattn::ops::cuda_impl::k

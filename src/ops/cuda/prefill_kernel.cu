@@ -89,8 +89,11 @@ struct PfPlan {
   int2* items;          // [max_items] (request, row tile), heaviest first
   int32_t* num_items;   // [1]
   int32_t* counter;     // [1] work counter: 0 at every launch (set by the plan kernel, put back by the last draw)
-  // the wgmma kernel's plan (pf_plan_l2_kernel) instead of items: its units and two scratch tables
-  int2* units;          // [num_items * hkv] (request, row tile * hkv + KV head), in L2 sections
+  // the wgmma kernel's plan (pf_plan_l2_kernel) instead of items: its entries, the tail's cut
+  // units and two scratch tables
+  int4* units;          // [num_items * hkv + kTailMaxPieces * grid] entries (HopperPlanTables)
+  int2* splits;         // [grid] per cut unit: its first partial-result slot, its pieces
+  int32_t* split_count; // [2 * grid] per cut unit and consumer warpgroup: pieces finished (0 between launches)
   int32_t* sections;    // [batch * hkv] scratch: per section, its first sort key
   int32_t* keys;        // [num_items * hkv] scratch: per sort key, its first unit (before that: per section, its units)
 };
@@ -221,6 +224,99 @@ __device__ int block_scan_array(int32_t* a, int n, int* s_warp) {
   return carry;
 }
 
+// The tail of the wgmma plan's round-robin list (po::tail_ctas): after the W = U / G full waves
+// of G CTAs, the m = U - W G last units' key tiles (128 keys, the units one after another) are
+// shared out as contiguous ranges, CTA g's range as its entries W G + k G + g (k = 0, 1, ...: one
+// piece per unit the range touches, the piece's tiles in the entry), followed by holes (request
+// -1: the CTA's list ends) up to the busiest CTA's piece count.  A unit cut into pieces gets a
+// split id (entry .w: piece index << 16 | split id), its pieces consecutive partial-result slots
+// (plan.splits) and a counter per consumer warpgroup (plan.split_count, zeroed here, put back to
+// zero by the piece that merges).  tail_mode: 0 automatic, 1 off, 2 forced (KernelRouting::
+// prefill_tail_split).  Returns the list's entry count (U where the tail stays whole units).
+// Block-uniform: every thread returns the same count.
+__device__ int plan_tail(const AttnParams& p, const PfPlan& plan, int U, int G, int tail_mode, int cta_rows, int* s_warp) {
+  __shared__ int4 s_unit[kPlanThreads];      // tail unit i's entry
+  __shared__ int s_first[kPlanThreads + 1];  // its first tile in the tail; [m]: the tail's tiles
+  __shared__ int s_sid[kPlanThreads];        // its split id (-1: one piece)
+  __shared__ int s_max, s_bad, s_kmax;
+  const int tid = threadIdx.x;
+  if (tail_mode == 1 || G < 2 || G > kPlanThreads || plan.splits == nullptr) return U;
+  const int W = U / G, m = U - W * G;
+  if (m == 0) return U;
+  if (tid == 0) s_max = s_bad = s_kmax = 0;
+  int n = 0;
+  if (tid < m) {
+    const int4 e = plan.units[W * G + tid];
+    const PfReq q = plan.req[e.x];
+    n = po::row_tile_cost(q.q_len, q.kv_len, e.y / p.hkv, cta_rows, p.group, p.causal, p.window_left, 128) - 1;
+    s_unit[tid] = e;
+  }
+  int S = 0;
+  const int first = block_excl_scan(n, s_warp, &S);  // (its barriers publish s_max / s_bad's zeros)
+  if (tid < m) {
+    s_first[tid] = first;
+    atomicMax(&s_max, n);
+    if (n <= 0 || n >= (1 << 16)) atomicOr(&s_bad, 1);  // an entry holds 16-bit tile counts; no empty units
+  }
+  if (tid == 0) s_first[m] = S;
+  __syncthreads();
+  const int Gt = po::tail_ctas(G, W, m, S, s_max, tail_mode == 2);
+  if (Gt == 0 || s_bad != 0) return U;
+  auto unit_of = [&](int64_t x) {  // the tail unit holding tile x: the largest i with s_first[i] <= x
+    int lo = 0, hi = m - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s_first[mid] <= x) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  };
+  // this thread as tail CTA g = tid: its range [a, b), first unit, pieces
+  int64_t a = 0, b = 0;
+  int u0 = 0, kg = 0;
+  if (tid < Gt) {
+    a = po::tail_start(tid, Gt, S);
+    b = po::tail_start(tid + 1, Gt, S);
+    u0 = unit_of(a);
+    kg = unit_of(b - 1) - u0 + 1;
+    atomicMax(&s_kmax, kg);
+  }
+  // this thread as tail unit i = tid: its pieces (the CTAs its tiles span), split id, first slot
+  int np = 0;
+  if (tid < m) np = po::tail_owner(first + n - 1, Gt, S) - po::tail_owner(first, Gt, S) + 1;
+  const bool cut = np > 1;
+  int num_cut = 0, num_slots = 0;
+  const int sid = block_excl_scan(cut ? 1 : 0, s_warp, &num_cut);
+  const int slot0 = block_excl_scan(cut ? np : 0, s_warp, &num_slots);  // (publishes s_kmax)
+  const int kmax = s_kmax;
+  if (kmax > po::kTailMaxPieces || num_slots > po::tail_slots(G)) return U;
+  if (tid < m) {
+    s_sid[tid] = cut ? sid : -1;
+    if (cut) {
+      plan.splits[sid] = make_int2(slot0, np);
+      plan.split_count[2 * sid] = 0;
+      plan.split_count[2 * sid + 1] = 0;
+    }
+  }
+  __syncthreads();
+  if (tid < G) {
+    for (int k = 0; k < kmax; ++k) {
+      int4 e = make_int4(-1, 0, 0, -1);
+      if (k < kg) {
+        const int i = u0 + k;
+        const int f = s_first[i], fe = s_first[i + 1];
+        const int lo = static_cast<int>(max(a, int64_t(f))) - f, hi = static_cast<int>(min(b, int64_t(fe))) - f;
+        const int j = tid - po::tail_owner(f, Gt, S);  // the piece's index in its unit
+        e = s_unit[i];
+        e.z = (lo << 16) | (hi - lo);
+        e.w = s_sid[i] >= 0 ? (j << 16) | s_sid[i] : -1;
+      }
+      plan.units[W * G + k * G + tid] = e;
+    }
+  }
+  return W * G + kmax * G;
+}
+
 // The wgmma kernel's plan: the request table, and its (item, KV head) units in the order its
 // CTAs take them (with 16-bit pages round-robin, unit w to CTA w % rr_ctas; with fp8 pages drawn
 // from plan.counter in list order: rr_ctas = 0).  Two aims: the CTAs running at once read K/V
@@ -242,7 +338,8 @@ __device__ int block_scan_array(int32_t* a, int n, int* s_warp) {
 // key range is its largest cost, at most its number of units: costs past it share the end key);
 // keys are counted, scanned and the units placed by atomics (units of one key land in any order).
 __global__ void __launch_bounds__(kPlanThreads) pf_plan_l2_kernel(AttnParams p, PfPlan plan, int64_t max_items, int cta_rows,
-                                                                 int64_t l2_budget, int kv_token_bytes, int rr_ctas) {
+                                                                 int64_t l2_budget, int kv_token_bytes, int rr_ctas,
+                                                                 int tail_mode) {
   __shared__ int s_warp[33];
   __shared__ unsigned long long s_kv_sum;
   __shared__ int s_per_sec, s_num_sec;
@@ -308,10 +405,13 @@ __global__ void __launch_bounds__(kPlanThreads) pf_plan_l2_kernel(AttnParams p, 
     const int pos = po::dealt_position(atomicAdd(&plan.keys[key_of(u)], 1), deal, U);
     const int i = u / hkv;
     const int r = find_req(plan, p.batch, i);
-    plan.units[pos] = make_int2(r, (i - plan.req[r].tile_start) * hkv + (u % hkv));
+    plan.units[pos] = make_int4(r, (i - plan.req[r].tile_start) * hkv + (u % hkv), 0, -1);
   }
+  __syncthreads();
+  const int entries = plan_tail(p, plan, U, rr_ctas, tail_mode, cta_rows, s_warp);
   if (tid == 0) {
     plan.num_items[0] = T;
+    plan.num_items[1] = entries;
     plan.counter[0] = 0;
   }
 }
@@ -951,9 +1051,10 @@ template <int D>
 using PfCfgOf = PfCfg<D, D == 128 ? 2 : 1, D == 128 ? 4 : 8>;
 
 struct PfWs {
-  int64_t req, page_base, items, num_items, counter, units, sections, keys, total;
+  int64_t req, page_base, items, num_items, counter, units, splits, split_count, sections, keys, total;
 };
-PfWs pf_ws(const AttnParams& p) {
+// num_sms bounds the wgmma kernel's grid (its tail pieces and cut units).
+PfWs pf_ws(const AttnParams& p, int num_sms) {
   auto al = [](int64_t x) { return (x + 255) / 256 * 256; };
   // 64 rows: no CTA tile is smaller (PfCfgOf: 128 rows each), so this bounds every launch's items
   const int64_t max_items = (p.num_tokens * p.group + 63) / 64 + p.batch;
@@ -964,7 +1065,10 @@ PfWs pf_ws(const AttnParams& p) {
   w.items = off; off += al(max_items * int64_t(sizeof(int2)) + 16);
   w.num_items = off; off += 256;
   w.counter = off; off += 256;
-  w.units = off; off += al(max_items * p.hkv * int64_t(sizeof(int2)) + 16);
+  const int64_t grid = std::max(num_sms, 1);
+  w.units = off; off += al((max_items * p.hkv + po::kTailMaxPieces * grid) * int64_t(sizeof(int4)) + 16);
+  w.splits = off; off += al(grid * int64_t(sizeof(int2)) + 16);
+  w.split_count = off; off += al(2 * grid * 4 + 16);
   w.sections = off; off += al(int64_t(p.batch) * p.hkv * 4 + 16);
   w.keys = off; off += al(max_items * p.hkv * 4 + 16);
   w.total = off;
@@ -1045,11 +1149,17 @@ bool prefill_eligible(const AttnParams& p, int num_sms) {
   return rows_avg >= kRowsPerCta && units >= num_sms;
 }
 
-int64_t prefill_workspace_bytes(const AttnParams& p) { return pf_ws(p).total; }
+int64_t prefill_workspace_bytes(const AttnParams& p, int num_sms) { return pf_ws(p, num_sms).total; }
 
-int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, bool run_plan) {
+int64_t prefill_scratch_bytes(const AttnParams& p, int num_sms) {
+  // the wgmma kernel's partial results of cut tail units (16-bit pages: its round-robin CTAs)
+  if (p.head_dim != 128 || p.kv_t == Elt::e4m3 || p.kv_t == Elt::e5m2) return 0;
+  return int64_t(po::tail_slots(std::max(num_sms, 1))) * kHopperPartialFloats * 4;
+}
+
+int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, void* scratch, bool run_plan) {
   if (p.batch == 0 || p.num_tokens == 0) return 0;
-  const PfWs w = pf_ws(p);
+  const PfWs w = pf_ws(p, num_sms);
   char* base = static_cast<char*>(workspace);
   PfPlan plan;
   plan.req = reinterpret_cast<PfReq*>(base + w.req);
@@ -1057,7 +1167,10 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
   plan.items = reinterpret_cast<int2*>(base + w.items);
   plan.num_items = reinterpret_cast<int32_t*>(base + w.num_items);
   plan.counter = reinterpret_cast<int32_t*>(base + w.counter);
-  plan.units = reinterpret_cast<int2*>(base + w.units);
+  plan.units = reinterpret_cast<int4*>(base + w.units);
+  // no scratch for partial results: the tail stays whole units
+  plan.splits = scratch != nullptr ? reinterpret_cast<int2*>(base + w.splits) : nullptr;
+  plan.split_count = reinterpret_cast<int32_t*>(base + w.split_count);
   plan.sections = reinterpret_cast<int32_t*>(base + w.sections);
   plan.keys = reinterpret_cast<int32_t*>(base + w.keys);
   // head_dim 128 on sm_90a: the TMA + wgmma kernel (hopper_prefill.cu) for the calls it covers,
@@ -1074,11 +1187,20 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
       const int64_t l2_budget = l2_set > 0 ? l2_set : int64_t(device_attribute<cudaDevAttrL2CacheSize>()) * 5 / 8;
       const int kv_token_bytes = 2 * p.head_dim * elt_size(p.kv_t);  // K and V of one head
       pf_plan_l2_kernel<<<1, kPlanThreads>>>(p, plan, max_items, 128, std::max<int64_t>(l2_budget, 1), kv_token_bytes,
-                                             hopper_prefill_round_robin_ctas(p, num_sms));
+                                             hopper_prefill_round_robin_ctas(p, num_sms), kernel_routing().prefill_tail_split);
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return static_cast<int>(e);
     }
-    const int rc = launch_hopper_prefill(p, num_sms, HopperPlanTables{plan.req, plan.page_base, plan.units, plan.num_items, plan.counter});
+    HopperPlanTables tables;
+    tables.req = plan.req;
+    tables.page_base = plan.page_base;
+    tables.units = plan.units;
+    tables.num_items = plan.num_items;
+    tables.counter = plan.counter;
+    tables.splits = plan.splits;
+    tables.split_count = plan.split_count;
+    tables.partial = static_cast<float*>(scratch);
+    const int rc = launch_hopper_prefill(p, num_sms, tables);
     if (rc != -1) {
       if (rc == 0) {
         note_launch(KernelLaunch::prefill, choice.reason);

@@ -77,4 +77,48 @@ KVATTN_PO_HD int dealt_position(int pos, int G, int U) {
   return w * G + (n - 1 - j);
 }
 
+
+// ---- the tail of a round-robin plan, shared stream-K style ----------------------------------------
+// With U units dealt round-robin to G CTAs, W = U / G full waves give every CTA W units and the
+// last m = U - W G units go to m CTAs, one each: where m units of nearly equal cost make a short
+// last wave (8 x (q 512, kv 4096): 1,024 units of 29-32 key tiles on 132 CTAs, 7.76 per CTA),
+// the CTAs with a last-wave unit finish a unit later than the rest.  The tail instead goes to
+// Gt CTAs as contiguous ranges of its S key tiles (128 keys each, the units one after another
+// in list order): CTA g gets tiles [tail_start(g), tail_start(g + 1)), so a unit may be cut into
+// pieces on consecutive CTAs, whose partial results the last piece to finish merges.
+// At most this many pieces per CTA (the plan table's capacity past the full waves), and a CTA's
+// range is at least kTailMinTiles tiles where the plan chooses the split (a piece's fixed work:
+// its query, its partial result written and read back, is about a key tile's).
+constexpr int kTailMaxPieces = 8;
+constexpr int kTailMinTiles = 4;
+// Partial-result slots a tail split may use on G CTAs: a unit cut in k pieces has k - 1 range
+// boundaries inside it, and there are at most G - 1 boundaries, so the pieces of cut units
+// number at most 2 (G - 1).
+KVATTN_PO_HD int tail_slots(int G) { return 2 * (G > 0 ? G : 0); }
+
+// The CTAs the tail of m units (S key tiles, the costliest unit max_tiles of them) is shared by,
+// on G CTAs after W full waves; 0 where the tail is left as whole units.  forced: share whenever
+// there are two tiles to share, ranges of one tile or more (tests: every unit of a short call cut).
+// Otherwise the tail is cut where that shortens the busiest CTA by kTailCutCost key tiles or
+// more and by 1 % of a CTA's full-wave work (at most W max_tiles): a cut costs the CTAs about
+// half that (H100, 8 x (q 512, kv 4096): the cut tail's partial results, merges and extra
+// pieces added 2.5 % to the mean SM's active cycles, about 5 tiles, where the cut saved 8).
+constexpr int kTailCutCost = 10;
+KVATTN_PO_HD int tail_ctas(int G, int W, int m, int64_t S, int max_tiles, bool forced) {
+  if (G < 2 || m <= 0 || S < 2) return 0;
+  if (forced) return static_cast<int>(S < G ? S : G);
+  const int64_t by_size = S / kTailMinTiles;
+  const int gt = static_cast<int>(by_size < G ? by_size : G);
+  if (gt < 2) return 0;
+  const int64_t share = (S + gt - 1) / gt;  // the busiest tail range
+  const int64_t gain = max_tiles - share;   // in key tiles
+  if (gain < kTailCutCost || gain * 100 < int64_t(W) * max_tiles) return 0;
+  return gt;
+}
+// First tile of tail CTA g's range (g in [0, Gt]; tail_start(Gt) = S); ranges are non-empty
+// where Gt <= S.
+KVATTN_PO_HD int64_t tail_start(int g, int Gt, int64_t S) { return int64_t(g) * S / Gt; }
+// The tail CTA whose range holds tile x (0 <= x < S).
+KVATTN_PO_HD int tail_owner(int64_t x, int Gt, int64_t S) { return static_cast<int>(((x + 1) * Gt + S - 1) / S - 1); }
+
 }  // namespace kvattn::ops::cuda_impl::po

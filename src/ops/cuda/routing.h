@@ -52,6 +52,7 @@ struct KernelRouting {
   int page_ctas = 0;              // >0: cap the whole-page decode's grid at this many CTAs
   int64_t prefill_l2_budget = 0;  // >0: the wgmma prefill plan's L2 section size in bytes (0: 5/8 of the device's L2)
   int prefill_hopper_ctas = 0;     // >0: cap the wgmma prefill's grid at this many CTAs (many units per CTA)
+  int prefill_tail_split = 0;      // the wgmma prefill plan's tail cut into pieces: 0 where it pays, 1 never, 2 always
 };
 
 // The wgmma prefill's consumer schedule for a call: `setting` (KernelRouting::hopper_sched) when
