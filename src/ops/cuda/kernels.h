@@ -175,8 +175,9 @@ int64_t rem_split_plans();
 
 // ---- paged prefill (prefill_kernel.cu) -------------------------------------------------------
 // FA2-class kernel for calls with many query rows per request over bf16/f16 caches; the
-// launcher runs its own plan kernel (no split-KV).  dispatch.cpp asks prefill_eligible() first
-// and falls back to launch_paged_attention() for everything else.
+// launcher runs its own plan kernel (no split-KV, but for the wgmma kernel's cut tail:
+// hopper_prefill.h).  dispatch.cpp asks prefill_eligible() first and falls back to
+// launch_paged_attention() for everything else.
 // Routing: KernelRouting::prefill (automatic: supported and large calls; off: always attn_kernel;
 // force: every supported call).
 bool prefill_supported(const AttnParams& p);       // dtype / head dim / options it implements

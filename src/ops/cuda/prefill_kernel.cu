@@ -1191,15 +1191,14 @@ int launch_prefill_attention(const AttnParams& p, int num_sms, void* workspace, 
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return static_cast<int>(e);
     }
-    HopperPlanTables tables;
-    tables.req = plan.req;
-    tables.page_base = plan.page_base;
-    tables.units = plan.units;
-    tables.num_items = plan.num_items;
-    tables.counter = plan.counter;
-    tables.splits = plan.splits;
-    tables.split_count = plan.split_count;
-    tables.partial = static_cast<float*>(scratch);
+    const HopperPlanTables tables{.req = plan.req,
+                                  .page_base = plan.page_base,
+                                  .units = plan.units,
+                                  .num_items = plan.num_items,
+                                  .counter = plan.counter,
+                                  .splits = plan.splits,
+                                  .split_count = plan.split_count,
+                                  .partial = static_cast<float*>(scratch)};
     const int rc = launch_hopper_prefill(p, num_sms, tables);
     if (rc != -1) {
       if (rc == 0) {
