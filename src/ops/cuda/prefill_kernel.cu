@@ -1152,8 +1152,9 @@ bool prefill_eligible(const AttnParams& p, int num_sms) {
 int64_t prefill_workspace_bytes(const AttnParams& p, int num_sms) { return pf_ws(p, num_sms).total; }
 
 int64_t prefill_scratch_bytes(const AttnParams& p, int num_sms) {
-  // the wgmma kernel's partial results of cut tail units (16-bit pages: its round-robin CTAs)
-  if (p.head_dim != 128 || p.kv_t == Elt::e4m3 || p.kv_t == Elt::e5m2) return 0;
+  // the wgmma kernel's partial results of cut tail units: only a plan dealt round-robin to two
+  // CTAs or more cuts its tail (plan_tail)
+  if (p.head_dim != 128 || hopper_prefill_round_robin_ctas(p, num_sms) < 2) return 0;
   return int64_t(po::tail_slots(std::max(num_sms, 1))) * kHopperPartialFloats * 4;
 }
 
