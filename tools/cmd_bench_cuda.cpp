@@ -700,6 +700,14 @@ int run(const Opts& o) {
       // schedule, then the mma.sync kernel
       const double wg = cb::measure_wgmma_tflops();
       print_row(Row{"ceiling: wgmma bf16 m64n256k16, shared memory", 0, wg, "TFLOP/s", wg > 0 ? "(cuBLAS 8192^3 ~790)" : "(no sm_90a code)"});
+      if (diag && wg > 0) {
+        // the prefill kernel's own wgmma shapes, alone and as one tile's mix (tensor work only)
+        const char* mixes[] = {"S = QK^T 8 x m64n128k16 (shared memory)", "PV 16 x m64n64k16 (P in registers)",
+                               "PV 8 x m64n128k16 (P in registers)", "tile: S + PV as m64n64", "tile: S + PV as m64n128"};
+        for (int mix = 1; mix <= 5; ++mix)
+          print_row(Row{fmt::format("ceiling: wgmma bf16 {}", mixes[mix - 1]), 0, cb::measure_wgmma_mix_tflops(mix), "TFLOP/s",
+                        "(2 warpgroups per SM, no softmax)"});
+      }
       const std::string wg_ceiling = wg > 0 ? fmt::format("wgmma {:.0f} TFLOP/s", wg) : mma_ceiling;
       struct Shape {
         int64_t B, L, Lq;

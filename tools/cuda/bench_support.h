@@ -64,5 +64,9 @@ double measure_spin_launch_us(int ctas, int cluster, int smem_bytes, double spin
 // The wgmma bf16 rate (TFLOP/s) of a probe kernel that only issues m64n256k16 from shared memory
 // (bench_wgmma.cu); 0 where the tool's sm_90a code is not loaded.
 double measure_wgmma_tflops();
+// The same rate for the prefill kernel's own wgmma shapes and mix (bench_wgmma.cu
+// wgmma_mix_kernel): 1 = S (m64n128k16, shared memory), 2 = P V as 16 x m64n64k16 (P in
+// registers), 3 = P V as 8 x m64n128k16, 4 = 1 then 2, 5 = 1 then 3; 0 without sm_90a code.
+double measure_wgmma_mix_tflops(int mix);
 
 }  // namespace kvattn::tools::cuda_bench

@@ -1,10 +1,10 @@
 // src/ops/cuda/wgmma.cuh — the sm_90a warpgroup MMA helpers: async-proxy fence, wgmma fence /
 // commit / wait, the register fence that keeps accumulators live across them, the 128-byte
 // swizzle shared-memory descriptor and the wgmma.mma_async shapes the kernels issue (m64n128k16
-// and m64n256k16 from shared memory, m64n64k16 with A in registers).  Compiled only where the
-// wgmma instructions exist (sm_90a: __CUDA_ARCH_FEAT_SM90_ALL); device code in the including
-// file's anonymous namespace, force-inlined.  Users: hopper_prefill.cu, the wgmma rate ceiling of
-// `kvattn bench-cuda` (tools/cuda/).
+// and m64n256k16 from shared memory, m64n64k16 and m64n128k16 with A in registers).  Compiled
+// only where the wgmma instructions exist (sm_90a: __CUDA_ARCH_FEAT_SM90_ALL); device code in the
+// including file's anonymous namespace, force-inlined.  Users: hopper_prefill.cu, the wgmma rate
+// ceilings of `kvattn bench-cuda` (tools/cuda/).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +60,24 @@ __device__ __forceinline__ void wgmma_rs_m64n64_tb(float (&d)[32], const uint32_
   }
 }
 #undef KVATTN_WGMMA_RS_M64N64_TB
+// D[64 x 128] += A[64 x 16] * B[16 x 128]; A from registers, B from shared memory stored N-major
+// in two 64-column halves `lbo` bytes apart (the descriptor's leading byte offset: for an N-major
+// operand with the 128-byte swizzle, the step from one 64-column atom to the next); D as two
+// 32-float halves (columns 0-63 in d0, 64-127 in d1: the n128 accumulator's own register order)
+#define KVATTN_WGMMA_RS_M64N128_TB(TYPES)                                                              \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"                                           \
+               " wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n" \
+      : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]), "+f"(d0[8]), "+f"(d0[9]), "+f"(d0[10]), "+f"(d0[11]), "+f"(d0[12]), "+f"(d0[13]), "+f"(d0[14]), "+f"(d0[15]), "+f"(d0[16]), "+f"(d0[17]), "+f"(d0[18]), "+f"(d0[19]), "+f"(d0[20]), "+f"(d0[21]), "+f"(d0[22]), "+f"(d0[23]), "+f"(d0[24]), "+f"(d0[25]), "+f"(d0[26]), "+f"(d0[27]), "+f"(d0[28]), "+f"(d0[29]), "+f"(d0[30]), "+f"(d0[31]), "+f"(d1[0]), "+f"(d1[1]), "+f"(d1[2]), "+f"(d1[3]), "+f"(d1[4]), "+f"(d1[5]), "+f"(d1[6]), "+f"(d1[7]), "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15]), "+f"(d1[16]), "+f"(d1[17]), "+f"(d1[18]), "+f"(d1[19]), "+f"(d1[20]), "+f"(d1[21]), "+f"(d1[22]), "+f"(d1[23]), "+f"(d1[24]), "+f"(d1[25]), "+f"(d1[26]), "+f"(d1[27]), "+f"(d1[28]), "+f"(d1[29]), "+f"(d1[30]), "+f"(d1[31]) \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db))
+template <bool kBf16 = true>
+__device__ __forceinline__ void wgmma_rs_m64n128_tb(float (&d0)[32], float (&d1)[32], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (kBf16) {
+    KVATTN_WGMMA_RS_M64N128_TB("bf16.bf16");
+  } else {
+    KVATTN_WGMMA_RS_M64N128_TB("f16.f16");
+  }
+}
+#undef KVATTN_WGMMA_RS_M64N128_TB
 
 // D[64 x 256] += A[64 x 16] * B[16 x 256], both from shared memory (the rate probe's instruction)
 __device__ __forceinline__ void wgmma_ss_m64n256(float (&d)[128], uint64_t da, uint64_t db) {
