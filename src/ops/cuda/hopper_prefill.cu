@@ -27,9 +27,11 @@
 // shared memory; K(t) is released as soon as S(t) is done, V(t) once P(t) V(t) is (separate
 // empty barriers: under the overlapped schedules P V trails S by a tile, and one barrier per
 // stage held K back with V, so the producer refilled K just before S needed it); mask only on
-// diagonal / tail tiles; online softmax in base 2 (lazy rescale, as prefill_kernel.cu); P
-// converted to bf16 A fragments in registers; O += P V by wgmma m64n64k16 (V N-major, two
-// 64-column halves).  A warpgroup's visible tiles are one contiguous range: those above its
+// diagonal / tail tiles, as per-row limits of constant column offsets (a compare and a select per
+// element); online softmax in base 2 (lazy rescale, as prefill_kernel.cu); P converted to bf16 A
+// fragments in registers; O += P V by wgmma m64n128k16 (V N-major: the two 64-column halves one
+// operand, the descriptor's leading byte offset stepping between them).  A warpgroup's visible
+// tiles are one contiguous range: those above its
 // causal diagonal and left of its window are only waited for and released (a unit's key range
 // already starts at its first row's window).
 // Soft cap: s -> cap * tanh(s * sm_scale / cap) before the mask, as prefill_kernel.cu.
@@ -815,14 +817,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wg_commit();
     };
-    auto issue_pv = [&](int s) {
+    auto issue_pv = [&](int s) {  // one m64n128k16 per 16 keys over both 64-column halves of V
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint64_t dv = desc_sw128(sm.v(s) + h * kHalf + kk * 16 * 128, 16, 1024);
-          wgmma_rs_m64n64_tb<kBf16>(o[h], pa[kk], dv);
-        }
+      for (int kk = 0; kk < 8; ++kk) {
+        const uint64_t dv = desc_sw128(sm.v(s) + kk * 16 * 128, kHalf, 1024);
+        wgmma_rs_m64n128_tb<kBf16>(o[0], o[1], pa[kk], dv);
+      }
       wg_commit();
     };
     // soft cap, mask, online softmax of sacc (tile at key kt0); alpha = the O rescale factors
@@ -834,17 +834,36 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool need_mask = kt0 + kKeys > u.kv_len || (p.causal && kt0 + kKeys - 1 > wg_first) ||
                              (p.window_left >= 0 && int64_t(kt0) < int64_t(wg_last) - p.window_left);
       if (need_mask) {
+        // Each row's visible keys of this tile as offsets from this thread's first column
+        // (kt0 + 2 t4): [lo, hi), hi from kv_len and the causal diagonal, lo from the window, both
+        // clamped into [-1, kKeys]; an element's offset 8 j + (e & 1) is then a constant, so a
+        // column costs a compare and a select (a key per element and three tests cost ~7
+        // instructions each: the diagonal tile's mask ran as long as a whole tile's softmax)
+        const int64_t col0 = int64_t(kt0) + 2 * t4;
+        auto clamp_off = [](int64_t x) { return static_cast<int>(min(max(x, int64_t(-1)), int64_t(kKeys))); };
+        int hi[2], lo[2];
 #pragma unroll
-        for (int j = 0; j < 16; ++j)
+        for (int h = 0; h < 2; ++h) {
+          const int64_t q = h ? qp1 : qp0;
+          const int64_t end = p.causal ? min(int64_t(u.kv_len), q + 1) : int64_t(u.kv_len);
+          hi[h] = clamp_off(end - col0);
+          lo[h] = clamp_off(q - p.window_left - col0);
+        }
+        if (p.window_left >= 0) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = kt0 + 8 * j + 2 * t4 + (e & 1);
-            const int q = (e >> 1) ? qp1 : qp0;
-            bool visible = key < u.kv_len;
-            if (p.causal && key > q) visible = false;
-            if (p.window_left >= 0 && int64_t(key) < int64_t(q) - p.window_left) visible = false;
-            if (!visible) sacc[4 * j + e] = -INFINITY;
-          }
+          for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int off = 8 * j + (e & 1);
+              if (off >= hi[e >> 1] || off < lo[e >> 1]) sacc[4 * j + e] = -INFINITY;
+            }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (8 * j + (e & 1) >= hi[e >> 1]) sacc[4 * j + e] = -INFINITY;
+        }
       }
       bool moved = false;
 #pragma unroll
