@@ -18,7 +18,7 @@ namespace kvattn::ops::cuda_impl {
 void reset_kernel_routing();
 
 // The prefill kernels (prefill_kernel.cu), their sm_90a wgmma form (hopper_prefill.cu) and its
-// consumer schedule (0 serial, 1 overlap, 2 pingpong, 3 turns; -1 the default: pingpong,
+// consumer schedule (0 serial, 1 overlap, 2 pingpong, 3 turns; -1 the call's default:
 // hopper_sched_for).
 void set_prefill_kernel_mode(int mode);
 int prefill_kernel_mode() noexcept;

@@ -46,8 +46,8 @@
 //            threads; one turn per tile, skipped tiles too), so one warpgroup's softmax runs
 //            under the other's GEMMs.
 //   turns    serial, with the pingpong turns around each tile's S (P V issued outside them).
-// Unset, a call takes pingpong, whatever the page type (hopper_sched_for, routing.h, with the
-// measurements behind it).
+// Unset, a call takes turns where its units are long on average (16-bit pages), else pingpong
+// (hopper_sched_for, routing.h, with the measurements behind it).
 // Three K/V stages do not fit: two Q tiles (64 KB) + 3 x 64 KB exceed 227 KB, and so do one Q
 // tile + 3 x 64 KB with the row tables and the base's alignment.
 // Registers: the producer warpgroup 56 per thread, the consumers 224: nothing spills (ptxas -v;
@@ -1267,7 +1267,13 @@ int launch_hopper_prefill(const AttnParams& p, int num_sms, const HopperPlanTabl
     return -1;
   const int kv = hp_kv(p.kv_t);
   if (kv < 0) return -1;
-  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched), 0, kNumSched - 1);
+  const HopperSchedCall call{.fp8_pages = kv >= kKvE4m3,
+                             .causal = p.causal,
+                             .batch = p.batch,
+                             .num_tokens = p.num_tokens,
+                             .kv_keys = p.paged_form && p.kv_entries > 0 ? p.kv_entries * p.page_size : -1,
+                             .window_left = p.window_left};
+  const int sched = std::clamp(hopper_sched_for(kernel_routing().hopper_sched, call), 0, kNumSched - 1);
   using Kernel = void (*)(const AttnParams, const HopperPlanTables, const CUtensorMap, const CUtensorMap);
   struct Entry {
     Kernel kernel;

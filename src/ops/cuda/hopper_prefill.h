@@ -47,7 +47,8 @@ struct PrefillChoice {
 // P V of tile j after it, each waited only when its result is needed), 2 pingpong (overlap, and
 // the two warpgroups take turns at issuing their GEMMs, so one's softmax runs under the other's
 // GEMMs), 3 turns (serial, with the pingpong turns around each tile's S).  Unset, a call takes
-// pingpong (hopper_sched_for, routing.h).  Its name, as KVATTN_PREFILL_HOPPER_SCHED spells it:
+// turns where its units are long on average, else pingpong (hopper_sched_for, routing.h).  Its
+// name, as KVATTN_PREFILL_HOPPER_SCHED spells it:
 const char* hopper_prefill_sched_name(int sched);
 
 // The choice for a call the prefill kernel serves (host only, no device sync).  Rows per CTA

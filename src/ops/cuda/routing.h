@@ -34,7 +34,7 @@ struct KernelRouting {
   // ---- routing (environment knobs) ----
   Route prefill = Route::automatic;         // the dedicated prefill kernels (KVATTN_PREFILL)
   Route prefill_hopper = Route::automatic;  // its sm_90a TMA + wgmma form (KVATTN_PREFILL_HOPPER)
-  int hopper_sched = -1;  // -1 the default (hopper_sched_for), 0 serial, 1 overlap, 2 pingpong, 3 turns (KVATTN_PREFILL_HOPPER_SCHED)
+  int hopper_sched = -1;  // -1 the call's default (hopper_sched_for), 0 serial, 1 overlap, 2 pingpong, 3 turns (KVATTN_PREFILL_HOPPER_SCHED)
   Route small_decode = Route::automatic;    // the one-launch small-call decode (KVATTN_SMALL_DECODE)
   Route page_decode = Route::automatic;     // the whole-page decode (KVATTN_PAGE_DECODE)
   int decode_options = kDefaultDecodeOpts;  // kOpt* bits (KVATTN_DECODE_STREAMK=1 adds kOptStreamK)
@@ -55,18 +55,35 @@ struct KernelRouting {
   int prefill_tail_split = 0;      // the wgmma prefill plan's tail cut into pieces: 0 where it pays, 1 never, 2 always
 };
 
-// The wgmma prefill's consumer schedule for a call: `setting` (KernelRouting::hopper_sched) when
-// it names one, else pingpong.  Measured on an H100 (bf16, 32 / 8 heads, D 128, plans kept; one
-// run of `kvattn bench-cuda --only prefill --diagnostics`), pingpong against the best other
-// schedule, TFLOP/s: causal 8 x 2048 476 / 441 (turns), 1 x 8192 565 / 563 (serial), 4 x 4096
-// 535 / 515 (turns), 16 x 1024 385 / 353 (overlap), 32 x 512 280 / 256 (overlap),
-// 8 x (q 512, kv 4096) 534 / 533 (serial); non-causal 8 x 2048 558 / 567 (turns): 4-9 % ahead
-// on causal 8 x 2048, 4 x 4096 and the short units, at most 2 % behind elsewhere.  fp8 e4m3
-// pages, causal 8 x 2048 (an earlier build, mean of two runs): 371 / 339 (turns).
+// What the wgmma prefill's schedule rule knows of a call on the host (no device sync).
+struct HopperSchedCall {
+  bool fp8_pages = false;  // fp8 K/V pages (widened to f16 by the producer warpgroup)
+  bool causal = true;
+  int64_t batch = 0, num_tokens = 0;
+  int64_t kv_keys = -1;     // the requests' KV lengths summed (paged form: kv_indices rows x page size), -1 unknown
+  int64_t window_left = -1;
+};
+// The consumer schedule a call takes: `setting` (KernelRouting::hopper_sched) when it names one;
+// else turns where the call's units are long — 16-bit pages whose mean unit spans
+// kHopperTurnsMinKeys keys or more (causal: the requests' mean context before their queries plus
+// half their mean query length; capped by the window) — and pingpong otherwise (short units, fp8
+// pages, KV lengths the host does not know).  Measured on an H100 (bf16, 32 / 8 heads, D 128,
+// plans kept; `scripts/dev/ab_bench.sh`, medians of 5 alternated runs of `kvattn bench-cuda
+// --only prefill`), turns against pingpong: the chunked step 8 x (q 512, kv 4096) +2.5 %, a long
+// context's chunk 1 x (q 2048, kv 32768) +3.1 %, non-causal 8 x 2048 +1.7 %, 4 x 4096 +1.0 %,
+// 1 x 8192 +0.6 %; causal 8 x 2048 and mixed lengths 16 x U[256, 4096] even (1.000, 1.003);
+// 16 x 1024 -3.0 %, 32 x 512 -2.1 %, fp8 e4m3 8 x 2048 -3.5 %.  (serial ran as turns within
+// 0.5 % on the long-unit shapes, 4-5 % behind on the short ones.)
 constexpr int kHopperSchedPingpong = 2;
-inline int hopper_sched_for(int setting) {
+constexpr int kHopperSchedTurns = 3;
+constexpr int64_t kHopperTurnsMinKeys = 12 * 128;  // 12 key tiles: 8 x 2048 causal (8) stays on pingpong
+inline int hopper_sched_for(int setting, const HopperSchedCall& c) {
   if (setting >= 0 && setting < 4) return setting;
-  return kHopperSchedPingpong;
+  if (c.fp8_pages || c.kv_keys < 0 || c.batch <= 0) return kHopperSchedPingpong;
+  const int64_t kv = c.kv_keys / c.batch, q = c.num_tokens / c.batch;
+  int64_t keys = c.causal ? (kv > q ? kv - q : 0) + q / 2 : kv;
+  if (c.window_left >= 0 && keys > c.window_left + 1) keys = c.window_left + 1;
+  return keys >= kHopperTurnsMinKeys ? kHopperSchedTurns : kHopperSchedPingpong;
 }
 
 // The library's settings: the defaults above with the environment's routing knobs (read once).
