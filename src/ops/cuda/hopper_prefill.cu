@@ -727,7 +727,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- consumer warpgroups ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
-  const int c = warp / 4 - 1;  // 0 or 1
+  // 0 or 1; shuffled from lane 0 so the compiler sees it warp-uniform (the Q operand's descriptor
+  // then stays on the uniform datapath: 2 % fewer instructions issued at causal 8 x 2048)
+  const int c = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);
   const int tw = tid & 127, wq = tw >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int rl = c * 64 + wq * 16 + g;  // this thread's rows rl, rl + 8 (CTA-local)
@@ -807,22 +809,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     uint32_t pa[8][4];  // P of the last softmax (bf16 A fragments)
     float sacc[64];     // sacc[4j + e]: row rl + 8 * (e >> 1), key kt0 + 8j + 2 t4 + (e & 1)
+    constexpr uint32_t kDescHi = desc_sw128_hi(1024);
+    const uint32_t q_lo = desc_sw128_lo(sQ + c * 64 * 128, 16);
     auto issue_s = [&](int s) {
+      const uint32_t k_lo = desc_sw128_lo(sm.k(s), 16);
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const uint32_t off = (ks >> 2) * kHalf + (ks & 3) * 32;
-        const uint64_t da = desc_sw128(sQ + c * 64 * 128 + off, 16, 1024);
-        const uint64_t db = desc_sw128(sm.k(s) + off, 16, 1024);
-        wgmma_ss_m64n128<kBf16>(sacc, da, db, ks > 0);
+        wgmma_ss_m64n128<kBf16>(sacc, desc_at(q_lo, kDescHi, off), desc_at(k_lo, kDescHi, off), ks > 0);
       }
       wg_commit();
     };
     auto issue_pv = [&](int s) {  // one m64n128k16 per 16 keys over both 64-column halves of V
+      const uint32_t v_lo = desc_sw128_lo(sm.v(s), kHalf);
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const uint64_t dv = desc_sw128(sm.v(s) + kk * 16 * 128, kHalf, 1024);
-        wgmma_rs_m64n128_tb<kBf16>(o[0], o[1], pa[kk], dv);
-      }
+      for (int kk = 0; kk < 8; ++kk) wgmma_rs_m64n128_tb<kBf16>(o[0], o[1], pa[kk], desc_at(v_lo, kDescHi, kk * 16 * 128));
       wg_commit();
     };
     // soft cap, mask, online softmax of sacc (tile at key kt0); alpha = the O rescale factors

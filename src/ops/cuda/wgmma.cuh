@@ -28,6 +28,19 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo, uin
   return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t((lbo >> 4) & 0x3FFFu) << 16) |
          (uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
 }
+// The same descriptor in two words, for operands stepped through by constant byte offsets: the
+// low word (start address, leading byte offset) of the first, to which offset / 16 is added per
+// step (shared-memory addresses stay below 2^18, so the 14-bit start never carries into the
+// offset field), and the constant high word (stride byte offset, swizzle mode).  Computed once
+// per tile instead of masking and shifting every address: those were 5 uniform-datapath
+// instructions before each wgmma.
+__device__ __forceinline__ uint32_t desc_sw128_lo(uint32_t saddr, uint32_t lbo) {
+  return ((saddr & 0x3FFFFu) >> 4) | (((lbo >> 4) & 0x3FFFu) << 16);
+}
+constexpr uint32_t desc_sw128_hi(uint32_t sbo) { return ((sbo >> 4) & 0x3FFFu) | (1u << 30); }
+__device__ __forceinline__ uint64_t desc_at(uint32_t lo, uint32_t hi, uint32_t byte_offset) {
+  return (uint64_t(hi) << 32) | (lo + (byte_offset >> 4));
+}
 // D[64 x 128] (+)= A[64 x 16] * B[16 x 128]; A and B from shared memory (descriptors), bf16
 // (kBf16) or f16 operands, f32 accumulate
 #define KVATTN_WGMMA_SS_M64N128(TYPES)                                                                 \
