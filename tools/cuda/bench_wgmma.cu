@@ -55,8 +55,11 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(int iters, float* si
 //   kMix 1: S = Q K^T, 8 x m64n128k16 from shared memory;
 //   kMix 2: O += P V, 16 x m64n64k16 with P in registers, V N-major in two 64-column halves;
 //   kMix 3: O += P V, 8 x m64n128k16 over both halves at once;
-//   kMix 4: 1 then 2 (a tile of the kernel);  kMix 5: 1 then 3,
-// then waiting for them (wait_group 0).
+//   kMix 4: 1 then 2 (a tile of the kernel as it was);  kMix 5: 1 then 3 (as it is),
+// then waiting for them (wait_group 0).  ptxas reports two "warpgroup.arrive is injected" (C7519)
+// in kMix 5's loop: it inserts two wgmma fences there, so that figure may be a little low (the
+// m64n128 P V mix measured 871.7 against 871.2 TFLOP/s for kMix 4 on an H100).  The kernel
+// itself gets none (hopper_prefill.cu builds without C7519).
 template <int kMix>
 __global__ void __launch_bounds__(256, 1) wgmma_mix_kernel(int iters, float* sink) {
   extern __shared__ unsigned char smem_raw[];
