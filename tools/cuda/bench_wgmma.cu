@@ -19,18 +19,25 @@ using namespace kvattn::ops::cuda_impl::k;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ int g_probe_arch = 1;  // this image holds the probe's body
-// The wgmma bf16 rate probe: 2 warpgroups per CTA, each issuing m64n256k16 from a 48 KB shared
-// tile (filled with small non-zero bf16 values) in groups of 8, 2 CTAs per SM; FLOPs counted
-// 2 * 64 * 256 * 16 per instruction.
-__global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(int iters, float* sink) {
+// The probes' operands: the dynamic shared memory's first `bytes` from its first 1024-byte
+// boundary (the 128-byte swizzle's alignment), filled with small non-zero bf16 values and made
+// visible to the async proxy; returns that boundary's shared address.
+__device__ __forceinline__ uint32_t probe_fill_smem(int bytes) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* sb = smem_raw + (base - raw);
-  for (int i = threadIdx.x; i < 48 * 1024 / 2; i += blockDim.x)
+  for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x)
     reinterpret_cast<__nv_bfloat16*>(sb)[i] = __float2bfloat16(0.001f * float((i * 37) % 61 - 30));
   fence_proxy_async();
   __syncthreads();
+  return base;
+}
+// The wgmma bf16 rate probe: 2 warpgroups per CTA, each issuing m64n256k16 from a 48 KB shared
+// tile (filled with small non-zero bf16 values) in groups of 8, 2 CTAs per SM; FLOPs counted
+// 2 * 64 * 256 * 16 per instruction.
+__global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(int iters, float* sink) {
+  const uint32_t base = probe_fill_smem(48 * 1024);
   float d[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) d[i] = 0.f;
@@ -62,14 +69,7 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(int iters, float* si
 // itself gets none (hopper_prefill.cu builds without C7519).
 template <int kMix>
 __global__ void __launch_bounds__(256, 1) wgmma_mix_kernel(int iters, float* sink) {
-  extern __shared__ unsigned char smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  unsigned char* sb = smem_raw + (base - raw);
-  for (int i = threadIdx.x; i < 96 * 1024 / 2; i += blockDim.x)
-    reinterpret_cast<__nv_bfloat16*>(sb)[i] = __float2bfloat16(0.001f * float((i * 37) % 61 - 30));
-  fence_proxy_async();
-  __syncthreads();
+  const uint32_t base = probe_fill_smem(96 * 1024);
   constexpr int kHalf = 128 * 128;  // one 64-column half of a 128-row tile
   const uint32_t sq = base + (threadIdx.x / 128 & 1) * 64 * 128, sk = base + 2 * kHalf, sv = base + 4 * kHalf;
   float sacc[64], o0[32], o1[32];
