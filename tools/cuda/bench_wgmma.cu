@@ -126,17 +126,28 @@ bool probe_code_loaded() {
   return flag == 1;
 }
 
-// Best of 5 timed launches (after a warm-up) of `launch(iters)`, in ms; < 0 on a CUDA error.
-template <class Launch>
-float best_launch_ms(Launch launch, int iters) {
+// The device's SM count (0 on an error).
+int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  return sms;
+}
+
+// Times a probe kernel (iters, sink) on `ctas` CTAs of 256 threads with `smem` bytes of dynamic
+// shared memory: the best of 5 launches after a warm-up, in ms; <= 0 on a CUDA error.
+float time_probe(void (*kernel)(int, float*), int ctas, int smem, int iters) {
+  float* sink = nullptr;
+  if (cudaMalloc(&sink, sizeof(float)) != cudaSuccess) return -1.f;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  launch(64);  // warm-up
+  kernel<<<ctas, 256, smem>>>(64, sink);  // warm-up
   float best = 1e30f;
   for (int rep = 0; rep < 5; ++rep) {
     cudaEventRecord(e0);
-    launch(iters);
+    kernel<<<ctas, 256, smem>>>(iters, sink);
     cudaEventRecord(e1);
     cudaEventSynchronize(e1);
     float ms = 0.f;
@@ -146,6 +157,7 @@ float best_launch_ms(Launch launch, int iters) {
   const bool ok = cudaGetLastError() == cudaSuccess;
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  cudaFree(sink);
   return ok ? best : -1.f;
 }
 
@@ -153,21 +165,13 @@ float best_launch_ms(Launch launch, int iters) {
 
 double measure_wgmma_mix_tflops(int mix) {
   if (mix < 1 || mix > 5 || !probe_code_loaded()) return 0.0;
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  constexpr int kSmem = 96 * 1024 + 1024;
-  float* sink = nullptr;
-  if (cudaMalloc(&sink, sizeof(float)) != cudaSuccess) return 0.0;
   void (*kernel)(int, float*) = mix == 1   ? wgmma_mix_kernel<1>
                                 : mix == 2 ? wgmma_mix_kernel<2>
                                 : mix == 3 ? wgmma_mix_kernel<3>
                                 : mix == 4 ? wgmma_mix_kernel<4>
                                            : wgmma_mix_kernel<5>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  const int iters = 2048;
-  const float ms = best_launch_ms([&](int n) { kernel<<<sms, 256, kSmem>>>(n, sink); }, iters);
-  cudaFree(sink);
+  const int sms = sm_count(), iters = 2048;
+  const float ms = time_probe(kernel, sms, 96 * 1024 + 1024, iters);
   if (ms <= 0.f) return 0.0;
   const double per_round = (mix >= 4 ? 2.0 : 1.0) * 2.0 * 64 * 128 * 128;  // one or both GEMMs of a 64-row tile
   return per_round * double(iters) * 2 /* warpgroups */ * sms / (double(ms) * 1e-3) / 1e12;
@@ -175,16 +179,8 @@ double measure_wgmma_mix_tflops(int mix) {
 
 double measure_wgmma_tflops() {
   if (!probe_code_loaded()) return 0.0;
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  constexpr int kProbeSmem = 48 * 1024 + 1024;
-  float* sink = nullptr;
-  if (cudaMalloc(&sink, sizeof(float)) != cudaSuccess) return 0.0;
-  cudaFuncSetAttribute(wgmma_rate_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kProbeSmem);
-  const int iters = 4096;
-  const float ms = best_launch_ms([&](int n) { wgmma_rate_kernel<<<sms * 2, 256, kProbeSmem>>>(n, sink); }, iters);
-  cudaFree(sink);
+  const int sms = sm_count(), iters = 4096;
+  const float ms = time_probe(wgmma_rate_kernel, sms * 2, 48 * 1024 + 1024, iters);
   if (ms <= 0.f) return 0.0;
   const double flops = 2.0 * 64 * 256 * 16 * 8 * double(iters) * 2 /* warpgroups */ * sms * 2;
   return flops / (double(ms) * 1e-3) / 1e12;
