@@ -86,6 +86,7 @@
 #include "ops/cuda/hopper_prefill.h"
 #include "ops/cuda/routing.h"
 #include "ops/cuda/softmax.cuh"
+#include "ops/cuda/tile_mask.h"
 #include "ops/cuda/wgmma.cuh"
 #include "ops/cuda/ptx.cuh"
 
@@ -840,15 +841,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         // clamped into [-1, kKeys]; an element's offset 8 j + (e & 1) is then a constant, so a
         // column costs a compare and a select (a key per element and three tests cost ~7
         // instructions each: the diagonal tile's mask ran as long as a whole tile's softmax)
+        // (tile_mask.h, checked on the CPU against the key-by-key rule)
         const int64_t col0 = int64_t(kt0) + 2 * t4;
-        auto clamp_off = [](int64_t x) { return static_cast<int>(min(max(x, int64_t(-1)), int64_t(kKeys))); };
         int hi[2], lo[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int64_t q = h ? qp1 : qp0;
-          const int64_t end = p.causal ? min(int64_t(u.kv_len), q + 1) : int64_t(u.kv_len);
-          hi[h] = clamp_off(end - col0);
-          lo[h] = clamp_off(q - p.window_left - col0);
+          const tm::ColumnLimits lim = tm::column_limits(h ? qp1 : qp0, u.kv_len, p.causal, p.window_left, col0, kKeys);
+          hi[h] = lim.hi;
+          lo[h] = lim.lo;
         }
         if (p.window_left >= 0) {
 #pragma unroll
