@@ -589,10 +589,7 @@ __device__ __forceinline__ void epi_stage(unsigned char* smem, const float (&o)[
   float* sL = sM + WN * C::kRows;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float l = l_r[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    l_r[h] = l;
+    l_r[h] = quad_sum(l_r[h]);
   }
   {
     float* myO = sO + (wn * C::kRows + wm * 16) * C::kEpiPitch;

@@ -1024,12 +1024,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- epilogue: (a piece of a cut unit: its partial result; the last to finish merges) sinks, LSE, O ----
     float l_sum[2];  // the rows' sums, over the quad's columns
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float x = l_r[h];
-      x += __shfl_xor_sync(0xffffffffu, x, 1);
-      x += __shfl_xor_sync(0xffffffffu, x, 2);
-      l_sum[h] = x;
-    }
+    for (int h = 0; h < 2; ++h) l_sum[h] = quad_sum(l_r[h]);
     if constexpr (!L::kDrawn) {
       // the entry's split, from the Q tile's tables (a register kept through the unit cost about
       // 1 %, and a global load here its latency at every unit's end)

@@ -957,9 +957,7 @@ __global__ void __launch_bounds__(PfCfg<D, MT, NW>::kThreads, PfCfg<D, MT, NW>::
     for (int m = 0; m < MT; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float L = l_r[m][h];
-        L += __shfl_xor_sync(0xffffffffu, L, 1);
-        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        const float L = quad_sum(l_r[m][h]);
         const int lr = wrow0 + 16 * m + g + 8 * h;
         const int tok = s_rtok[lr], head = s_rhead[lr];
         const float M = m_r[m][h];

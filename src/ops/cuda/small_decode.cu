@@ -610,10 +610,7 @@ __global__ void __launch_bounds__(32 * W) cluster_decode_kernel(const __grid_con
     float* sO = reinterpret_cast<float*>(smem);  // [kWarps][kRows][kPitch]; warp 0's slot ends as the CTA's
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float l = l_r[h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      l_r[h] = l;
+      l_r[h] = quad_sum(l_r[h]);
     }
     {
       float* myO = sO + warp * kRows * C::kPitch;

@@ -1,6 +1,7 @@
 // src/ops/cuda/softmax.cuh — what every attention kernel's online softmax shares: the base-2
 // constants (scores are scaled by log2(e) once, so the softmax runs on exp2, and LSE converts back
-// to the natural log by ln 2), the MUFU exp2 and the attention sink folded into a finished row.
+// to the natural log by ln 2), the MUFU exp2, a row's sum over its quad of lanes and the attention
+// sink folded into a finished row.
 // Device code only, force-inlined: sharing it changes no kernel's code.
 #pragma once
 
@@ -16,6 +17,14 @@ __device__ __forceinline__ float ex2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// The sum of x over the 4 lanes of a quad (lanes 4g .. 4g + 3), which hold the columns of one
+// accumulator row in the mma.sync / wgmma fragment layouts: a row's softmax sum, every lane.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
 }
 
 // A row's attention sink folded into its finished softmax (base 2): from the row's running max M
