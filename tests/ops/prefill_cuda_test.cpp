@@ -787,34 +787,23 @@ class HopperMode {
   int saved_;
 };
 
-// Sets the wgmma kernel's consumer schedule for one test (0 serial, 1 overlap, 2 pingpong, 3
-// turns; afterwards the default: per call, by average KV length).
-class HopperSched {
+// Sets one of the wgmma kernel's routing knobs for one test, and puts kAfter back when it goes
+// out of scope.
+template <void (*kSet)(int), int kAfter>
+class ScopedKnob {
  public:
-  explicit HopperSched(int sched) { cuda_impl::set_prefill_hopper_sched(sched); }
-  ~HopperSched() { cuda_impl::set_prefill_hopper_sched(-1); }
-  HopperSched(const HopperSched&) = delete;
-  HopperSched& operator=(const HopperSched&) = delete;
+  explicit ScopedKnob(int value) { kSet(value); }
+  ~ScopedKnob() { kSet(kAfter); }
+  ScopedKnob(const ScopedKnob&) = delete;
+  ScopedKnob& operator=(const ScopedKnob&) = delete;
 };
-
-// Caps the wgmma kernel's grid for one test, so each CTA takes many units (0 afterwards: no cap).
-class HopperCtas {
- public:
-  explicit HopperCtas(int ctas) { cuda_impl::set_prefill_hopper_ctas(ctas); }
-  ~HopperCtas() { cuda_impl::set_prefill_hopper_ctas(0); }
-  HopperCtas(const HopperCtas&) = delete;
-  HopperCtas& operator=(const HopperCtas&) = delete;
-};
-
-// Sets how the wgmma plan cuts its list's tail for one test (0 where it pays, 1 never, 2 always;
-// afterwards 0).
-class TailSplit {
- public:
-  explicit TailSplit(int mode) { cuda_impl::set_prefill_tail_split(mode); }
-  ~TailSplit() { cuda_impl::set_prefill_tail_split(0); }
-  TailSplit(const TailSplit&) = delete;
-  TailSplit& operator=(const TailSplit&) = delete;
-};
+// The consumer schedule (0 serial, 1 overlap, 2 pingpong, 3 turns; afterwards the default: per
+// call, by average KV length).
+using HopperSched = ScopedKnob<cuda_impl::set_prefill_hopper_sched, -1>;
+// The grid's cap, so each CTA takes many units (afterwards 0: no cap).
+using HopperCtas = ScopedKnob<cuda_impl::set_prefill_hopper_ctas, 0>;
+// How the plan cuts its list's tail (0 where it pays, 1 never, 2 always; afterwards 0).
+using TailSplit = ScopedKnob<cuda_impl::set_prefill_tail_split, 0>;
 
 const char* sched_label(int sched) {
   return sched == 0 ? "serial" : sched == 1 ? "overlap" : sched == 2 ? "pingpong" : "turns";
