@@ -21,6 +21,9 @@ int multiprocessor_count(int) { no_cuda("cuda::multiprocessor_count"); }
 int64_t total_memory(int) { no_cuda("cuda::total_memory"); }
 void* malloc(std::size_t, int) { no_cuda("cuda::malloc"); }
 void free(void*, int) noexcept {}
+int64_t pool_bytes_in_use(int) { no_cuda("cuda::pool_bytes_in_use"); }
+int64_t pool_peak_bytes(int) { no_cuda("cuda::pool_peak_bytes"); }
+void reset_pool_peak(int) { no_cuda("cuda::reset_pool_peak"); }
 void memcpy(void*, const void*, std::size_t) { no_cuda("cuda::memcpy"); }
 void memset(void*, int, std::size_t) { no_cuda("cuda::memset"); }
 void synchronize() { no_cuda("cuda::synchronize"); }

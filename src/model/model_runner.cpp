@@ -204,9 +204,15 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
   }
   mem_.total = before.total;
   mem_.in_use_before = before.total - before.free;
+  // This process's own pool counters alongside the device-wide figures: other processes on the
+  // same GPU that free memory during the profiling step would make the device-wide difference
+  // too small (even 0); the pool's peak during the step cannot be lowered by them, and it also
+  // sees the step's transient buffers.
+  const int64_t pool_before = cuda::pool_bytes_in_use(o.device.index);
   cuda_model_ = std::make_unique<CudaTransformer>(cfg_, traits_, dir.weights, o.device, compute_dtype_,
                                                   o.max_num_batched_tokens, o.max_num_seqs, max_len);
   mem_.weights = cuda_model_->weight_bytes();
+  cuda::reset_pool_peak(o.device.index);  // loading's staging buffers are not the step's
   // Profiling: one step of max_num_batched_tokens tokens (requests of at most max_model_len
   // tokens, at most max_num_seqs of them) through a temporary KV cache just large enough, so
   // that every buffer a full step needs (cuBLAS and attention workspaces) exists when measured.
@@ -246,7 +252,10 @@ ModelRunner::Impl::Impl(const ModelDir& dir, const Options& o) : cfg_(dir.config
   cuda::synchronize();
   const DeviceMemoryInfo after = device_memory_info(o.device);
   const int64_t profile_kv = plan_.total_bytes;
-  mem_.activations = std::max<int64_t>(0, (before.free - after.free) - mem_.weights - profile_kv);
+  const int64_t pool_peak = std::max(cuda::pool_peak_bytes(o.device.index), cuda::pool_bytes_in_use(o.device.index));
+  const int64_t device_wide = (before.free - after.free) - mem_.weights - profile_kv;
+  const int64_t own_peak = pool_peak - pool_before - mem_.weights - profile_kv;
+  mem_.activations = std::max<int64_t>({0, device_wide, own_peak});
   release_attention();
   int64_t budget = o.kv_cache_memory;
   if (budget == 0) {

@@ -23,6 +23,12 @@ int64_t total_memory(int index);
 
 void* malloc(std::size_t bytes, int device);
 void free(void* p, int device) noexcept;
+// This process's bytes from device `device`'s allocation pool (what malloc above hands out):
+// in use now, and the most in use since the last reset_pool_peak (or since the pool's start).
+// 0 on a device without memory pools (malloc then uses plain cudaMalloc, which no pool counts).
+int64_t pool_bytes_in_use(int device);
+int64_t pool_peak_bytes(int device);
+void reset_pool_peak(int device);
 // Copy kinds resolved from the pointer attributes (cudaMemcpyDefault).
 void memcpy(void* dst, const void* src, std::size_t bytes);
 void memset(void* dst, int value, std::size_t bytes);
