@@ -63,10 +63,9 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(int iters, float* si
 //   kMix 2: O += P V, 16 x m64n64k16 with P in registers, V N-major in two 64-column halves;
 //   kMix 3: O += P V, 8 x m64n128k16 over both halves at once;
 //   kMix 4: 1 then 2 (a tile of the kernel as it was);  kMix 5: 1 then 3 (as it is),
-// then waiting for them (wait_group 0).  ptxas reports two "warpgroup.arrive is injected" (C7519)
-// in kMix 5's loop: it inserts two wgmma fences there, so that figure may be a little low (the
-// m64n128 P V mix measured 871.7 against 871.2 TFLOP/s for kMix 4 on an H100).  The kernel
-// itself gets none (hopper_prefill.cu builds without C7519).
+// then waiting for them (wait_group 0).  The round loop stays rolled: unrolled, ptxas
+// interleaved kMix 5's rounds and inserted two wgmma fences of its own there ("warpgroup.arrive
+// is injected", C7519) that the kernel does not have.
 template <int kMix>
 __global__ void __launch_bounds__(256, 1) wgmma_mix_kernel(int iters, float* sink) {
   const uint32_t base = probe_fill_smem(96 * 1024);
@@ -76,6 +75,7 @@ __global__ void __launch_bounds__(256, 1) wgmma_mix_kernel(int iters, float* sin
 #pragma unroll
   for (int i = 0; i < 32; ++i) o0[i] = o1[i] = sacc[i] = sacc[32 + i] = 0.f;
   const uint32_t pa[4] = {0x3c003c00u + threadIdx.x, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};
+#pragma unroll 1
   for (int it = 0; it < iters; ++it) {
     wg_fence();
     if constexpr (kMix == 1 || kMix >= 4) {
