@@ -1024,6 +1024,14 @@ TEST_F(CudaPrefill, HopperWgmmaTailSplitThreeCtas) {
   const HopperCtas three(3);
   run_hopper_matrix(2, 11600);
 }
+// The whole matrix on 3 CTAs under overlap, the tail whole: every CTA runs many units in a row
+// (windows that skip a unit's first tiles, units whose warpgroups end on different tiles, each
+// Q tile refilled many times).
+TEST_F(CudaPrefill, HopperWgmmaOverlapThreeCtas) {
+  const TailSplit whole(1);
+  const HopperCtas three(3);
+  run_hopper_matrix(1, 11700);
+}
 
 // The calls the wgmma kernel leaves to the mma.sync kernel, with the reason (head_dim 64, f32
 // output), an f16 call it takes, and the kernel turned off.
@@ -1122,6 +1130,19 @@ TEST_F(CudaPrefill, HopperWgmmaSmall) {
       c.k_scale = kv == DType::bf16 ? 1.0 : 0.5;
       c.name = tag + "2 CTAs, 9 units each, " + (kv == DType::bf16 ? "bf16" : "fp8 e4m3") + ", kept plan, 2 repeats";
       run_checked(c, seed++);
+    }
+    // units in a row on 2 CTAs whose warpgroups skip tiles: a window that skips the first tiles
+    // of some units for one warpgroup; group 1, where the first warpgroup's last visible tile
+    // comes before its unit's last (tiles to skip after it)
+    for (int variant = 0; variant < 2; ++variant) {
+      Case d;
+      d.hkv = 1;
+      d.hq = variant ? 1 : 4;
+      d.window_left = variant ? -1 : 150;
+      d.q_lens = {130, 40, 17, 1, 60, 200};
+      d.kv_lens = {400, 90, 300, 33, 60, 460};
+      d.name = tag + "2 CTAs, " + (variant ? "group 1 with context" : "window 150");
+      run_checked(d, seed++);
     }
     // the tail always cut: 21 units on 2 CTAs (10 full waves, the last unit's 3 tiles shared),
     // and on the whole grid (every unit in pieces), sinks and LSE base e, a kept plan

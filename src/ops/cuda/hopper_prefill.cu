@@ -19,10 +19,11 @@
 // P = 0, but 0 * NaN is NaN).
 // Warpgroups 1 and 2: 64 query rows each (rows = (token, head in the GQA group) pairs of one KV
 // head, as prefill_kernel.cu).  16-bit pages: producer warps 1-3 gather each unit's Q rows with
-// cp.async into the swizzled layout of one of two Q tiles, with the unit's row tables, while the
-// consumers still work on the unit before (barriers q_full / q_empty per Q tile), so a unit
-// starts without waiting for its query (short requests have units of 1-4 key tiles, where that
-// wait showed as the top stall); fp8 pages leave no room for a second Q tile, so there the
+// cp.async into the swizzled layout of one of two Q tiles, with the unit's row tables and its
+// record (the unit's key range, lengths and split, which the consumers read there instead of
+// loading the plan), while the consumers still work on the unit before (barriers q_full / q_empty
+// per Q tile), so a unit starts without waiting for its query (short requests have units of 1-4
+// key tiles, where that wait showed as the top stall); fp8 pages leave no room for a second Q tile, so there the
 // consumers gather their own rows at each unit's start.  S = Q K^T by wgmma m64n128k16 from
 // shared memory; K(t) is released as soon as S(t) is done, V(t) once P(t) V(t) is (separate
 // empty barriers: under the overlapped schedules P V trails S by a tile, and one barrier per
@@ -115,9 +116,10 @@ constexpr int kNumKv = 4;
 // Shared memory: the Q tile(s), kStages K/V stages, (fp8) kStages8 stages of K and V staging
 // tiles, the mbarriers, the row tables (position, token, head; 16-bit pages also each row's
 // output offset) of each Q tile, the unit slots' indices.
-// 16-bit pages: two Q tiles, each with its row tables.  The producer warpgroup's warps 1-3 gather
-// unit n's Q rows into tile n % 2 while the consumers work on unit n - 1 (barriers per Q tile:
-// full, empty), so a unit starts without waiting for its query: 64 + 128 KB + 5 KB of tables.
+// 16-bit pages: two Q tiles, each with its row tables and unit record.  The producer
+// warpgroup's warps 1-3 gather unit n's Q rows into tile n % 2 while the consumers work on unit
+// n - 1 (barriers per Q tile: full, empty), so a unit starts without waiting for its query:
+// 64 + 128 KB + 5 KB of tables.
 // fp8 pages: those warps widen K / V, so the consumers gather their own Q at each unit's start
 // into the one Q tile; two staging stages fit only with output offsets computed from token and
 // head: 32 + 128 + 64 KB + 192 bytes of barriers + 1.5 KB of tables + 16 bytes of unit slots +
@@ -126,6 +128,12 @@ constexpr int kNumKv = 4;
 // passed to the others through a ring of this many slots (a slot per unit: its index, a full and
 // an empty barrier).
 constexpr int kUnitSlots = 4;
+// 16-bit pages: the fields of a unit the consumers use, written by producer warps 1-3 into its Q
+// tile's record with the tile's rows (the consumers then read them from shared memory after
+// q_full instead of loading the plan at the unit's start: two dependent global loads and a
+// division).  kRecR < 0: a hole, the CTA's list ends.  kRecSplit: the plan entry's .w (a piece
+// of a cut unit, or -1).
+enum HpRec : int { kRecR, kRecT0, kRecTiles, kRecKvLen, kRecRow0, kRecRows, kRecSplit, kRecInts };
 template <int kKV>
 struct HpLayout {
   static constexpr bool kFp8 = kKV >= kKvE4m3;
@@ -147,8 +155,8 @@ struct HpLayout {
   static constexpr int kTabBytes = kQTiles * kRows * kTabRow;
   static constexpr int kOffUnits = kOffTab + kTabBytes;  // the unit slots' unit indices (int32)
   // round-robin: per consumer warpgroup, the count a piece of a cut unit read at its end
-  // (hp_piece_done); per Q tile, its entry's split (-1: a whole unit), written with the tile's rows
-  static constexpr int kFlags = kDrawn ? 0 : 4;
+  // (hp_piece_done); per Q tile, its unit's record (HpRec), written with the tile's rows
+  static constexpr int kFlags = kDrawn ? 0 : 2 + 2 * kRecInts;
   static constexpr int kSmem = kOffUnits + 4 * (kSlots + kFlags) + 1024;  // + alignment of the base to 1024
   static_assert(kSmem <= 232448, "shared memory per CTA (227 KB)");
 };
@@ -346,8 +354,9 @@ struct HpSmem {
   __device__ __forceinline__ int* piece_count(int c) const {
     return reinterpret_cast<int*>(sbase + L::kOffUnits) + L::kSlots + c;
   }
-  __device__ __forceinline__ int* q_split(int b) const {
-    return reinterpret_cast<int*>(sbase + L::kOffUnits) + L::kSlots + 2 + b;
+  // Q tile b's unit record (16-bit pages), HpRec's fields
+  __device__ __forceinline__ int* unit_rec(int b) const {
+    return reinterpret_cast<int*>(sbase + L::kOffUnits) + L::kSlots + 2 + kRecInts * b;
   }
   // Q tile b's row tables: output offsets (kRowOffsets), then positions, tokens, heads
   __device__ __forceinline__ int64_t* tab_ooff(int b) const {
@@ -590,7 +599,8 @@ __device__ __forceinline__ void hp_fp8_producer(const AttnParams& p, const Hoppe
     }
   }
 }
-// 16-bit pages, warps 1-3: each unit's Q rows, row tables and entry split into Q tile n % 2.
+// 16-bit pages, warps 1-3: each unit's Q rows, row tables and record into Q tile n % 2 (a hole:
+// only the record, which ends the consumers' list too).
 template <int kKV>
 __device__ __forceinline__ void hp_q_producer(const AttnParams& p, const HopperPlanTables& plan, const HpSmem<kKV>& sm,
                                               int total, int tid) {
@@ -600,12 +610,25 @@ __device__ __forceinline__ void hp_q_producer(const AttnParams& p, const HopperP
   int n = 0;
   for (int w = blockIdx.x; w < total; w += gridDim.x, ++n) {
     const HpUnit u = hp_unit(p, plan, w);
-    if (u.r < 0) break;  // a hole: the CTA's list ends
     const int b = n & 1;
     mbar_wait(sm.q_empty(b), ((n >> 1) & 1) ^ 1);
+    int* rec = sm.unit_rec(b);
+    if (u.r < 0) {  // a hole: the CTA's list ends (the consumers read it from the record)
+      if (pt == 0) rec[kRecR] = -1;
+      mbar_arrive(sm.q_full(b));
+      break;
+    }
 #pragma unroll 1
     for (int lr = pt; lr < kRows; lr += 96) hp_put_row(p, sm, u, b, lr);
-    if (pt == 0) *sm.q_split(b) = static_cast<const int4*>(plan.units)[w].w;
+    if (pt == 0) {
+      rec[kRecR] = u.r;
+      rec[kRecT0] = u.t0;
+      rec[kRecTiles] = u.n_tiles;
+      rec[kRecKvLen] = u.kv_len;
+      rec[kRecRow0] = u.row0;
+      rec[kRecRows] = u.rows;
+      rec[kRecSplit] = static_cast<const int4*>(plan.units)[w].w;
+    }
 #pragma unroll 1
     for (int lr = pt >> 4; lr < kRows; lr += 6) {
       const int64_t off = hp_q_off(p, u, lr);
@@ -750,12 +773,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int n = 0, w_rr = blockIdx.x;; ++n, w_rr += gridDim.x) {  // n: units done; this unit's Q tile is n % kQTiles
     const int w = L::kDrawn ? hp_take_unit(sm, n) : w_rr;
     if (w >= total) break;
-    const HpUnit u = hp_unit(p, plan, w);
-    if (u.r < 0) break;  // a hole: the CTA's list ends
     const int qb = L::kQTiles == 2 ? (n & 1) : 0;
+    HpUnit u{};
     if constexpr (L::kQTiles == 2) {
       mbar_wait(sm.q_full(qb), (n >> 1) & 1);  // gathered by producer warps 1-3
-    } else {  // this warpgroup's 64 rows: tables, then Q (thread = fixed 16-byte chunk, 8 rows)
+      // the unit's fields from the tile's record, shuffled from lane 0 so the compiler sees them
+      // warp-uniform (the tile loops' stage arithmetic then stays on the uniform datapath)
+      const int* rec = sm.unit_rec(qb);
+      u.r = __shfl_sync(0xffffffffu, rec[kRecR], 0);
+      if (u.r < 0) break;  // a hole: the CTA's list ends
+      u.t0 = __shfl_sync(0xffffffffu, rec[kRecT0], 0);
+      u.n_tiles = __shfl_sync(0xffffffffu, rec[kRecTiles], 0);
+      u.kv_len = __shfl_sync(0xffffffffu, rec[kRecKvLen], 0);
+      u.row0 = __shfl_sync(0xffffffffu, rec[kRecRow0], 0);
+      u.rows = __shfl_sync(0xffffffffu, rec[kRecRows], 0);
+    } else {
+      u = hp_unit(p, plan, w);
+      if (u.r < 0) break;  // a hole: the CTA's list ends
+      // this warpgroup's 64 rows: tables, then Q (thread = fixed 16-byte chunk, 8 rows)
       named_sync(bar_id, 128);  // the previous unit's Q and row-table reads are done
       if (tw < 64) hp_put_row(p, sm, u, 0, c * 64 + tw);
       const int ch = tw & 15;
@@ -1028,7 +1063,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (!L::kDrawn) {
       // the entry's split, from the Q tile's tables (a register kept through the unit cost about
       // 1 %, and a global load here its latency at every unit's end)
-      const int split = __shfl_sync(0xffffffffu, *sm.q_split(qb), 0);
+      const int split = __shfl_sync(0xffffffffu, sm.unit_rec(qb)[kRecSplit], 0);
       if (split >= 0 && !hp_piece_done(plan, sm, split, c, tw, rl, t4, o, m_r, l_sum)) {
         if constexpr (L::kQTiles == 2) mbar_arrive(sm.q_empty(qb));  // done with the Q tile and its tables
         continue;  // another piece of the unit finishes it
