@@ -63,9 +63,9 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(int iters, float* si
 //   kMix 2: O += P V, 16 x m64n64k16 with P in registers, V N-major in two 64-column halves;
 //   kMix 3: O += P V, 8 x m64n128k16 over both halves at once;
 //   kMix 4: 1 then 2 (a tile of the kernel as it was);  kMix 5: 1 then 3 (as it is),
-// then waiting for them (wait_group 0).  The round loop stays rolled: unrolled, ptxas
-// interleaved kMix 5's rounds and inserted two wgmma fences of its own there ("warpgroup.arrive
-// is injected", C7519) that the kernel does not have.
+// then waiting for them (wait_group 0).  The round loop stays rolled (unroll 1): unrolled,
+// ptxas inserted two wgmma fences of its own into kMix 5's loop ("warpgroup.arrive is
+// injected", C7519), which the kernel does not have.
 template <int kMix>
 __global__ void __launch_bounds__(256, 1) wgmma_mix_kernel(int iters, float* sink) {
   const uint32_t base = probe_fill_smem(96 * 1024);
