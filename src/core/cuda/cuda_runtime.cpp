@@ -118,13 +118,17 @@ void free(void* p, int device) noexcept {
   if (prev != device && prev >= 0) (void)cudaSetDevice(prev);
 }
 namespace {
+// The pool malloc draws from on `device` (only where use_pool(device)).
+cudaMemPool_t default_pool(int device) {
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  return pool;
+}
 // The pool's counter `attr` (a uint64 attribute); 0 on a device malloc does not pool.
 int64_t pool_counter(int device, cudaMemPoolAttr attr) {
   if (!use_pool(device)) return 0;
-  cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
   std::uint64_t v = 0;
-  check(cudaMemPoolGetAttribute(pool, attr, &v), "cudaMemPoolGetAttribute");
+  check(cudaMemPoolGetAttribute(default_pool(device), attr, &v), "cudaMemPoolGetAttribute");
   return static_cast<int64_t>(v);
 }
 }  // namespace
@@ -132,10 +136,8 @@ int64_t pool_bytes_in_use(int device) { return pool_counter(device, cudaMemPoolA
 int64_t pool_peak_bytes(int device) { return pool_counter(device, cudaMemPoolAttrUsedMemHigh); }
 void reset_pool_peak(int device) {
   if (!use_pool(device)) return;
-  cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
   std::uint64_t zero = 0;  // the only value the high watermark can be set to: it restarts from there
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), "cudaMemPoolSetAttribute");
+  check(cudaMemPoolSetAttribute(default_pool(device), cudaMemPoolAttrUsedMemHigh, &zero), "cudaMemPoolSetAttribute");
 }
 void memcpy(void* dst, const void* src, std::size_t bytes) {
   check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
